@@ -1,0 +1,3 @@
+from rlcli.cli import entry
+
+entry()

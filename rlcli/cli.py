@@ -1,0 +1,195 @@
+"""The `rlcli` command: a thin dispatcher over functions of the rlcli package.
+
+Each command is a plain function with typed, defaulted parameters and a docstring
+(`Args:` lines give each flag's help). The same functions are what
+`scripts/*.py` hand to fire, so `rlcli serve start` and
+`python scripts/serve.py start` run the same code.
+
+Commands are named here as "module:function" strings and imported only when
+used, which keeps `rlcli --help` fast (no torch, tinker or jax on that path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import sys
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from rlcli import __version__
+from rlcli.errors import EXIT_USAGE, run_guarded
+
+# name -> (one-line help, "module:function") or a group: name -> (help, {sub: ...})
+COMMANDS: dict[str, Any] = {
+    "serve": (
+        "run SkyRL's Tinker API server on this machine",
+        {
+            "start": ("start the server and wait until it serves requests", "rlcli.server.commands:start"),
+            "stop": ("stop the server and every process it started", "rlcli.server.commands:stop"),
+            "status": ("say whether the server is running, starting or dead", "rlcli.server.commands:status"),
+            "logs": ("print (or follow) the server log", "rlcli.server.commands:logs"),
+            "restart": ("stop, then start with the same settings", "rlcli.server.commands:restart"),
+            "install": ("build or verify the server venv without starting", "rlcli.server.commands:install"),
+        },
+    ),
+    "demo": ("a short real job on the server: LoRA, SFT steps, save, sample", "rlcli.demo:demo"),
+    "model": (
+        "the embedded tiny model",
+        {
+            "build": ("build (or find) the embedded model and print its folder", "rlcli.model:build"),
+        },
+    ),
+}
+
+# Third-party packages whose versions --version reports, with the pins the server venv uses.
+_VERSION_PACKAGES = ("tinker", "tinker-cookbook")
+
+
+def _lookup(path: list[str]) -> tuple[str, Any]:
+    node: Any = ("", COMMANDS)
+    for name in path:
+        node = node[1][name]
+    return node
+
+
+def _load(target: str) -> Callable[..., Any]:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _doc_args(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
+    """The docstring's summary and its `Args:` section as {name: help}."""
+    doc = inspect.getdoc(fn) or ""
+    summary = doc.split("\n\n")[0].replace("\n", " ")
+    helps: dict[str, str] = {}
+    in_args = False
+    current = None
+    for line in doc.splitlines():
+        if line.strip() == "Args:":
+            in_args = True
+            continue
+        if in_args:
+            if not line.strip():
+                break
+            if line.startswith("    ") and not line.startswith("        ") and ":" in line:
+                current, _, text = line.strip().partition(":")
+                helps[current.strip()] = text.strip()
+            elif current:
+                helps[current] += " " + line.strip()
+    return summary, helps
+
+
+def _base_type(annotation: Any) -> Any:
+    """`int | None` -> int; plain types as they are."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if args else annotation
+
+
+def _add_function_args(parser: argparse.ArgumentParser, fn: Callable[..., Any]) -> None:
+    _, helps = _doc_args(fn)
+    hints = typing.get_type_hints(fn)
+    for name, param in inspect.signature(fn).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        kind = _base_type(hints.get(name, str))
+        help_text = helps.get(name, "")
+        if param.default is inspect.Parameter.empty:
+            parser.add_argument(name, help=help_text, type=kind if kind in (int, float) else str)
+            continue
+        flags = ["--" + name.replace("_", "-"), *_ALIASES.get(name, ())]
+        if kind is bool:
+            parser.add_argument(*flags, dest=name, default=param.default, help=help_text,
+                                action=argparse.BooleanOptionalAction)
+        elif typing.get_origin(kind) is list:
+            parser.add_argument(*flags, dest=name, default=param.default, help=help_text, nargs="*")
+        else:
+            typ = kind if kind in (int, float) else str
+            shown = "" if param.default is None else f" (default: {param.default})"
+            parser.add_argument(*flags, dest=name, default=param.default, type=typ,
+                                help=help_text + shown, metavar=name.upper())
+
+
+# Short flags that read naturally in a pipeline (`rlcli import f -f openai -o out`).
+_ALIASES: dict[str, tuple[str, ...]] = {"format": ("-f",), "output": ("-o",), "follow": ("-f",), "lines": ("-n",)}
+
+
+def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
+    """Build only the parser the argv needs: the root, or one command's."""
+    root = argparse.ArgumentParser(
+        prog="rlcli",
+        description="Continual learning on your own hardware: serve, train, import, export.",
+    )
+    root.add_argument("--version", action="store_true", help="print rlcli's and its pinned stack's versions")
+    root.add_argument("--debug", action="store_true", help="show tracebacks (same as RLCLI_DEBUG=1)")
+    path: list[str] = []
+    node: Any = COMMANDS
+    parser = root
+    rest = list(argv)
+    # Walk down the command tree as far as the words go; options before the command stay at the root.
+    while rest and isinstance(node, dict) and rest[0] in node:
+        name = rest.pop(0)
+        path.append(name)
+        help_text, node = node[name]
+    if path:
+        parser = argparse.ArgumentParser(prog="rlcli " + " ".join(path), description=_lookup(path)[0])
+        parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    if isinstance(node, dict):
+        sub = parser.add_subparsers(dest="_command", metavar="COMMAND")
+        for name, (help_text, _) in node.items():
+            sub.add_parser(name, help=help_text)
+    else:
+        fn = _load(node)
+        summary, _ = _doc_args(fn)
+        parser.description = summary
+        _add_function_args(parser, fn)
+    return parser, path
+
+
+def versions() -> str:
+    from importlib import metadata
+
+    from rlcli.server import server_venv
+
+    lines = [f"rlcli {__version__}"]
+    for pkg in _VERSION_PACKAGES:
+        try:
+            lines.append(f"{pkg} {metadata.version(pkg)} (client)")
+        except metadata.PackageNotFoundError:
+            lines.append(f"{pkg} not installed (client)")
+    for pkg, ver in server_venv.pinned_versions().items():
+        lines.append(f"{pkg} {ver} (server pin)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in argv:
+        import os
+
+        os.environ["RLCLI_DEBUG"] = "1"
+    if argv[:1] == ["--version"]:
+        print(versions())
+        return 0
+    parser, path = _build_parser(argv)
+    rest = argv[len(path):]
+    if not path or isinstance(_lookup(path)[1], dict):
+        ns = parser.parse_args(rest)
+        if getattr(ns, "version", False):
+            print(versions())
+            return 0
+        parser.print_help(sys.stderr if rest else sys.stdout)
+        return EXIT_USAGE if rest or path else 0
+    ns = parser.parse_args(rest)
+    kwargs = {k: v for k, v in vars(ns).items() if k != "debug"}
+    return run_guarded(_load(_lookup(path)[1]), **kwargs)
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,109 @@
+"""A short real job through the tinker client: the smallest proof that training works.
+
+Launch:  rlcli demo                      (against the managed server, or --base-url)
+         make demo                       (builds everything, starts and stops the server)
+
+Creates a LoRA training client, runs cross_entropy forward_backward + optim_step on
+a fixed batch (the loss printed each step should fall), saves weights for the
+sampler and samples a completion from them.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rlcli.client import server_base_model, unload_model
+from rlcli.config import ensure_api_key, resolve_base_url
+
+DEMO_CHATS = [
+    ("What is 2 + 3?", "2 + 3 = 5."),
+    ("What is 7 + 6?", "7 + 6 = 13."),
+    ("Say hello.", "Hello! How can I help you today?"),
+    ("What colour is the sky?", "The sky is blue on a clear day."),
+]
+
+
+def chat_datum(tokenizer, prompt: str, reply: str):
+    """One supervised example: the whole ChatML chat as input, loss only on the reply's tokens."""
+    import tinker
+
+    head = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+    head_ids = tokenizer.encode(head, add_special_tokens=False)
+    reply_ids = tokenizer.encode(reply + "<|im_end|>", add_special_tokens=False)
+    tokens = head_ids + reply_ids
+    weights = [0.0] * len(head_ids) + [1.0] * len(reply_ids)
+    # Next-token prediction: position t predicts token t+1.
+    return tinker.Datum(
+        model_input=tinker.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights[1:]},
+    )
+
+
+def demo(base_url: str | None = None, steps: int = 12, lr: float = 3e-3, rank: int = 8, seed: int = 0) -> int:
+    """Train a LoRA for a few steps on a fixed batch, save it for the sampler, sample a completion.
+
+    Args:
+        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
+        steps: forward_backward + optim_step rounds on the fixed batch
+        lr: Adam learning rate
+        rank: LoRA rank
+        seed: LoRA initialisation and sampling seed
+    """
+    import tinker
+    from transformers import AutoTokenizer
+
+    url = resolve_base_url(base_url)
+    ensure_api_key()
+    model = server_base_model(url)
+    print(f"demo: server {url}, base model {model}", file=sys.stderr)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    service = tinker.ServiceClient(base_url=url)
+    trainer = service.create_lora_training_client(base_model=model, rank=rank, seed=seed)
+    try:
+        return _train_and_sample(service, trainer, tokenizer, steps, lr, seed)
+    finally:
+        unload_model(url, trainer.model_id)
+
+
+def _train_and_sample(service, trainer, tokenizer, steps: int, lr: float, seed: int) -> int:
+    import tinker
+
+    batch = [chat_datum(tokenizer, p, r) for p, r in DEMO_CHATS]
+    losses = []
+    for step in range(steps):
+        t0 = time.monotonic()
+        fb = trainer.forward_backward(batch, "cross_entropy")
+        trainer.optim_step(tinker.AdamParams(learning_rate=lr))
+        out = fb.result()
+        losses.append(mean_nll(out, batch))
+        print(f"step {step + 1}/{steps}  loss {losses[-1]:.4f}  ({time.monotonic() - t0:.2f}s)", flush=True)
+    saved = trainer.save_weights_for_sampler(name="demo-final").result()
+    print(f"saved sampler weights: {saved.path}")
+    sampler = service.create_sampling_client(model_path=saved.path)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": DEMO_CHATS[0][0]}], tokenize=False,
+                                           add_generation_prompt=True)
+    result = sampler.sample(
+        prompt=tinker.ModelInput.from_ints(tokenizer.encode(prompt, add_special_tokens=False)),
+        num_samples=1,
+        sampling_params=tinker.SamplingParams(max_tokens=24, temperature=0.0, seed=seed),
+    ).result()
+    completion = tokenizer.decode(result.sequences[0].tokens, skip_special_tokens=True)
+    print(f"sample for {DEMO_CHATS[0][0]!r}: {completion!r}")
+    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    if not losses[-1] < losses[0]:
+        print("demo: the loss did not fall; something is wrong with training", file=sys.stderr)
+        return 1
+    return 0
+
+
+def mean_nll(out, batch) -> float:
+    """Token-weighted mean negative log-likelihood from the per-datum logprobs the server returns."""
+    total, count = 0.0, 0.0
+    for datum, record in zip(batch, out.loss_fn_outputs, strict=True):
+        logprobs = record["logprobs"].tolist()
+        weights = datum.loss_fn_inputs["weights"].tolist()
+        total -= sum(lp * w for lp, w in zip(logprobs, weights, strict=True))
+        count += sum(weights)
+    return total / max(count, 1.0)

@@ -1,0 +1,1 @@
+"""rlcli's management of SkyRL's Tinker API server: venv, process, launcher."""

@@ -1,0 +1,61 @@
+"""rlcli's hardware flags (--gpus, --nodes, --tp) as SkyRL backend config keys.
+
+jax takes flat keys of its JaxBackendConfig; fsdp and megatron take SkyRL-Train's
+dotted config paths. Keys given in --backend-config win over the mapped ones.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlcli.errors import UsageError
+
+
+def parse_backend_config(text: str | None) -> dict:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--backend-config is not valid JSON ({e.msg} at char {e.pos}): pass an object, "
+                         "e.g. '{\"max_lora_adapters\": 8}'") from None
+    if not isinstance(value, dict):
+        raise UsageError("--backend-config must be a JSON object, e.g. '{\"max_lora_adapters\": 8}'")
+    return value
+
+
+def map_hardware(backend: str, gpus: int | None, nodes: int, tp: int) -> dict:
+    """SkyRL backend-config keys for the requested GPUs per node, node count and tensor parallelism."""
+    if nodes < 1 or tp < 1 or (gpus is not None and gpus < 1):
+        raise UsageError("--gpus, --nodes and --tp must be positive integers")
+    if gpus is not None and gpus % tp:
+        raise UsageError(f"--gpus {gpus} is not a multiple of --tp {tp}")
+    if backend == "jax":
+        if nodes > 1:
+            raise UsageError(
+                "--nodes > 1 is for the fsdp/megatron backends (on Ray); multi-host jax needs "
+                "coordinator_address/num_processes in --backend-config"
+            )
+        out: dict = {}
+        if tp > 1:
+            out["tensor_parallel_size"] = tp
+        if gpus and gpus > tp:
+            out["fully_sharded_data_parallel_size"] = gpus // tp
+        return out
+    gpus = gpus or 1
+    out = {
+        "trainer.placement.policy_num_gpus_per_node": gpus,
+        "trainer.placement.policy_num_nodes": nodes,
+        "generator.inference_engine.tensor_parallel_size": tp,
+        # Colocated inference: one vLLM engine per tp-sized slice of all GPUs.
+        "generator.inference_engine.num_engines": gpus * nodes // tp,
+    }
+    if backend == "megatron":
+        out["trainer.policy.megatron_config.tensor_model_parallel_size"] = tp
+    return out
+
+
+def has_cuda() -> bool:
+    """A CUDA driver is present (checked without importing torch)."""
+    return Path("/proc/driver/nvidia/version").exists() or any(Path("/dev").glob("nvidia[0-9]*"))

@@ -1,0 +1,290 @@
+"""`rlcli serve start|stop|status|logs|restart`: SkyRL's Tinker server, managed.
+
+Launch:  rlcli serve start [--base-model M] [--backend jax|fsdp|megatron] [--port 8000]
+         python scripts/serve.py start ...   (the same functions, through fire)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rlcli import config
+from rlcli.errors import RlcliError, UsageError
+from rlcli.server import backend_config as hw
+from rlcli.server import process, server_venv
+
+RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
+LAUNCHER = RUNTIME_DIR / "launcher.py"
+MAX_LOG_BYTES = 20 * 2**20
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _resolve_model(base_model: str | None) -> str:
+    if base_model is None:
+        from rlcli.model import ensure_embedded_model
+
+        return str(ensure_embedded_model())
+    looks_local = base_model.startswith((".", "/", "~")) or os.sep in base_model and Path(base_model).exists()
+    if looks_local:
+        path = Path(base_model).expanduser().resolve()
+        if not (path / "config.json").exists():
+            raise UsageError(
+                f"--base-model {base_model}: no model folder there (expected a Hugging Face folder with "
+                "config.json); give a local folder or a hub id such as Qwen/Qwen3-4B-Instruct-2507"
+            )
+        return str(path)
+    return base_model
+
+
+def skyrl_api_args(*, base_model: str, backend: str, host: str, port: int, backend_cfg: dict,
+                   state_dir: Path, checkpoints_base: str | None) -> list[str]:
+    """SkyRL API flags with every dangerous default replaced (see FACTS: megatron, 0.0.0.0, /tmp)."""
+    paths = process.layout(state_dir)
+    args = [
+        "--base-model", base_model,
+        "--backend", backend,
+        "--host", host,
+        "--port", str(port),
+        "--database-url", f"sqlite:///{paths['database']}",
+        "--checkpoints-base", checkpoints_base or str(paths["checkpoints"]),
+        "--external-inference-lora-base", str(paths["lora"]),
+    ]
+    if backend_cfg:
+        import json
+
+        args += ["--backend-config", json.dumps(backend_cfg)]
+    return args
+
+
+def start(
+    base_model: str | None = None,
+    backend: str = "jax",
+    host: str = config.DEFAULT_HOST,
+    port: int = config.DEFAULT_PORT,
+    gpus: int | None = None,
+    nodes: int = 1,
+    tp: int = 1,
+    backend_config: str | None = None,
+    checkpoints_base: str | None = None,
+    wait: float = 600.0,
+    python: str | None = None,
+    venv: str | None = None,
+    ray_address: str | None = None,
+    name: str = "default",
+) -> int:
+    """Start SkyRL's Tinker API server and wait until its engine serves requests.
+
+    Args:
+        base_model: Hugging Face id or local model folder; default: rlcli's embedded tiny model
+        backend: jax (runs anywhere), fsdp or megatron (Linux + CUDA, on Ray)
+        host: address to bind; anything but loopback exposes an unauthenticated server
+        port: port to bind
+        gpus: GPUs per node (fsdp/megatron placement; jax: devices used)
+        nodes: nodes for fsdp/megatron; more than one runs on an existing Ray cluster (--ray-address)
+        tp: tensor-parallel size
+        backend_config: JSON object of SkyRL backend config keys; wins over --gpus/--nodes/--tp
+        checkpoints_base: where checkpoints go (default: the server's state folder)
+        wait: seconds to wait for readiness; 0 returns once the processes are started
+        python: a Python 3.12 interpreter to build the server venv with
+        venv: the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv)
+        ray_address: address of an existing Ray cluster (fsdp/megatron, several nodes)
+        name: which managed server (one state folder each)
+    """
+    if backend not in server_venv.BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(server_venv.BACKENDS)}")
+    if backend != "jax" and not hw.has_cuda():
+        raise UsageError(f"the {backend} backend needs NVIDIA GPUs with CUDA and none was found; "
+                         "use --backend jax on this machine")
+    if nodes > 1 and backend != "jax" and not (ray_address or os.environ.get("RAY_ADDRESS")):
+        raise UsageError(f"--nodes {nodes} runs on an existing Ray cluster: start one (`ray start --head` on "
+                         "the first node, `ray start --address ...` on the others) and pass --ray-address")
+    backend_cfg = hw.map_hardware(backend, gpus, nodes, tp)
+    backend_cfg.update(hw.parse_backend_config(backend_config))
+    state_dir = config.private_dir(config.server_state_dir(name))
+    old = process.read_state(state_dir)
+    if old and process.live_members(old):
+        raise UsageError(f"server {name!r} is already running or starting at {old.url} "
+                         "(`rlcli serve status`; `rlcli serve stop` first)")
+    process.check_port_free(host, port)
+    model = _resolve_model(base_model)
+    if not _is_loopback(host):
+        print(f"rlcli: warning: binding {host}: SkyRL checks no credentials, so anyone who can reach "
+              f"this port can train on and download from the server", file=sys.stderr)
+    venv_dir = server_venv.ensure_server_venv(backend, python, venv)
+    lock_fd = process.acquire_lock(state_dir)
+    try:
+        state = _spawn(venv_dir, state_dir, lock_fd, model, backend, host, port, backend_cfg,
+                       checkpoints_base, ray_address)
+    finally:
+        os.close(lock_fd)  # the launcher holds its own copy for as long as it lives
+    state.settings = dict(base_model=model, backend=backend, host=host, port=port, gpus=gpus, nodes=nodes,
+                          tp=tp, backend_config=backend_config, checkpoints_base=checkpoints_base,
+                          python=python, venv=venv, ray_address=ray_address)
+    process.write_state(state_dir, state)
+    print(f"rlcli: server {name!r} starting at {state.url} (backend {backend}, model {model}); "
+          f"log: {process.layout(state_dir)['log']}", file=sys.stderr)
+    if wait > 0:
+        try:
+            process.wait_ready(state, process.layout(state_dir)["log"], wait)
+        except BaseException:
+            process.stop_group(state)
+            raise
+        state.ready = True
+        process.write_state(state_dir, state)
+    print(state.url)
+    return 0
+
+
+def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: str, host: str, port: int,
+           backend_cfg: dict, checkpoints_base: str | None, ray_address: str | None) -> process.ServerState:
+    paths = process.layout(state_dir)
+    for key in ("checkpoints", "lora"):
+        paths[key].mkdir(parents=True, exist_ok=True, mode=0o700)
+    api_args = skyrl_api_args(base_model=model, backend=backend, host=host, port=port, backend_cfg=backend_cfg,
+                              state_dir=state_dir, checkpoints_base=checkpoints_base)
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    if Path(model).is_dir():  # a local model needs no hub; never let a lookup hang offline
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
+    cmd = [str(venv_dir / "bin" / "python"), str(LAUNCHER), "supervise", "--log", str(paths["log"]),
+           "--max-log-bytes", str(MAX_LOG_BYTES), "--", *api_args]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, pass_fds=(lock_fd,), env=env, cwd=state_dir,
+                            umask=0o077)
+    ticks = process.proc_start_ticks(proc.pid) or 0
+    return process.ServerState(pid=proc.pid, pgid=proc.pid, start_ticks=ticks, host=host, port=port,
+                               base_model=model, backend=backend, started_at=time.time())
+
+
+def stop(name: str = "default") -> int:
+    """Stop the server and every process it started (SIGTERM, then SIGKILL).
+
+    Args:
+        name: which managed server
+    """
+    state_dir = config.server_state_dir(name)
+    state = process.read_state(state_dir)
+    if state is None:
+        print(f"rlcli: no server {name!r} recorded under {state_dir}", file=sys.stderr)
+        return 0
+    ended = process.stop_group(state)
+    print(f"rlcli: server {name!r} stopped" + (f" ({len(ended)} processes ended)" if ended else " (was not running)"),
+          file=sys.stderr)
+    state.ready = False
+    process.write_state(state_dir, state)
+    return 0
+
+
+def server_status(name: str = "default") -> tuple[str, process.ServerState | None]:
+    """('running'|'starting'|'unresponsive'|'dead'|'stopped'|'absent', state).
+
+    dead: the launcher is gone although nobody stopped it (stray processes may remain);
+    unresponsive: it was ready once and its API no longer answers.
+    """
+    state = process.read_state(config.server_state_dir(name))
+    if state is None:
+        return "absent", None
+    members = process.live_members(state)
+    launcher_alive = state.pid in members and process.proc_start_ticks(state.pid) == state.start_ticks
+    if not launcher_alive:
+        return ("dead" if state.ready or members else "stopped"), state
+    if process.healthz(state.url):
+        # Started with --wait 0, nobody confirmed readiness: the engine's start line in the log does.
+        engine_up = state.ready or "Starting background engine" in process.tail(process.layout(
+            config.server_state_dir(name))["log"], 400)
+        return ("running" if engine_up else "starting"), state
+    return ("unresponsive" if state.ready else "starting"), state
+
+
+def status(name: str = "default") -> int:
+    """Say whether the server is running, starting or dead (exit 0 only when running).
+
+    Args:
+        name: which managed server
+    """
+    word, state = server_status(name)
+    if state is None:
+        print(f"absent: no server {name!r} has been started under {config.rlcli_home()}")
+        return 3
+    members = process.live_members(state)
+    detail = f"{state.url} backend={state.backend} model={state.base_model}"
+    if word == "dead" and members:
+        detail += f"; leftover processes {members}: run `rlcli serve stop`"
+    elif word == "dead":
+        detail += "; it exited unexpectedly: see `rlcli serve logs`"
+    elif members:
+        detail += f" pids={members}"
+    print(f"{word}: {detail}")
+    return 0 if word == "running" else 3
+
+
+def logs(follow: bool = False, lines: int = 50, name: str = "default") -> int:
+    """Print the last lines of the server log; --follow keeps printing as it grows.
+
+    Args:
+        follow: keep printing new lines until Ctrl-C
+        lines: how many of the last lines to print first
+        name: which managed server
+    """
+    log = process.layout(config.server_state_dir(name))["log"]
+    if not log.exists():
+        raise UsageError(f"no log at {log}: start a server first (`rlcli serve start`)")
+    print(process.tail(log, lines))
+    if not follow:
+        return 0
+    with log.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        inode = os.fstat(f.fileno()).st_ino
+        while True:
+            chunk = f.read()
+            if chunk:
+                sys.stdout.write(chunk.decode(errors="replace"))
+                sys.stdout.flush()
+            elif log.exists() and os.stat(log).st_ino != inode:  # rotated: reopen the new file
+                return logs(follow=True, lines=0, name=name)
+            else:
+                time.sleep(0.5)
+
+
+def restart(wait: float = 600.0, name: str = "default") -> int:
+    """Stop the server, then start it again with the settings it was started with.
+
+    Args:
+        wait: seconds to wait for readiness
+        name: which managed server
+    """
+    state = process.read_state(config.server_state_dir(name))
+    if state is None or not state.settings:
+        raise RlcliError(f"no server {name!r} to restart: use `rlcli serve start`")
+    stop(name=name)
+    return start(**{**state.settings, "wait": wait, "name": name})
+
+
+def install(backend: str = "jax", python: str | None = None, venv: str | None = None) -> int:
+    """Build (or verify) the server venv from the pins in env/, without starting a server.
+
+    Args:
+        backend: jax, fsdp or megatron
+        python: a Python 3.12 interpreter to build it with
+        venv: the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv)
+    """
+    if backend != "jax" and not hw.has_cuda():
+        raise UsageError(f"the {backend} backend needs NVIDIA GPUs with CUDA and none was found; "
+                         "use --backend jax on this machine")
+    print(server_venv.ensure_server_venv(backend, python, venv))
+    return 0

@@ -1,0 +1,165 @@
+"""The server's own virtual environment: found, built from env/ pins, verified.
+
+SkyRL needs Python 3.12 while rlcli's client side runs on 3.11+, and SkyRL's
+dependencies (jax, a CUDA torch pulled by peft) would bloat the client: the
+server therefore lives in a venv of its own, built on first start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rlcli.config import ENV_DIR, server_venv_dir
+from rlcli.errors import RlcliError, UsageError
+
+BACKENDS = ("jax", "fsdp", "megatron")
+REQUIRED_PYTHON = (3, 12)
+MARKER = ".rlcli-complete"
+
+
+def pins_file(backend: str) -> Path:
+    return ENV_DIR / f"server-{backend}.txt"
+
+
+def pinned_versions(backend: str = "jax") -> dict[str, str]:
+    """{package: version} for the `==` pins of a backend's requirement file."""
+    out: dict[str, str] = {}
+    for line in _requirement_lines(pins_file(backend)):
+        m = re.match(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\s;]+)", line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def _requirement_lines(path: Path) -> list[str]:
+    lines = []
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line.startswith("-r "):
+            lines += _requirement_lines(path.parent / line[3:].strip())
+        elif line:
+            lines.append(line)
+    return lines
+
+
+def _python_version(exe: str) -> tuple[int, int] | None:
+    try:
+        out = subprocess.run(
+            [exe, "-c", "import sys; print(*sys.version_info[:2])"],
+            capture_output=True, text=True, timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    parts = out.stdout.split()
+    return (int(parts[0]), int(parts[1])) if out.returncode == 0 and len(parts) == 2 else None
+
+
+def _candidate_pythons() -> list[str]:
+    found = [shutil.which("python3.12")]
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    found += sorted(str(p) for p in pyenv_root.glob("versions/3.12*/bin/python3.12"))
+    found += ["/usr/bin/python3.12", "/usr/local/bin/python3.12", sys.executable]
+    return [p for p in found if p and Path(p).exists()]
+
+
+def find_python(explicit: str | None = None) -> str:
+    """A Python 3.12 for the server: --python, else RLCLI_PYTHON, else a search."""
+    explicit = explicit or os.environ.get("RLCLI_PYTHON")
+    if explicit:
+        exe = shutil.which(explicit) or explicit
+        if _python_version(exe) != REQUIRED_PYTHON:
+            raise UsageError(
+                f"--python {explicit} is not a working Python 3.12 (skyrl requires 3.12); "
+                "name a python3.12 interpreter"
+            )
+        return exe
+    for exe in _candidate_pythons():
+        if _python_version(exe) == REQUIRED_PYTHON:
+            return exe
+    raise UsageError(
+        "no Python 3.12 found (skyrl requires it): install one (`pyenv install 3.12`, "
+        "`apt-get install python3.12` or `uv python install 3.12`) or name it with --python PATH"
+    )
+
+
+def _pins_digest(backend: str) -> str:
+    return hashlib.sha256(pins_file(backend).read_bytes()).hexdigest()[:16]
+
+
+def is_complete(venv: Path, backend: str) -> bool:
+    """The venv was built from exactly the current pins of this backend."""
+    marker = venv / MARKER
+    if not (venv / "bin" / "python").exists() or not marker.exists():
+        return False
+    return f"{backend}:{_pins_digest(backend)}" in marker.read_text().split()
+
+
+def ensure_server_venv(backend: str = "jax", python: str | None = None, venv: str | None = None) -> Path:
+    """Return the server venv's folder, building or updating it from the pins first if needed."""
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    path = server_venv_dir(venv)
+    if is_complete(path, backend):
+        return path
+    if not (path / "bin" / "python").exists():
+        exe = find_python(python)
+        _progress(f"creating the server venv at {path} with {exe}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _run_checked([exe, "-m", "venv", str(path)], "creating the server venv")
+    elif _python_version(str(path / "bin" / "python")) != REQUIRED_PYTHON:
+        raise UsageError(f"the server venv at {path} is not Python 3.12: remove it, or point --venv elsewhere")
+    _pip_install(path, pins_file(backend))
+    with (path / MARKER).open("a") as f:
+        f.write(f"{backend}:{_pins_digest(backend)}\n")
+    return path
+
+
+def _progress(message: str) -> None:
+    print(f"rlcli: {message}", file=sys.stderr, flush=True)
+
+
+def _run_checked(cmd: list[str], what: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RlcliError(f"{what} failed: {tail[0]}")
+
+
+def _pip_install(venv: Path, requirements: Path) -> None:
+    """pip install -r, showing one live progress line (packages seen, elapsed time)."""
+    cmd = [str(venv / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off",
+           "-r", str(requirements)]
+    log_path = venv / "rlcli-install.log"
+    start = time.monotonic()
+    seen = 0
+    tty = sys.stderr.isatty()
+    last_print = 0.0
+    with log_path.open("w") as log, subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            if line.startswith(("Collecting", "Requirement already satisfied")):
+                seen += 1
+            stage = "installing" if line.startswith("Installing collected") else "resolving/downloading"
+            now = time.monotonic()
+            if now - last_print > (0.5 if tty else 15):
+                last_print = now
+                msg = f"building the server venv ({requirements.name}): {stage}, {seen} packages, {now - start:.0f}s"
+                print(("\r" if tty else "") + f"rlcli: {msg}", end="" if tty else "\n", file=sys.stderr, flush=True)
+        proc.wait()
+    if tty:
+        print(file=sys.stderr)
+    if proc.returncode != 0:
+        errors = [ln for ln in log_path.read_text().splitlines() if ln.startswith("ERROR")]
+        detail = errors[0] if errors else f"pip exited {proc.returncode}"
+        raise RlcliError(f"building the server venv failed: {detail} (full log: {log_path})")
+    _progress(f"server venv ready in {time.monotonic() - start:.0f}s")

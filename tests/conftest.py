@@ -1,0 +1,73 @@
+"""Shared fixtures. Integration tests share ONE real SkyRL server per test session.
+
+The server runs from the shared server venv (RLCLI_SERVER_VENV, else ~/.rlcli/server-venv,
+built by `make server-venv`) under a private RLCLI_HOME in a temp folder, on a free port.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RLCLI = [sys.executable, "-m", "rlcli.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shared_server_venv() -> Path:
+    return Path(os.environ.get("RLCLI_SERVER_VENV", Path.home() / ".rlcli" / "server-venv"))
+
+
+def shared_model_home() -> Path:
+    """Where the embedded model is built once and reused by every test session."""
+    return Path(os.environ.get("RLCLI_TEST_MODEL_HOME", Path.home() / ".rlcli"))
+
+
+def run_rlcli(*args: str, env: dict | None = None, timeout: float = 900, check: bool = False,
+              input: str | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*RLCLI, *args], capture_output=True, text=True, env=env, timeout=timeout,
+                          input=input, cwd=REPO)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"rlcli {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+class Server:
+    def __init__(self, home: Path, port: int, env: dict, model: str):
+        self.home, self.port, self.env, self.model = home, port, env, model
+        self.url = f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def embedded_model() -> str:
+    env = dict(os.environ, RLCLI_HOME=str(shared_model_home()))
+    proc = run_rlcli("model", "build", env=env, check=True, timeout=300)
+    return proc.stdout.splitlines()[0].strip()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, embedded_model) -> Server:
+    """A real SkyRL server (jax backend, CPU, embedded model), started once, stopped at the end."""
+    venv = shared_server_venv()
+    if not (venv / "bin" / "python").exists():
+        pytest.fail(f"no server venv at {venv}: run `make server-venv` first (`make test` does)")
+    home = tmp_path_factory.mktemp("rlcli-home")
+    port = free_port()
+    env = dict(os.environ, RLCLI_HOME=str(home), RLCLI_SERVER_VENV=str(venv))
+    env.pop("TINKER_BASE_URL", None)
+    # A small adapter table keeps the engine's memory down; 8 slots = 7 usable (slot 0 is reserved).
+    run_rlcli("serve", "start", "--base-model", embedded_model, "--port", str(port),
+              "--backend-config", '{"max_lora_adapters": 8}', env=env, check=True, timeout=900)
+    srv = Server(home, port, env, embedded_model)
+    yield srv
+    run_rlcli("serve", "stop", env=env, timeout=120)

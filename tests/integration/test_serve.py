@@ -1,0 +1,103 @@
+"""`rlcli serve` against the real SkyRL server on CPU (jax backend, embedded model)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import pytest
+
+from rlcli.client import unload_model
+from rlcli.server import process
+from tests.conftest import free_port, run_rlcli, shared_server_venv
+
+pytestmark = pytest.mark.server
+
+
+def test_tinker_client_trains_saves_and_samples(server, monkeypatch):
+    """A LoRA training client: 5 cross_entropy steps on a fixed batch, the loss falls, save, sample."""
+    import tinker
+    from transformers import AutoTokenizer
+
+    from rlcli.demo import DEMO_CHATS, chat_datum, mean_nll
+
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test")
+    tokenizer = AutoTokenizer.from_pretrained(server.model)
+    service = tinker.ServiceClient(base_url=server.url)
+    trainer = service.create_lora_training_client(base_model=server.model, rank=8, seed=1)
+    batch = [chat_datum(tokenizer, p, r) for p, r in DEMO_CHATS]
+    losses = []
+    for _ in range(5):
+        fb = trainer.forward_backward(batch, "cross_entropy")
+        trainer.optim_step(tinker.AdamParams(learning_rate=3e-3))
+        losses.append(mean_nll(fb.result(), batch))
+    assert losses[-1] < losses[0] - 0.3, losses
+    saved = trainer.save_weights_for_sampler(name="t-final").result()
+    assert saved.path.startswith("tinker://")
+    sampler = service.create_sampling_client(model_path=saved.path)
+    out = sampler.sample(prompt=tinker.ModelInput.from_ints(batch[0].model_input.to_ints()[:10]), num_samples=2,
+                         sampling_params=tinker.SamplingParams(max_tokens=8, temperature=1.0, seed=3)).result()
+    assert len(out.sequences) == 2 and all(len(s.tokens) > 0 for s in out.sequences)
+    unload_model(server.url, trainer.model_id)
+
+
+def test_status_reports_running_and_a_second_start_is_refused(server):
+    proc = run_rlcli("serve", "status", env=server.env)
+    assert proc.returncode == 0 and proc.stdout.startswith("running:"), proc.stdout
+    again = run_rlcli("serve", "start", "--port", str(free_port()), env=server.env)
+    assert again.returncode == 2 and "already running" in again.stderr
+
+
+def test_managed_url_is_used_without_flags(server):
+    env = dict(server.env)
+    env.pop("TINKER_BASE_URL", None)
+    proc = run_rlcli("demo", "--steps", "2", env=env, timeout=300)
+    assert proc.returncode in (0, 1), proc.stderr  # 2 steps may not lower the loss; the round trip must work
+    assert f"server {server.url}" in proc.stderr and "saved sampler weights: tinker://" in proc.stdout
+
+
+def test_kill_9_of_the_api_leaves_nothing_after_stop_and_start_works_again(tmp_path, embedded_model):
+    """Its own server: start, kill -9 the API, `serve stop` leaves no process, `serve start` works again."""
+    port = free_port()
+    env = dict(os.environ, RLCLI_HOME=str(tmp_path / "home"), RLCLI_SERVER_VENV=str(shared_server_venv()))
+    start = ["serve", "start", "--base-model", embedded_model, "--port", str(port),
+             "--backend-config", '{"max_lora_adapters": 2}']
+    run_rlcli(*start, env=env, check=True)
+    state = process.read_state(tmp_path / "home" / "servers" / "default")
+    members = process.live_members(state)
+    assert len(members) == 3, members  # launcher, API, engine
+    api_pid = next(p for p in members if p != state.pid and _ppid(p) == state.pid)
+    os.kill(api_pid, signal.SIGKILL)
+    _wait(lambda: run_rlcli("serve", "status", env=env).stdout.startswith("dead"), 30)
+    run_rlcli("serve", "stop", env=env, check=True)
+    assert process.live_members(state) == []
+    assert _port_free(port)
+
+    run_rlcli(*start, env=env, check=True)
+    assert run_rlcli("serve", "status", env=env).returncode == 0
+    state2 = process.read_state(tmp_path / "home" / "servers" / "default")
+    run_rlcli("serve", "stop", env=env, check=True)
+    assert process.live_members(state2) == [] and _port_free(port)
+    log = tmp_path / "home" / "servers" / "default" / "server.log"
+    assert "Starting background engine" in log.read_text()
+    assert oct(log.stat().st_mode & 0o777) == "0o600"  # the server's files are private
+
+
+def _ppid(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def _wait(cond, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.5)
+    raise AssertionError("condition not met in time")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
