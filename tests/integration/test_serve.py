@@ -101,3 +101,21 @@ def _wait(cond, timeout: float) -> None:
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_logs_prints_and_follows(server):
+    proc = run_rlcli("serve", "logs", "-n", "5", env=server.env)
+    assert proc.returncode == 0 and len(proc.stdout.strip().splitlines()) == 5
+    import subprocess
+    import sys
+
+    follower = subprocess.Popen([sys.executable, "-m", "rlcli.cli", "serve", "logs", "-f", "-n", "0"],
+                                env=server.env, stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        run_rlcli("serve", "status", env=server.env)  # its healthz request lands in the log
+        time.sleep(1.5)
+    finally:
+        follower.kill()
+    followed = follower.communicate()[0]
+    assert "/api/v1/healthz" in followed, followed[-2000:]

@@ -1,0 +1,56 @@
+"""What every benchmark receipt records: hardware, versions, the command, and summary statistics."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+RECEIPTS = Path(__file__).resolve().parent / "receipts"
+
+
+def hardware() -> dict:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    mem_kb = int(next(ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
+                      if ln.startswith("MemTotal")))
+    gpu = None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        gpu = out.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "memory_gb": round(mem_kb / 2**20, 1), "gpu": gpu,
+            "platform": platform.platform()}
+
+
+def versions(*packages: str) -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("polygramme-rlcli", *packages):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "stdev": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
+
+
+def write_receipt(name: str, body: dict) -> Path:
+    RECEIPTS.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    receipt = {"benchmark": name, "created_utc": stamp, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+               "hardware": hardware(), **body}
+    path = RECEIPTS / f"{name}-{stamp}.json"
+    path.write_text(json.dumps(receipt, indent=2) + "\n")
+    return path

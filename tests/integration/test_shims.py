@@ -1,0 +1,35 @@
+"""rlcli's SkyRL shims against the SkyRL that the server venv really has."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from rlcli.server import commands
+from tests.conftest import shared_server_venv
+
+pytestmark = pytest.mark.server
+
+CHECK = """
+import importlib, sys
+sys.path.insert(0, {runtime!r})
+import skyrl_shims
+for module, attr in skyrl_shims.PATCHED:
+    assert callable(getattr(importlib.import_module(module), attr)), (module, attr)
+skyrl_shims.apply_api_shims()
+import skyrl.tinker.api as api
+from skyrl.tinker.config import EngineConfig
+cfg = EngineConfig(base_model="m", backend="jax")
+cmd = api._build_uv_run_cmd_engine(["anything"], cfg)
+assert cmd[0] == sys.executable and cmd[1].endswith("launcher.py") and cmd[2] == "engine", cmd
+assert "--base-model" in cmd and "uv" not in cmd, cmd
+print("shims ok")
+"""
+
+
+def test_engine_command_shim_targets_the_pinned_skyrl():
+    python = shared_server_venv() / "bin" / "python"
+    code = CHECK.format(runtime=str(commands.RUNTIME_DIR))
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "shims ok" in proc.stdout, proc.stderr[-2000:]
