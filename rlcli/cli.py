@@ -36,6 +36,16 @@ COMMANDS: dict[str, Any] = {
         },
     ),
     "demo": ("a short real job on the server: LoRA, SFT steps, save, sample", "rlcli.demo:demo"),
+    "train": (
+        "train a model on the server",
+        {
+            "sl": ("supervised fine-tuning on chat JSONL (tinker-cookbook's recipe)", "rlcli.train.sl:train_sl"),
+        },
+    ),
+    "import": (
+        "convert chat logs (openai|anthropic|messages|langsmith) to training JSONL",
+        "rlcli.data.import_cmd:import_cmd",
+    ),
     "model": (
         "the embedded tiny model",
         {

@@ -1,0 +1,357 @@
+"""`rlcli import`: turn production chat logs into training conversations (JSONL).
+
+    rlcli import logs.jsonl -f openai -o train.jsonl
+    zcat runs.jsonl.gz | rlcli import - -f langsmith --min-score 0.5 --redact > train.jsonl
+
+Streaming: the input is read line by line and each conversation is written as soon as
+it is converted, so memory stays flat on a multi-gigabyte dump. orjson is used when it
+is installed (the tinker client depends on it), the json module otherwise.
+
+Accounting: every non-blank line (of INPUT and of --feedback) is a record, and every
+record ends in exactly one place: written, dropped under a named reason, or (LangSmith
+feedback) attached to its run's conversation. The summary on stderr adds up:
+read = wrote + attached + dropped. Parts left out of written conversations (images,
+audio, extra choices...) are counted by kind. --strict makes any drop an error.
+
+LangSmith feedback applies to a conversation when its run_id is the llm run's id or its
+trace_id (apps usually rate the whole trace, i.e. the root run; a trace with several llm
+calls gives each of them that rating). Feedback on other runs in between is not followed.
+Feedback may come before or after its run in an export, so conversations are
+not written as they come: they go to a spool file (private, unlinked at once, on disk
+rather than in memory) and are written once the whole input has been read, with their
+`feedback` list and mean `score` attached and --min-score applied. Memory then holds
+only the feedback records; disk holds one copy of the output. Feedback may also come
+from a separate --feedback FILE, read first. This works the same for a file and for
+stdin, which cannot be read twice.
+
+-o OUT is written to a private temporary file beside OUT and renamed at the end, so an
+error never leaves half a dataset behind.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import os
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith
+from rlcli.data.messages import Conversation, Options, finalize
+from rlcli.errors import RlcliError, UsageError
+
+# run_id -> [(where the feedback record was read, its entry)]
+FeedbackTable = dict[str, list[tuple[str, dict[str, Any]]]]
+Write = Callable[[bytes], Any]
+
+try:
+    import orjson
+
+    _fast_loads: Callable[[bytes], Any] = orjson.loads
+
+    def _fast_dumps(value: Any) -> bytes:
+        return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
+
+except ImportError:  # pragma: no cover - the client venv has orjson
+    _fast_loads = json.loads
+
+    def _fast_dumps(value: Any) -> bytes:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def parse_line(raw: bytes) -> Any:
+    try:
+        return _fast_loads(raw)
+    except ValueError:  # orjson refuses NaN and integers past 64 bits, which json accepts
+        return json.loads(raw)
+
+
+def encode(conv: Conversation) -> bytes:
+    """One output line."""
+    try:
+        return _fast_dumps(conv)
+    except TypeError:  # an integer past 64 bits or a lone surrogate: json escapes both
+        return json.dumps(conv).encode() + b"\n"
+
+
+@dataclass
+class Stats:
+    read: int = 0
+    written: int = 0
+    attached: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    parts: Counter[str] = field(default_factory=Counter)
+    redacted: Counter[str] = field(default_factory=Counter)
+
+    def summary(self) -> str:
+        line = f"import: read {self.read}, wrote {self.written}"
+        if self.attached:
+            line += f", attached {self.attached} feedback"
+        line += f", dropped {self.dropped.total()}"
+        if self.dropped:
+            line += " (" + ", ".join(f"{k}: {n}" for k, n in self.dropped.most_common()) + ")"
+        if self.parts:
+            line += "; dropped parts: " + ", ".join(f"{k} {n}" for k, n in self.parts.most_common())
+        if self.redacted:
+            line += "; redacted: " + ", ".join(f"{k} {n}" for k, n in self.redacted.most_common())
+        return line
+
+
+@dataclass
+class Run:
+    """One import's flags and tallies; converts a stream of lines into written conversations."""
+
+    opts: Options = field(default_factory=Options)
+    strict: bool = False
+    skip_bad: bool = False
+    stats: Stats = field(default_factory=Stats)
+
+    def __post_init__(self) -> None:
+        self._parts: Counter[str] = Counter()  # one Counter, emptied after each record: no allocation
+
+    def records(self, lines: Iterable[bytes], where: str = "line") -> Iterator[tuple[int, Any]]:
+        """(line number, decoded record) for each non-blank line; bad JSON stops or is counted."""
+        stats = self.stats
+        for lineno, raw in enumerate(lines, 1):
+            if raw.isspace():
+                continue
+            stats.read += 1
+            try:
+                record = parse_line(raw)
+            except ValueError as e:
+                self._bad_json(f"{where} {lineno}", e)
+                continue
+            yield lineno, record
+
+    def _bad_json(self, at: str, e: ValueError) -> None:
+        if not self.skip_bad:
+            detail = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+            raise UsageError(f"{at}: not valid JSON ({detail}); fix the line, or pass --skip-bad to skip it")
+        self.drop(at, "bad_json")
+
+    def drop(self, at: str, reason: str) -> None:
+        if self.strict:
+            raise UsageError(f"{at}: record dropped ({reason}); --strict stops at the first drop")
+        self.stats.dropped[reason] += 1
+
+    def _keep_parts(self, lineno: int) -> None:
+        parts = self._parts
+        if self.strict:
+            kind, n = next(iter(parts.items()))
+            raise UsageError(f"line {lineno}: {n} {kind} part(s) left out; --strict stops at the first drop")
+        self.stats.parts.update(parts)
+        parts.clear()
+
+    def convert(self, record: Any, lineno: int, importer: Callable[..., Any]) -> Any:
+        """A finalized conversation, a Feedback, or None when the record was dropped (and counted)."""
+        try:
+            result = importer(record, self._parts)
+        except Exception as e:  # a shape no importer foresaw: name the line rather than show a traceback
+            raise RlcliError(
+                f"line {lineno}: could not convert this record ({type(e).__name__}: {e}); "
+                "remove the line and please report its shape"
+            ) from e
+        if type(result) is dict:
+            result = finalize(result, self.opts, self.stats.redacted)
+        if type(result) is str:
+            self._parts.clear()  # parts of a dropped record were not left out of anything written
+            self.drop(f"line {lineno}", result)
+            return None
+        if self._parts:
+            self._keep_parts(lineno)
+        return result
+
+    def stream(self, lines: Iterable[bytes], importer: Callable[..., Any], write: Write) -> None:
+        stats = self.stats
+        for lineno, record in self.records(lines):
+            conv = self.convert(record, lineno, importer)
+            if conv is not None:
+                write(encode(conv))
+                stats.written += 1
+
+
+def _add_feedback(run: Run, table: FeedbackTable, fb: Feedback, at: str) -> None:
+    entry = fb.entry
+    if run.opts.redact:
+        from rlcli.data.redact import redact_json_text
+
+        # value and correction may be JSON text: redact them value by value, like tool arguments
+        entry = {
+            k: redact_json_text(v, run.stats.redacted) if k != "key" and isinstance(v, str) else v
+            for k, v in entry.items()
+        }
+    table.setdefault(fb.run_id, []).append((at, entry))
+
+
+def _read_feedback(run: Run, path: str, table: FeedbackTable) -> None:
+    with _input(path) as lines:
+        for lineno, record in run.records(lines, where="feedback line"):
+            result = feedback_of(record) if isinstance(record, dict) else "bad_feedback"
+            if isinstance(result, Feedback):
+                _add_feedback(run, table, result, f"feedback line {lineno}")
+            else:
+                run.drop(f"feedback line {lineno}", result)
+
+
+def _score(entries: list[tuple[str, dict[str, Any]]]) -> float | None:
+    scores = [e["score"] for _, e in entries if e["score"] is not None]
+    return sum(scores) / len(scores) if scores else None
+
+
+def langsmith(
+    run: Run,
+    lines: Iterable[bytes],
+    write: Write,
+    min_score: float | None = None,
+    feedback_path: str | None = None,
+) -> None:
+    """Convert LangSmith runs; attach feedback from anywhere in the input (see the module docstring)."""
+    table: FeedbackTable = {}
+    if feedback_path:
+        _read_feedback(run, feedback_path, table)
+    with tempfile.TemporaryFile() as spool:
+        for lineno, record in run.records(lines):
+            result = run.convert(record, lineno, from_langsmith)
+            if isinstance(result, Feedback):
+                _add_feedback(run, table, result, f"line {lineno}")
+            elif result is not None:
+                spool.write(b"%d\t" % lineno + encode(result))
+        spool.seek(0)
+        matched = _write_spooled(run, spool, table, write, min_score)
+    for run_id, entries in table.items():
+        for at, _ in entries if run_id not in matched else ():
+            run.drop(at, "feedback_unmatched")
+    run.stats.attached += sum(len(table[rid]) for rid in matched)
+
+
+def _write_spooled(run: Run, spool: IO[bytes], table: FeedbackTable, write: Write, min_score: float | None) -> set[str]:
+    matched: set[str] = set()
+    for line in spool:
+        lineno, _, body = line.partition(b"\t")
+        conv = parse_line(body)
+        # Feedback on the llm run itself, and on its trace (the root run, where apps put user ratings).
+        keys = [k for k in dict.fromkeys((conv.get("run_id"), conv.get("trace_id"))) if k in table]
+        entries = [e for k in keys for e in table[k]]
+        score = None
+        if entries:
+            matched.update(keys)
+            conv["feedback"] = [entry for _, entry in entries]
+            score = _score(entries)
+            if score is not None:
+                conv["score"] = score
+        if min_score is not None and (score is None or score < min_score):
+            run.drop(f"line {int(lineno)}", "no_score" if score is None else "below_min_score")
+            continue
+        write(encode(conv))
+        run.stats.written += 1
+    return matched
+
+
+@contextmanager
+def _input(path: str) -> Iterator[Iterable[bytes]]:
+    if path == "-":
+        yield sys.stdin.buffer
+        return
+    if not os.path.isfile(path):
+        raise UsageError(f"input {path} is not a file; give a JSONL file (or .jsonl.gz), or - for stdin")
+    if path.endswith(".gz"):
+        with gzip.open(path, "rb") as f:
+            yield f
+    else:
+        with open(path, "rb", buffering=1 << 20) as f:
+            yield f
+
+
+@contextmanager
+def _no_cycle_collector() -> Iterator[None]:
+    """Pause Python's cycle collector while streaming.
+
+    Decoded records are trees, so reference counting frees each one as soon as it is
+    written; the collector would only rescan every record's fresh containers (~10% of the
+    time). Memory stays flat either way.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextmanager
+def _output(path: str) -> Iterator[IO[bytes]]:
+    if path == "-":
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"output folder {folder} does not exist; create it or choose another -o path")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".rlcli-import-", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+            yield f
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it private; the finished file is the user's
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def import_cmd(
+    input: str,
+    format: str = "openai",
+    output: str = "-",
+    strict: bool = False,
+    skip_bad: bool = False,
+    redact: bool = False,
+    drop_tools: bool = False,
+    drop_thinking: bool = False,
+    min_score: float | None = None,
+    feedback: str | None = None,
+) -> int:
+    """Convert chat logs to training JSONL, one {"messages": [...]} per line; a summary goes to stderr.
+
+    Args:
+        input: JSONL file of logged records (a .gz file is decompressed), or - for stdin
+        format: the records' shape: openai, anthropic, messages or langsmith
+        output: file to write the conversations to; - for stdout
+        strict: make any dropped record or part an error that names its line
+        skip_bad: count and skip lines that are not valid JSON instead of stopping
+        redact: replace emails, phones, API keys, IPs and card numbers with placeholders
+        drop_tools: write text-only conversations (no tool calls, tool results or tool definitions)
+        drop_thinking: leave out the assistant's reasoning (thinking) text
+        min_score: langsmith only: keep runs whose mean feedback score is at least this
+        feedback: langsmith only: a JSONL file of feedback records to attach to their runs
+    """
+    if not isinstance(input, str):  # fire reads a bare `--input -` as a flag set to True
+        raise UsageError("give INPUT as a file path, or - for stdin (with fire: --input=-)")
+    importer = IMPORTERS.get(format)
+    if importer is None:
+        raise UsageError(f"unknown format {format!r}; use one of: {', '.join(IMPORTERS)}")
+    if format != "langsmith" and (min_score is not None or feedback):
+        raise UsageError("--min-score and --feedback apply to LangSmith runs; add -f langsmith or drop them")
+    run = Run(Options(drop_tools, drop_thinking, redact), strict, skip_bad)
+    try:
+        with _input(input) as lines, _output(output) as out, _no_cycle_collector():
+            if format == "langsmith":
+                langsmith(run, lines, out.write, min_score, feedback)
+            else:
+                run.stream(lines, importer, out.write)
+    except BrokenPipeError:  # `rlcli import ... | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print(run.stats.summary(), file=sys.stderr)
+    return 0
