@@ -4,6 +4,7 @@
 # Faster loops: make test-fast (no server, < 1 min), make lint.
 
 SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,8 +12,12 @@ RLCLI := $(BIN)/rlcli
 PORT ?= 8000
 STAMP := $(VENV)/.rlcli-installed
 PYTEST_ARGS ?=
+URL = http://127.0.0.1:$(PORT)
+# The demo pipeline: logged OpenAI traffic -> rlcli import -> rlcli train sl (stdin, nothing left in /tmp).
+SL_DEMO = $(RLCLI) import rlcli/data/demo/demo-traces.openai.jsonl -f openai \
+	| $(RLCLI) train sl --dataset - --base-url $(URL) --epochs 2 --batch-size 8 --lr 5e-3 --save-every 8
 
-.PHONY: help venv server-venv model demo test test-fast test-server lint clean-venv
+.PHONY: help venv server-venv model demo sl test test-fast test-server lint clean-venv
 
 help:
 	@sed -n '1,6p' Makefile
@@ -33,10 +38,15 @@ server-venv: venv
 model: venv
 	$(RLCLI) model build
 
+# Start the server, run the jobs, and stop the server whether they passed or not.
 demo: venv server-venv model
 	$(RLCLI) serve start --port $(PORT)
-	@status=0; $(RLCLI) demo --base-url http://127.0.0.1:$(PORT) || status=$$?; \
+	@status=0; { $(RLCLI) demo --base-url $(URL) && $(SL_DEMO); } || status=$$?; \
 	  $(RLCLI) serve stop; exit $$status
+
+sl: venv server-venv model
+	$(RLCLI) serve start --port $(PORT)
+	@status=0; $(SL_DEMO) || status=$$?; $(RLCLI) serve stop; exit $$status
 
 test: venv server-venv model
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
