@@ -40,6 +40,7 @@ COMMANDS: dict[str, Any] = {
         "train a model on the server",
         {
             "sl": ("supervised fine-tuning on chat JSONL (tinker-cookbook's recipe)", "rlcli.train.sl:train_sl"),
+            "rl": ("RL with a server-side loss (fused GSPO: one forward_backward)", "rlcli.train.rl:train_rl"),
         },
     ),
     "import": (

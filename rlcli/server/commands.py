@@ -84,6 +84,7 @@ def start(
     venv: str | None = None,
     ray_address: str | None = None,
     name: str = "default",
+    extensions: bool = True,
 ) -> int:
     """Start SkyRL's Tinker API server and wait until its engine serves requests.
 
@@ -102,6 +103,7 @@ def start(
         venv: the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv)
         ray_address: address of an existing Ray cluster (fsdp/megatron, several nodes)
         name: which managed server (one state folder each)
+        extensions: load rlcli's server extensions (fused gspo on jax); --no-extensions for stock SkyRL
     """
     if backend not in server_venv.BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(server_venv.BACKENDS)}")
@@ -127,12 +129,12 @@ def start(
     lock_fd = process.acquire_lock(state_dir)
     try:
         state = _spawn(venv_dir, state_dir, lock_fd, model, backend, host, port, backend_cfg,
-                       checkpoints_base, ray_address)
+                       checkpoints_base, ray_address, extensions)
     finally:
         os.close(lock_fd)  # the launcher holds its own copy for as long as it lives
     state.settings = dict(base_model=model, backend=backend, host=host, port=port, gpus=gpus, nodes=nodes,
                           tp=tp, backend_config=backend_config, checkpoints_base=checkpoints_base,
-                          python=python, venv=venv, ray_address=ray_address)
+                          python=python, venv=venv, ray_address=ray_address, extensions=extensions)
     process.write_state(state_dir, state)
     print(f"rlcli: server {name!r} starting at {state.url} (backend {backend}, model {model}); "
           f"log: {process.layout(state_dir)['log']}", file=sys.stderr)
@@ -149,7 +151,8 @@ def start(
 
 
 def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: str, host: str, port: int,
-           backend_cfg: dict, checkpoints_base: str | None, ray_address: str | None) -> process.ServerState:
+           backend_cfg: dict, checkpoints_base: str | None, ray_address: str | None,
+           extensions: bool = True) -> process.ServerState:
     paths = process.layout(state_dir)
     for key in ("checkpoints", "lora"):
         paths[key].mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -161,6 +164,8 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
+    # runtime/rlcli_losses.py: fused gspo for the jax backend and GET /api/v1/rlcli/capabilities.
+    env["RLCLI_SERVER_EXTENSIONS"] = "rlcli_losses" if extensions else ""
     cmd = [str(venv_dir / "bin" / "python"), str(LAUNCHER), "supervise", "--log", str(paths["log"]),
            "--max-log-bytes", str(MAX_LOG_BYTES), "--", *api_args]
     proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -1,0 +1,109 @@
+"""`rlcli train rl` against the real SkyRL server on CPU: each loss route runs, logs, and frees its slot.
+
+Sizes are the smallest that still exercise a group: 2 problems x 4 samples, 8 sampled tokens. A
+random-weight model never answers in format, so rewards are flat here; learning is not asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rlcli.train import MODELS_FILE
+from rlcli.train.losses import served_losses
+from tests.conftest import REPO, RLCLI, run_rlcli
+
+pytestmark = pytest.mark.server
+
+FIXTURE = REPO / "tests" / "fixtures" / "gsm8k_sample.jsonl"
+TINY = ["--batch-size", "2", "--group-size", "4", "--max-tokens", "8", "--save-every", "0"]
+REWARD_KEYS = ("env/all/reward/total", "env/all/correct")
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def train(server, run: Path, *flags: str) -> subprocess.CompletedProcess:
+    start = time.monotonic()
+    proc = run_rlcli("train", "rl", *TINY, *flags, "--base-url", server.url, "--log-path", str(run),
+                     env=server.env, timeout=300)
+    print(f"train rl {' '.join(flags)}: {time.monotonic() - start:.1f}s\n{proc.stderr[-1500:]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def check_run(run: Path, proc: subprocess.CompletedProcess, steps: int, route: str) -> None:
+    metrics = rows(run / "metrics.jsonl")
+    assert len(metrics) == steps and all(key in m for m in metrics for key in REWARD_KEYS)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("step ")]
+    assert len(lines) == steps and lines[-1].startswith(f"step {steps}/{steps}") and route in lines[-1]
+    assert rows(run / "checkpoints.jsonl")[-1]["name"] == "final"
+    assert (run / MODELS_FILE).read_text() == ""  # the run unloaded its LoRA: the slot is free again
+
+
+def test_ppo_on_arithmetic(server, tmp_path):
+    run = tmp_path / "run"
+    proc = train(server, run, "--loss", "ppo", "--dataset", "arithmetic", "--max-steps", "3")
+    check_run(run, proc, 3, "ppo fused")
+    assert json.loads((run / "config.json").read_text())["loss_fn"] == "ppo"
+
+
+def test_gspo_two_pass(server, tmp_path):
+    run = tmp_path / "run"
+    proc = train(server, run, "--loss", "gspo", "--passes", "2", "--dataset", "arithmetic", "--max-steps", "2")
+    check_run(run, proc, 2, "gspo 2-pass")
+    assert "loss: gspo 2-pass" in proc.stderr and "--passes 2 asked for" in proc.stderr
+
+
+def test_gspo_fused(server, tmp_path):
+    description, served = served_losses(server.url)
+    if "gspo" not in served:
+        pytest.skip(f"the test server does not serve gspo fused ({description})")
+    run = tmp_path / "run"
+    proc = train(server, run, "--loss", "gspo", "--passes", "1", "--dataset", "arithmetic", "--max-steps", "3")
+    check_run(run, proc, 3, "gspo fused")
+    config = json.loads((run / "config.json").read_text())
+    assert config["loss_fn_config"] == {"clip_low_threshold": 1 - 3e-4, "clip_high_threshold": 1 + 4e-4}
+
+
+def test_gsm8k_offline_from_fixture(server, tmp_path):
+    run = tmp_path / "run"
+    proc = train(server, run, "--loss", "ppo", "--dataset", "gsm8k", "--dataset-path", str(FIXTURE),
+                 "--max-steps", "1", "--max-tokens", "16")
+    check_run(run, proc, 1, "ppo fused")
+    assert "20 problems" in proc.stderr
+
+
+def test_interrupt_frees_the_slot(server, tmp_path):
+    """Ctrl-C mid-run: exit 130, and the model the run created is unloaded on the way out."""
+    run = tmp_path / "run"
+    args = [*RLCLI, "train", "rl", *TINY, "--loss", "ppo", "--dataset", "arithmetic", "--max-steps", "50",
+            "--base-url", server.url, "--log-path", str(run)]
+    proc = subprocess.Popen(args, env=server.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / MODELS_FILE).is_file() and (run / MODELS_FILE).read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run made no model"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr[-2000:]
+    assert (run / MODELS_FILE).read_text() == ""
+
+
+def test_resume_continues_from_the_final_checkpoint(server, tmp_path):
+    run = tmp_path / "run"
+    train(server, run, "--loss", "cispo", "--dataset", "arithmetic", "--max-steps", "1")
+    proc = train(server, run, "--loss", "cispo", "--dataset", "arithmetic", "--max-steps", "2", "--resume")
+    assert "from checkpoint final" in proc.stderr
+    assert [m["progress/batch"] for m in rows(run / "metrics.jsonl")] == [0, 1]
+    assert (run / MODELS_FILE).read_text() == ""
