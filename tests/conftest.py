@@ -71,3 +71,18 @@ def server(tmp_path_factory, embedded_model) -> Server:
     srv = Server(home, port, env, embedded_model)
     yield srv
     run_rlcli("serve", "stop", env=env, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def stock_server(tmp_path_factory, embedded_model):
+    """A second real server started with --no-extensions: stock SkyRL behaviour. Yields (url, env)."""
+    home = tmp_path_factory.mktemp("rlcli-stock-home")
+    port = free_port()
+    env = dict(os.environ, RLCLI_HOME=str(home), RLCLI_SERVER_VENV=str(shared_server_venv()))
+    env.pop("TINKER_BASE_URL", None)
+    try:
+        run_rlcli("serve", "start", "--no-extensions", "--base-model", embedded_model, "--port", str(port),
+                  "--backend-config", '{"max_lora_adapters": 3}', env=env, check=True, timeout=600)
+        yield f"http://127.0.0.1:{port}", env
+    finally:
+        run_rlcli("serve", "stop", env=env, timeout=120)

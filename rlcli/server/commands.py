@@ -21,6 +21,7 @@ from rlcli.server import process, server_venv
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 LAUNCHER = RUNTIME_DIR / "launcher.py"
 MAX_LOG_BYTES = 20 * 2**20
+SERVER_EXTENSIONS = "rlcli_losses,rlcli_slots"
 
 
 def _is_loopback(host: str) -> bool:
@@ -103,7 +104,7 @@ def start(
         venv: the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv)
         ray_address: address of an existing Ray cluster (fsdp/megatron, several nodes)
         name: which managed server (one state folder each)
-        extensions: load rlcli's server extensions (fused gspo on jax); --no-extensions for stock SkyRL
+        extensions: load rlcli's server extensions (fused gspo on jax, clean LoRA slots); --no-extensions: stock SkyRL
     """
     if backend not in server_venv.BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(server_venv.BACKENDS)}")
@@ -164,8 +165,9 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
-    # runtime/rlcli_losses.py: fused gspo for the jax backend and GET /api/v1/rlcli/capabilities.
-    env["RLCLI_SERVER_EXTENSIONS"] = "rlcli_losses" if extensions else ""
+    # runtime/rlcli_losses.py: fused gspo for the jax backend and GET /api/v1/rlcli/capabilities;
+    # runtime/rlcli_slots.py: a new model never inherits gradients left in its LoRA slot.
+    env["RLCLI_SERVER_EXTENSIONS"] = SERVER_EXTENSIONS if extensions else ""
     cmd = [str(venv_dir / "bin" / "python"), str(LAUNCHER), "supervise", "--log", str(paths["log"]),
            "--max-log-bytes", str(MAX_LOG_BYTES), "--", *api_args]
     proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.config import private_dir, rlcli_home
-from rlcli.errors import UsageError
+from rlcli.errors import RlcliError, UsageError
 
 MODELS_FILE = "server-models.txt"
 TEMP_PREFIX = "rlcli-train-"
@@ -93,6 +93,41 @@ def unload_leftovers(folder: Path, base_url: str) -> None:
         from rlcli.train.compat import unload_models
 
         note_models(folder, unload_models(base_url, leftover), append=False)
+
+
+@contextlib.contextmanager
+def server_slots(folder: Path, base_url: str, model: str) -> Iterator[list[str]]:
+    """Around a cookbook run: a clean LoRA slot before it, every slot it took freed after it.
+
+    The cookbook never unloads its models and SkyRL's jax backend has a fixed number of slots;
+    a stock server may also hand a new model gradients that an earlier one left (rlcli/slots.py).
+    Yields the list of model ids created so far (recorded in the run folder as they appear).
+    """
+    from rlcli.slots import ensure_clean_next_slot
+    from rlcli.train.compat import record_training_clients, unload_models
+
+    created: list[str] = []
+
+    def on_create(model_id: str) -> None:  # runs on the tinker client's thread
+        created.append(model_id)
+        note_models(folder, [model_id])
+
+    ensure_clean_next_slot(base_url, model)
+    try:
+        with record_training_clients(on_create):
+            yield created
+    except Exception as e:
+        if "Maximum number of LoRA adapters" in str(e):
+            raise RlcliError("the server has no free LoRA slot: wait for other runs to finish (an "
+                             "abandoned one frees its slot after ~5 min), or restart it with more "
+                             "max_lora_adapters") from e
+        raise
+    finally:
+        left = unload_models(base_url, list(created))
+        note_models(folder, left, append=False)
+        if left:
+            warn(f"could not free server slots {', '.join(left)}; the server frees them ~5 min after "
+                 "this process exits")
 
 
 @contextlib.contextmanager

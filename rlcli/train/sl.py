@@ -26,14 +26,13 @@ from rlcli.data.validate import conversation_problem
 from rlcli.errors import RlcliError, UsageError
 from rlcli.train import (
     claim,
-    note_models,
     private_copy,
     read_jsonl,
     renderers,
     run_folder,
+    server_slots,
     sigterm_as_interrupt,
     unload_leftovers,
-    warn,
 )
 
 RECIPE_NAME = "rlcli_train_sl"
@@ -281,28 +280,9 @@ def run_recipe(folder: Path, data: Dataset, url: str, plan: Plan, settings: Sett
 
     from tinker_cookbook.supervised import train
 
-    from rlcli.train.compat import ProgressLine, progress_logging, record_training_clients, unload_models
+    from rlcli.train.compat import ProgressLine, progress_logging
 
     ensure_api_key()
-    created: list[str] = []
-
-    def on_create(model_id: str) -> None:  # runs on the tinker client's thread
-        created.append(model_id)
-        note_models(folder, [model_id])
-
-    try:
-        with (sigterm_as_interrupt(), private_copy(data.payload) as data_path,
-              record_training_clients(on_create), progress_logging(ProgressLine(plan.steps))):
-            asyncio.run(train.main(build_config(folder, data_path, url, settings)))
-    except Exception as e:
-        if "Maximum number of LoRA adapters" in str(e):
-            raise RlcliError("the server has no free LoRA slot: wait for other runs to finish (an "
-                             "abandoned one frees its slot after ~5 min), or restart it with more "
-                             "max_lora_adapters") from e
-        raise
-    finally:
-        left = unload_models(url, list(created))
-        note_models(folder, left, append=False)
-        if left:
-            warn(f"could not free server slots {', '.join(left)}; the server frees them ~5 min after "
-                 "this process exits")
+    with (sigterm_as_interrupt(), private_copy(data.payload) as data_path,
+          server_slots(folder, url, settings.model), progress_logging(ProgressLine(plan.steps))):
+        asyncio.run(train.main(build_config(folder, data_path, url, settings)))

@@ -26,7 +26,7 @@ from rlcli.train.losses import (
     served_losses,
     shifted_logprobs,
 )
-from tests.conftest import REPO, free_port, run_rlcli, shared_server_venv
+from tests.conftest import REPO, run_rlcli, shared_server_venv
 from tests.unit.test_losses import random_batch
 
 pytestmark = pytest.mark.server
@@ -278,20 +278,6 @@ def test_fused_and_two_pass_gspo_take_the_same_step(server, service):
 
 
 # --- a second, stock server (--no-extensions) ------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def stock_server(tmp_path_factory, embedded_model):
-    home = tmp_path_factory.mktemp("rlcli-stock-home")
-    port = free_port()
-    env = dict(os.environ, RLCLI_HOME=str(home), RLCLI_SERVER_VENV=str(shared_server_venv()))
-    env.pop("TINKER_BASE_URL", None)
-    try:
-        run_rlcli("serve", "start", "--no-extensions", "--base-model", embedded_model, "--port", str(port),
-                  "--backend-config", '{"max_lora_adapters": 2}', env=env, check=True, timeout=600)
-        yield f"http://127.0.0.1:{port}", env
-    finally:
-        run_rlcli("serve", "stop", env=env, timeout=120)
 
 
 def test_stock_server_refuses_fused_gspo_fast_and_clearly(stock_server, embedded_model, monkeypatch):

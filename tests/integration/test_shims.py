@@ -33,3 +33,11 @@ def test_engine_command_shim_targets_the_pinned_skyrl():
     code = CHECK.format(runtime=str(commands.RUNTIME_DIR))
     proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "shims ok" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_slot_extension_targets_the_pinned_skyrl():
+    """runtime/rlcli_slots.py wraps JaxBackendImpl.create_model; fail here if SkyRL moves it."""
+    python = shared_server_venv() / "bin" / "python"
+    script = commands.RUNTIME_DIR / "rlcli_slots.py"
+    proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "present" in proc.stdout, proc.stderr[-2000:]

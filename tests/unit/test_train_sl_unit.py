@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from rlcli import slots
 from rlcli import train as runs
 from rlcli.errors import RlcliError, UsageError
 from rlcli.train import compat, renderers, sl
@@ -219,6 +220,7 @@ def test_a_failed_or_killed_run_frees_its_slot_and_leaves_no_data(home, tmp_path
     freed: list[list[str]] = []
     seen: dict[str, bytes] = {}
     monkeypatch.setattr(compat, "unload_models", lambda url, ids: freed.append(ids) or [])
+    monkeypatch.setattr(slots, "ensure_clean_next_slot", lambda url, model: None)  # no server here
 
     async def fake_main(config):
         seen["data"] = Path(config.dataset_builder.file_path).read_bytes()

@@ -30,6 +30,7 @@ shardings are built field by field inside `_model_pass`; carrying more fields me
 """
 
 import argparse
+import os
 import sys
 
 NAME = "rlcli_losses"
@@ -169,7 +170,8 @@ def capabilities(engine_config) -> dict:
     from skyrl.tinker import types
 
     backend = engine_config.backend
-    answer = {"backend": backend, "extension": f"{NAME} {VERSION}"}
+    answer = {"backend": backend, "extension": f"{NAME} {VERSION}",
+              "extensions": [e.strip() for e in os.environ.get("RLCLI_SERVER_EXTENSIONS", "").split(",") if e.strip()]}
     if backend == "jax":
         losses = set(STOCK_JAX) | set(types.LOSS_TYPES)
         blocker = jax_fused_blocker(engine_config.backend_config)
