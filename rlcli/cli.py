@@ -47,12 +47,24 @@ COMMANDS: dict[str, Any] = {
         "convert chat logs (openai|anthropic|messages|langsmith) to training JSONL",
         "rlcli.data.import_cmd:import_cmd",
     ),
+    "sample": ("sample completions for a prompt from a checkpoint or the base model", "rlcli.sample:sample"),
+    "chat": ("chat with a checkpoint or the base model, turn by turn (stdin)", "rlcli.sample:chat"),
+    "export": ("download sampler weights as a PEFT adapter or merged Hugging Face model", "rlcli.export:export"),
+    "doctor": ("check this machine and the server: one line per check, with the fix", "rlcli.doctor:doctor"),
     "model": (
         "the embedded tiny model",
         {
             "build": ("build (or find) the embedded model and print its folder", "rlcli.model:build"),
         },
     ),
+}
+
+# Commands whose raw arguments go to the official tinker CLI (`rlcli checkpoint list --run-id R`).
+PASSTHROUGH: dict[str, tuple[str, str]] = {
+    "checkpoint": ("tinker's checkpoint commands against this server (list, info, delete, ...)",
+                   "rlcli.passthrough:checkpoint"),
+    "run": ("tinker's training-run commands against this server (list, info)", "rlcli.passthrough:run"),
+    "session": ("tinker's session commands against this server", "rlcli.passthrough:session"),
 }
 
 # Third-party packages whose versions --version reports, with the pins the server venv uses.
@@ -149,7 +161,7 @@ def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
         parser.add_argument("--debug", action="store_true", help="show tracebacks")
     if isinstance(node, dict):
         sub = parser.add_subparsers(dest="_command", metavar="COMMAND")
-        for name, (help_text, _) in node.items():
+        for name, (help_text, _) in (node if path else {**node, **PASSTHROUGH}).items():
             sub.add_parser(name, help=help_text)
     else:
         fn = _load(node)
@@ -181,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         import os
 
         os.environ["RLCLI_DEBUG"] = "1"
+    words = [a for a in argv if a != "--debug"]
+    if words[:1] and words[0] in PASSTHROUGH:
+        return run_guarded(_load(PASSTHROUGH[words[0]][1]), words[1:])
     if argv[:1] == ["--version"]:
         print(versions())
         return 0

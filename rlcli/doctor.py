@@ -1,0 +1,281 @@
+"""`rlcli doctor`: is this machine ready for rlcli, and is the server? One line per check, with the fix.
+
+Launch:  rlcli doctor [--base-url http://host:8000]
+         python scripts/doctor.py
+
+ok / warn / fail per line; the exit code is 1 when any check fails (a warning does not fail). Each check
+is cheap: no torch, jax or tinker import, a few subprocesses and HTTP calls; the whole run takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlcli import config
+from rlcli.errors import RlcliError
+
+GB = 1024**3
+HARBOR_IMAGE = "debian:bookworm"
+TRAIN_MEMORY_FACTOR = 4  # weights + grads + Adam moments, roughly, for a full training step in memory
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.status:<4}  {self.name:<15} {self.detail}"
+
+
+@dataclass
+class Server:
+    """What the server checks learn once and share."""
+
+    url: str
+    explicit: bool  # --base-url or TINKER_BASE_URL named it: unreachable is then a failure
+    reachable: bool = False
+    model: str | None = None
+
+
+def check_client_python() -> Check:
+    v = sys.version_info
+    if v >= (3, 11):
+        return Check("client-python", "ok", f"Python {v.major}.{v.minor}.{v.micro} at {sys.executable}")
+    return Check("client-python", "fail", f"Python {v.major}.{v.minor} is too old: rlcli needs 3.11 or newer")
+
+
+def check_server_python() -> Check:
+    from rlcli.server import server_venv
+
+    try:
+        return Check("server-python", "ok", f"Python 3.12 for the server venv: {server_venv.find_python()}")
+    except RlcliError as e:
+        venv_python = config.server_venv_dir() / "bin" / "python"
+        if venv_python.exists():
+            return Check("server-python", "warn", f"the server venv has one, but a rebuild would not: {e}")
+        return Check("server-python", "fail", str(e))
+
+
+def installed_version(site_packages: Path, package: str) -> str | None:
+    """A package's version from its dist-info folder name: no interpreter started, nothing imported."""
+    for info in sorted(site_packages.glob(f"{package.replace('-', '_')}-*.dist-info")):
+        return info.name.removesuffix(".dist-info").split("-", 1)[1]
+    return None
+
+
+def compare_pins(client: str | None, server: str | None) -> tuple[str, str]:
+    if client is None:
+        return "fail", "tinker is not installed in this venv: `pip install -r env/client.txt`"
+    if server is None:
+        return "warn", f"client tinker {client}; no server venv to compare with (`rlcli serve install`)"
+    if client == server:
+        return "ok", f"tinker {client} on both sides"
+    if client.split(".")[:2] == server.split(".")[:2]:
+        return "warn", f"client tinker {client}, server {server}: same minor version, patch skew"
+    return "fail", (f"client tinker {client}, server {server}: skew breaks sampling; "
+                    f"`pip install tinker=={server}` here")
+
+
+def check_tinker_pins() -> Check:
+    from importlib import metadata
+
+    try:
+        client: str | None = metadata.version("tinker")
+    except metadata.PackageNotFoundError:
+        client = None
+    lib = config.server_venv_dir() / "lib"
+    server = next((v for sp in sorted(lib.glob("python3*/site-packages")) if (v := installed_version(sp, "tinker"))),
+                  None)
+    return Check("tinker-pins", *compare_pins(client, server))
+
+
+def check_server_venv() -> Check:
+    from rlcli.server import process, server_venv
+
+    venv = config.server_venv_dir()
+    state = process.read_state(config.server_state_dir())
+    backend = state.backend if state else "jax"
+    if server_venv.is_complete(venv, backend):
+        return Check("server-venv", "ok", f"{venv} matches env/server-{backend}.txt")
+    what = "is missing" if not (venv / "bin" / "python").exists() else "is incomplete or from older pins"
+    return Check("server-venv", "warn", f"{venv} {what}: `rlcli serve install --backend {backend}` builds it "
+                 "(~7 min; `serve start` does it too)")
+
+
+def _get_json(url: str, timeout: float = 3.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+def check_server(srv: Server) -> Check:
+    from rlcli.server import commands, process
+
+    managed = config.managed_server_url()
+    word = commands.server_status()[0] if managed == srv.url else None
+    srv.reachable = process.healthz(srv.url)
+    if srv.reachable:
+        try:
+            srv.model = _get_json(f"{srv.url}/api/v1/get_server_capabilities")["supported_models"][0]["model_name"]
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
+        if word == "starting":
+            return Check("server", "warn", f"{srv.url} answers but its engine is still starting; wait a minute")
+        return Check("server", "ok", f"{srv.url} ready" + (f", model {srv.model}" if srv.model else ""))
+    if word in ("dead", "unresponsive"):
+        return Check("server", "fail", f"the managed server at {srv.url} is {word}: `rlcli serve logs`, then "
+                     "`rlcli serve restart`")
+    if srv.explicit:
+        return Check("server", "fail", f"nothing answers at {srv.url}: check the URL, or start a server there")
+    return Check("server", "warn", f"no server running at {srv.url}: `rlcli serve start`")
+
+
+def check_backend(srv: Server) -> Check:
+    if not srv.reachable:
+        return Check("backend", "warn", "skipped: the server is not reachable")
+    from rlcli.train.losses import served_losses
+
+    description, losses = served_losses(srv.url, timeout=5.0)
+    return Check("backend", "ok", f"{description}; losses: {', '.join(sorted(losses))}")
+
+
+def check_cuda() -> Check:
+    from rlcli.server.backend_config import has_cuda
+
+    if has_cuda():
+        return Check("cuda", "ok", "NVIDIA driver present (fsdp/megatron backends can run)")
+    return Check("cuda", "warn", "no NVIDIA GPU: the jax backend runs on CPU; fsdp and megatron need CUDA")
+
+
+def check_docker() -> Check:
+    try:
+        import docker
+        from docker.errors import DockerException, ImageNotFound
+    except ImportError:
+        return Check("docker", "warn", "the docker SDK is missing: `pip install docker` (harbor sandboxes need it)")
+    try:
+        client = docker.from_env(timeout=3)
+        client.ping()
+    except DockerException:
+        where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        return Check("docker", "warn", f"no Docker daemon answers at {where}: harbor tasks need one; "
+                     "`sudo scripts/docker_up.sh` (`make docker`) starts one")
+    try:
+        client.images.get(HARBOR_IMAGE)
+    except ImageNotFound:
+        return Check("docker", "warn", f"daemon up, no {HARBOR_IMAGE} image (harbor's base): "
+                     f"`sudo scripts/base_image.sh` (`make base-image`) builds it offline, or `docker pull`")
+    return Check("docker", "ok", f"daemon up, {HARBOR_IMAGE} present")
+
+
+def disk_status(free_bytes: int) -> str:
+    return "fail" if free_bytes < 2 * GB else "warn" if free_bytes < 10 * GB else "ok"
+
+
+def check_disk() -> Check:
+    home = config.rlcli_home()
+    probe = next(p for p in (home, *home.parents) if p.exists())
+    free = shutil.disk_usage(probe).free
+    status = disk_status(free)
+    fix = "" if status == "ok" else ": venvs need ~7 GB and checkpoints grow; free space or set RLCLI_HOME elsewhere"
+    return Check("disk", status, f"{free / GB:.1f} GB free for {home}{fix}")
+
+
+def mem_available(meminfo: str) -> int | None:
+    for line in meminfo.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def weights_bytes(model: str) -> int | None:
+    """Size of a model's weight files: a local folder, or a hub id already in the HF cache."""
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub")
+        snapshots = sorted((hub.expanduser() / f"models--{model.replace('/', '--')}" / "snapshots").glob("*"))
+        if not snapshots:
+            return None
+        folder = snapshots[-1]
+    files = [*folder.glob("*.safetensors"), *folder.glob("*.bin")]
+    return sum(f.stat().st_size for f in files) or None
+
+
+def _size(n: int) -> str:
+    return f"{n / GB:.1f} GB" if n >= GB else f"{n / 2**20:.0f} MB"
+
+
+def memory_check(available: int | None, weights: int | None, model: str | None) -> Check:
+    if available is None:
+        return Check("memory", "warn", "cannot read MemAvailable from /proc/meminfo")
+    have = f"{_size(available)} available"
+    if not weights:
+        return Check("memory", "ok", have + (f"; size of {model} unknown (not on this machine)" if model else ""))
+    need = weights * TRAIN_MEMORY_FACTOR
+    detail = f"{have}, training {model} needs ~{_size(need)} ({_size(weights)} of weights x{TRAIN_MEMORY_FACTOR})"
+    if available < weights:
+        return Check("memory", "fail", detail + ": not even the weights fit; use a smaller model or a bigger machine")
+    if available < need:
+        return Check("memory", "warn", detail + ": expect swapping or OOM; use a smaller model or fewer LoRA slots")
+    return Check("memory", "ok", detail)
+
+
+def check_memory(srv: Server) -> Check:
+    try:
+        available = mem_available(Path("/proc/meminfo").read_text())
+    except OSError:
+        available = None
+    model = srv.model
+    if model is None:
+        from rlcli.model import embedded_model_dir
+
+        model = str(embedded_model_dir()) if embedded_model_dir().exists() else None
+    return memory_check(available, weights_bytes(model) if model else None, model)
+
+
+def run_checks(srv: Server) -> list[Check]:
+    steps: list[tuple[str, Callable[[], Check]]] = [
+        ("client-python", check_client_python),
+        ("server-python", check_server_python),
+        ("tinker-pins", check_tinker_pins),
+        ("server-venv", check_server_venv),
+        ("server", lambda: check_server(srv)),
+        ("backend", lambda: check_backend(srv)),
+        ("cuda", check_cuda),
+        ("docker", check_docker),
+        ("disk", check_disk),
+        ("memory", lambda: check_memory(srv)),
+    ]
+    checks = []
+    for name, step in steps:
+        try:
+            check = step()
+        except Exception as e:  # a broken check is reported as one, never ends the run
+            check = Check(name, "fail", f"the check itself failed: {type(e).__name__}: {e}")
+        print(check.line(), flush=True)
+        checks.append(check)
+    return checks
+
+
+def doctor(base_url: str | None = None) -> int:
+    """Check this machine and the server: Pythons, pins, server venv, server, backend, CUDA, Docker, disk, memory.
+
+    Args:
+        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
+    """
+    explicit = bool(base_url or os.environ.get("TINKER_BASE_URL"))
+    checks = run_checks(Server(config.resolve_base_url(base_url), explicit))
+    failed = [c.name for c in checks if c.status == "fail"]
+    warned = sum(c.status == "warn" for c in checks)
+    print(f"doctor: {len(checks) - len(failed) - warned} ok, {warned} warn, {len(failed)} fail"
+          + (f" ({', '.join(failed)})" if failed else ""))
+    return 1 if failed else 0

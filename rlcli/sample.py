@@ -1,0 +1,212 @@
+"""`rlcli sample` and `rlcli chat`: completions from a sampler checkpoint or the base model.
+
+Launch:  rlcli sample --checkpoint tinker://RUN/sampler_weights/ID --prompt "What is 2 + 3?" [--n 4]
+         rlcli sample --prompt "Hello"                      (the server's base model)
+         rlcli chat --checkpoint tinker://RUN/sampler_weights/ID  (one turn per line; /exit or EOF ends)
+         printf 'hi\\nWhat is 2 + 3?\\n' | rlcli chat          (works from a pipe)
+
+The prompt is rendered with the model's own chat template. The tokenizer is the base model the server
+reports for the checkpoint's run (a local folder loads offline; a hub id comes from the HF cache first).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlcli.client import parse_tinker_path, server_base_model, training_run
+from rlcli.config import ensure_api_key, resolve_base_url
+from rlcli.errors import RlcliError, UsageError, debug_enabled
+
+# Tokens that end an assistant turn in the chat templates rlcli meets (ChatML, Llama 3, Gemma).
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>")
+
+
+@dataclass
+class Sampler:
+    """A sampling client with what a turn needs: tokenizer, parameters, a name for messages."""
+
+    client: Any
+    tokenizer: Any
+    params: Any
+    source: str
+    base_url: str
+    history: list[dict[str, str]] = field(default_factory=list)
+
+
+def load_tokenizer(name: str) -> Any:
+    """A local folder offline; a hub id from the HF cache, else the hub."""
+    from transformers import AutoTokenizer
+
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    if name.startswith(("/", "~", ".")):
+        raise UsageError(f"the base model {name} is not a folder on this machine (the server's path): pass "
+                         "--tokenizer with a local copy of it or its Hugging Face id")
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except OSError:
+        return AutoTokenizer.from_pretrained(name)
+
+
+def stop_tokens(tokenizer: Any) -> list[int]:
+    """Ids that end a reply: the tokenizer's eos and any end-of-turn token its vocabulary has."""
+    vocab = tokenizer.get_vocab()
+    return sorted({vocab[t] for t in (tokenizer.eos_token, *END_OF_TURN) if t in vocab})
+
+
+def _model_for(url: str, checkpoint: str | None, model: str | None) -> str:
+    """The base model whose tokenizer renders the prompt, checked against what the server serves."""
+    if checkpoint and model:
+        raise UsageError("give --checkpoint or --model, not both (a checkpoint knows its base model)")
+    if checkpoint:
+        run_id, kind, _ = parse_tinker_path(checkpoint)
+        if kind == "weights":
+            raise UsageError(f"{checkpoint} is a training checkpoint; sample from sampler weights: "
+                             "save_weights_for_sampler gives a tinker://RUN/sampler_weights/ID path")
+        return training_run(url, run_id)["base_model"]
+    served = server_base_model(url)
+    if model and model != served:
+        raise UsageError(f"the server at {url} serves {served!r}, not {model!r}: pass --model {served} "
+                         "or start a server with that model")
+    return served
+
+
+def open_sampler(checkpoint: str | None, model: str | None, base_url: str | None, tokenizer: str | None,
+                 max_tokens: int, temperature: float, seed: int) -> Sampler:
+    import logging
+
+    import tinker
+
+    if not debug_enabled():  # tinker logs each failed request itself; the error below says it once
+        logging.getLogger("tinker").setLevel(logging.CRITICAL)
+    url = resolve_base_url(base_url)
+    ensure_api_key()
+    try:
+        base = _model_for(url, checkpoint, model)
+    except OSError as e:
+        raise RlcliError(f"cannot reach the server at {url} ({e}): is it running? (`rlcli serve status`)") from None
+    tok = load_tokenizer(tokenizer or base)
+    params = tinker.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, stop=stop_tokens(tok))
+    service = tinker.ServiceClient(base_url=url)
+    if checkpoint:
+        run_id, _, ckpt = parse_tinker_path(checkpoint)
+        client = service.create_sampling_client(model_path=f"tinker://{run_id}/sampler_weights/{ckpt}")
+    else:
+        client = service.create_sampling_client(base_model=base)
+    return Sampler(client, tok, params, checkpoint or base, url)
+
+
+def complete(s: Sampler, messages: list[dict[str, str]], n: int = 1) -> list[str]:
+    """n completions of the chat, rendered with the tokenizer's chat template."""
+    import tinker
+
+    text = s.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt = tinker.ModelInput.from_ints(s.tokenizer.encode(text, add_special_tokens=False))
+    try:
+        result = s.client.sample(prompt=prompt, num_samples=n, sampling_params=s.params).result()
+    except Exception as e:  # tinker raises its own classes; the server's reason is in the message
+        raise _sampling_error(s, e) from None
+    return [s.tokenizer.decode(seq.tokens, skip_special_tokens=True).strip() for seq in result.sequences]
+
+
+def _sampling_error(s: Sampler, e: Exception) -> RlcliError:
+    if "not loaded" not in str(e):
+        return RlcliError(f"sampling from {s.source} failed: {str(e).splitlines()[0]}")
+    run_id = parse_tinker_path(s.source)[0]
+    return RlcliError(
+        f"{s.source} is not loaded: its run's model was unloaded (or timed out, or the server restarted) after the "
+        f"save. Load a training checkpoint of the run (`rlcli checkpoint list --run-id {run_id}`) with "
+        "create_training_client_from_state, save_weights_for_sampler and sample the new path; or `rlcli export` it")
+
+
+def _messages(system: str | None, history: list[dict[str, str]]) -> list[dict[str, str]]:
+    return ([{"role": "system", "content": system}] if system else []) + history
+
+
+def sample(
+    prompt: str | None = None,
+    checkpoint: str | None = None,
+    model: str | None = None,
+    system: str | None = None,
+    max_tokens: int = 256,
+    temperature: float = 0.7,
+    n: int = 1,
+    seed: int = 0,
+    base_url: str | None = None,
+    tokenizer: str | None = None,
+) -> int:
+    """Sample completions for one prompt, rendered with the model's chat template.
+
+    Args:
+        prompt: the user message
+        checkpoint: sampler weights, tinker://RUN/sampler_weights/ID (default: the base model)
+        model: the base model to sample from (must be the one the server serves)
+        system: an optional system message
+        max_tokens: most tokens per completion
+        temperature: sampling temperature (0 = greedy)
+        n: how many completions
+        seed: sampling seed (completion i uses seed + i)
+        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
+        tokenizer: local folder or hub id of the tokenizer, when the server's base model is not on this machine
+    """
+    if not prompt:
+        raise UsageError("--prompt TEXT is required (`rlcli chat` talks turn by turn)")
+    if n < 1 or max_tokens < 1:
+        raise UsageError("--n and --max-tokens must be at least 1")
+    s = open_sampler(checkpoint, model, base_url, tokenizer, max_tokens, temperature, seed)
+    completions = complete(s, _messages(system, [{"role": "user", "content": prompt}]), n)
+    for i, text in enumerate(completions):
+        if n > 1:
+            print(f"--- completion {i + 1}/{n}")
+        print(text)
+    return 0
+
+
+def chat(
+    checkpoint: str | None = None,
+    model: str | None = None,
+    system: str | None = None,
+    max_tokens: int = 256,
+    temperature: float = 0.7,
+    seed: int = 0,
+    base_url: str | None = None,
+    tokenizer: str | None = None,
+) -> int:
+    """Chat turn by turn: each stdin line is a user message; /reset clears the history, /exit or EOF ends.
+
+    Args:
+        checkpoint: sampler weights, tinker://RUN/sampler_weights/ID (default: the base model)
+        model: the base model to chat with (must be the one the server serves)
+        system: an optional system message
+        max_tokens: most tokens per reply
+        temperature: sampling temperature (0 = greedy)
+        seed: sampling seed (turn t uses seed + t)
+        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
+        tokenizer: local folder or hub id of the tokenizer, when the server's base model is not on this machine
+    """
+    s = open_sampler(checkpoint, model, base_url, tokenizer, max_tokens, temperature, seed)
+    tty = sys.stdin.isatty()
+    if tty:
+        print(f"chatting with {s.source} (/reset clears the history, /exit or Ctrl-D ends)", file=sys.stderr)
+    while (line := _read_turn(tty)) is not None and line.strip() not in ("/exit", "/quit"):
+        if line.strip() == "/reset":
+            s.history.clear()
+        elif line.strip():
+            s.params = s.params.model_copy(update={"seed": seed + len(s.history) // 2})
+            s.history.append({"role": "user", "content": line.strip()})
+            reply = complete(s, _messages(system, s.history))[0]
+            s.history.append({"role": "assistant", "content": reply})
+            print(f"assistant: {reply}", flush=True)
+    return 0
+
+
+def _read_turn(tty: bool) -> str | None:
+    """One user line; None at EOF. A pipe gets no prompt, so its output holds only the replies."""
+    try:
+        return input("you: ") if tty else (sys.stdin.readline() or None)
+    except EOFError:
+        return None

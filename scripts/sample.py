@@ -1,0 +1,12 @@
+"""Sample from a sampler checkpoint or the base model (the same functions as `rlcli sample` / `rlcli chat`).
+
+    python scripts/sample.py sample --checkpoint tinker://RUN/sampler_weights/ID --prompt "What is 2 + 3?" --n 2
+    python scripts/sample.py chat --checkpoint tinker://RUN/sampler_weights/ID
+    printf 'hi\\nWhat is 2 + 3?\\n' | python scripts/sample.py chat --base_url http://127.0.0.1:8000
+"""
+
+from rlcli.sample import chat, sample
+from rlcli.scripting import fire_main
+
+if __name__ == "__main__":
+    fire_main({"sample": sample, "chat": chat})

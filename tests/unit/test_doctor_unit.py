@@ -1,0 +1,159 @@
+"""`rlcli doctor`: each check's verdicts and fixes, the exit code, and that it stays light. No server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+from rlcli import doctor
+from rlcli.doctor import GB, Check, Server
+
+
+def test_tinker_pins():
+    assert doctor.compare_pins("0.25.0", "0.25.0")[0] == "ok"
+    assert doctor.compare_pins("0.25.0", "0.25.1")[0] == "warn"
+    status, detail = doctor.compare_pins("0.38.0", "0.25.0")
+    assert status == "fail" and "tinker==0.25.0" in detail and "sampling" in detail
+    assert doctor.compare_pins("0.25.0", None)[0] == "warn"
+    assert doctor.compare_pins(None, "0.25.0")[0] == "fail"
+
+
+def test_installed_version_reads_the_dist_info_name(tmp_path):
+    (tmp_path / "tinker-0.25.0.dist-info").mkdir()
+    (tmp_path / "tinker_cookbook-0.5.5.dist-info").mkdir()
+    assert doctor.installed_version(tmp_path, "tinker") == "0.25.0"
+    assert doctor.installed_version(tmp_path, "tinker-cookbook") == "0.5.5"
+    assert doctor.installed_version(tmp_path, "peft") is None
+
+
+def test_disk_thresholds():
+    assert doctor.disk_status(1 * GB) == "fail"
+    assert doctor.disk_status(5 * GB) == "warn"
+    assert doctor.disk_status(50 * GB) == "ok"
+
+
+def test_disk_check_names_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("RLCLI_HOME", str(tmp_path / "not-yet"))  # a home that does not exist yet still counts
+    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda p: types.SimpleNamespace(free=GB))
+    check = doctor.check_disk()
+    assert check.status == "fail" and "RLCLI_HOME" in check.detail
+
+
+def test_meminfo_parsing():
+    text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   16000000 kB\n"
+    assert doctor.mem_available(text) == 16000000 * 1024
+    assert doctor.mem_available("MemTotal: 1 kB\n") is None
+
+
+def test_memory_against_model_size():
+    assert doctor.memory_check(16 * GB, 1 * GB, "m").status == "ok"
+    assert doctor.memory_check(3 * GB, 1 * GB, "m").status == "warn"
+    assert doctor.memory_check(GB // 2, 1 * GB, "m").status == "fail"
+    unknown = doctor.memory_check(16 * GB, None, "Qwen/Qwen3-8B")
+    assert unknown.status == "ok" and "unknown" in unknown.detail
+    assert doctor.memory_check(None, GB, "m").status == "warn"
+
+
+def test_weights_bytes_local_folder_and_hf_cache(tmp_path, monkeypatch):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"x" * 1000)
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert doctor.weights_bytes(str(tmp_path / "m")) == 1000
+    snap = tmp_path / "hub" / "models--org--name" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (snap / "model-00001.safetensors").write_bytes(b"x" * 300)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert doctor.weights_bytes("org/name") == 300
+    assert doctor.weights_bytes("org/absent") is None
+
+
+def _no_server(monkeypatch):
+    from rlcli.server import process
+
+    monkeypatch.setattr(process, "healthz", lambda url, timeout=2.0: False)
+    monkeypatch.setattr(doctor.config, "managed_server_url", lambda name="default": None)
+
+
+def test_an_unreachable_server_fails_only_when_named(monkeypatch):
+    _no_server(monkeypatch)
+    named = doctor.check_server(Server("http://127.0.0.1:9", explicit=True))
+    assert named.status == "fail" and "http://127.0.0.1:9" in named.detail
+    default = doctor.check_server(Server("http://127.0.0.1:8000", explicit=False))
+    assert default.status == "warn" and "rlcli serve start" in default.detail
+    assert doctor.check_backend(Server("http://127.0.0.1:9", True)).status == "warn"
+
+
+def _fake_docker(monkeypatch, ping_error=None, image_missing=False):
+    errors = types.ModuleType("docker.errors")
+    errors.DockerException = type("DockerException", (Exception,), {})
+    errors.ImageNotFound = type("ImageNotFound", (errors.DockerException,), {})
+
+    class Images:
+        def get(self, name):
+            if image_missing:
+                raise errors.ImageNotFound(name)
+
+    class Client:
+        images = Images()
+
+        def ping(self):
+            if ping_error:
+                raise errors.DockerException(ping_error)
+
+    module = types.ModuleType("docker")
+    module.errors = errors
+    module.from_env = lambda timeout=None: Client()
+    monkeypatch.setitem(sys.modules, "docker", module)
+    monkeypatch.setitem(sys.modules, "docker.errors", errors)
+
+
+@pytest.mark.parametrize(("ping_error", "image_missing", "status", "words"), [
+    (None, False, "ok", "debian:bookworm present"),
+    (None, True, "warn", "make base-image"),
+    ("connection refused", False, "warn", "make docker"),
+])
+def test_docker(monkeypatch, ping_error, image_missing, status, words):
+    _fake_docker(monkeypatch, ping_error, image_missing)
+    check = doctor.check_docker()
+    assert check.status == status and words in check.detail
+
+
+def _stub_checks(monkeypatch, statuses: dict[str, str]):
+    for name in ("client_python", "server_python", "tinker_pins", "server_venv", "cuda", "docker", "disk"):
+        status = statuses.get(name, "ok")
+        monkeypatch.setattr(doctor, f"check_{name}", lambda n=name, s=status: Check(n, s, "detail"))
+    for name in ("server", "backend", "memory"):
+        status = statuses.get(name, "ok")
+        monkeypatch.setattr(doctor, f"check_{name}", lambda srv, n=name, s=status: Check(n, s, "detail"))
+
+
+def test_exit_code_fails_only_on_a_failed_check(monkeypatch, capsys):
+    _stub_checks(monkeypatch, {"cuda": "warn", "docker": "warn"})
+    assert doctor.doctor(base_url="http://127.0.0.1:9") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 11 and out[-1] == "doctor: 8 ok, 2 warn, 0 fail"
+    assert out[6].startswith("warn  cuda")
+    _stub_checks(monkeypatch, {"disk": "fail"})
+    assert doctor.doctor(base_url="http://127.0.0.1:9") == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "doctor: 9 ok, 0 warn, 1 fail (disk)"
+
+
+def test_a_crashing_check_is_a_failed_line_not_a_traceback(monkeypatch, capsys):
+    _stub_checks(monkeypatch, {})
+
+    def broken():
+        raise KeyError("boom")
+
+    monkeypatch.setattr(doctor, "check_cuda", broken)
+    assert doctor.doctor(base_url="http://127.0.0.1:9") == 1
+    assert "fail  cuda            the check itself failed: KeyError" in capsys.readouterr().out
+
+
+def test_importing_doctor_stays_light():
+    code = ("import sys, rlcli.doctor; "
+            "print(sorted(m for m in ('torch', 'tinker', 'transformers', 'jax', 'docker') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
