@@ -62,3 +62,11 @@ lint: venv
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Harbor tasks run in local Docker (as root): a daemon, then the Debian base image built offline.
+.PHONY: docker base-image
+docker:
+	bash scripts/docker_up.sh
+
+base-image: docker
+	bash scripts/base_image.sh

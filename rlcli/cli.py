@@ -41,11 +41,19 @@ COMMANDS: dict[str, Any] = {
         {
             "sl": ("supervised fine-tuning on chat JSONL (tinker-cookbook's recipe)", "rlcli.train.sl:train_sl"),
             "rl": ("RL with a server-side loss (fused GSPO: one forward_backward)", "rlcli.train.rl:train_rl"),
+            "harbor": ("agent RL on Harbor tasks in local Docker; the test verdict is the reward",
+                       "rlcli.harbor.train:train_harbor"),
         },
     ),
     "import": (
         "convert chat logs (openai|anthropic|messages|langsmith) to training JSONL",
         "rlcli.data.import_cmd:import_cmd",
+    ),
+    "harbor": (
+        "Harbor tasks in local Docker",
+        {
+            "run": ("run and grade Harbor tasks without training", "rlcli.harbor.run:run"),
+        },
     ),
     "sample": ("sample completions for a prompt from a checkpoint or the base model", "rlcli.sample:sample"),
     "chat": ("chat with a checkpoint or the base model, turn by turn (stdin)", "rlcli.sample:chat"),

@@ -1,0 +1,147 @@
+"""`rlcli harbor run`: run and grade Harbor tasks in local Docker, without training.
+
+Launch:  rlcli harbor run tests/fixtures/harbor --policy oracle      (each task's solution: checks the tasks)
+         rlcli harbor run tests/fixtures/harbor/hello-file --policy nop   (do nothing: should score 0)
+         rlcli harbor run ~/tb2 --policy model --checkpoint tinker://RUN/sampler_weights/final --max-turns 30
+
+Policies: oracle runs solution/solve.sh, nop runs nothing, model lets the server's model (or --checkpoint)
+act through the bash tool exactly as in `rlcli train harbor`. Tasks run concurrently (--max-sandboxes).
+Writes <output>/results.jsonl (one line per task) and <output>/<task>.md/.json (the trajectory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rlcli.config import ensure_api_key, resolve_base_url
+from rlcli.errors import EXIT_FAILED, UsageError
+from rlcli.harbor.tasks import Task
+from rlcli.harbor.train import load_tasks, prepare_images
+from rlcli.train import run_folder, sigterm_as_interrupt
+
+POLICIES = ("oracle", "nop", "model")
+
+
+def status_of(record: Any) -> str:
+    if record.error:
+        return f"error: {record.error}"
+    if record.grading_error:
+        return f"grading error: {record.grading_error}"
+    return "passed" if record.reward >= 1.0 else "failed"
+
+
+def sampling_policy(model: str | None, checkpoint: str | None, base_url: str | None, renderer: str | None,
+                    max_tokens: int, temperature: float) -> tuple[Any, Any]:
+    """(token completer, renderer) for --policy model: the server's base model, or a sampler checkpoint."""
+    import tinker
+    from tinker_cookbook.completers import TinkerTokenCompleter
+    from tinker_cookbook.renderers import get_renderer
+    from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+    from rlcli.train import renderers
+    from rlcli.train.sl import resolve_model
+
+    url = resolve_base_url(base_url)
+    model = resolve_model(model, url, required=True)
+    if renderers.is_local_model(model):
+        renderers.go_offline()
+        renderers.register_local_tokenizer(model)
+    name = renderers.choose_renderer(model, renderer)
+    ensure_api_key()
+    service = tinker.ServiceClient(base_url=url)
+    client = (service.create_sampling_client(model_path=checkpoint) if checkpoint
+              else service.create_sampling_client(base_model=model))
+    return TinkerTokenCompleter(client, max_tokens=max_tokens, temperature=temperature), \
+        get_renderer(name, get_tokenizer(model))
+
+
+async def run_all(tasks: list[Task], policy: str, client: Any, settings: Any, folder: Path, max_sandboxes: int,
+                  sampler: tuple[Any, Any] | None) -> list[Any]:
+    from tinker_cookbook.rl.rollouts import do_single_rollout
+
+    from rlcli.harbor.agent import HarborEnv, run_scripted
+    from rlcli.harbor.sandbox import SandboxPool
+
+    pool = SandboxPool(client, max_sandboxes)
+
+    async def one(task: Task) -> Any:
+        stem = folder / task.name.replace("/", "_")
+        if sampler is None:
+            record = await run_scripted(task, policy, pool, settings, stem)
+        else:
+            env = HarborEnv(task, sampler[1], settings, pool, stem, policy="model")
+            try:
+                await do_single_rollout(sampler[0], env)
+            except Exception as e:  # this task's rollout failed: say so in its record, go on with the others
+                env.record.error = env.record.error or f"{type(e).__name__}: {e}"
+            finally:
+                await env.close()
+            record = env.record
+        print(f"{task.name:<32} reward {record.reward:.3f}  {status_of(record)}  {record.seconds:.1f}s", flush=True)
+        return record
+
+    return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+
+def run(task_dir: str, policy: str = "oracle", task_filter: str | None = None, limit: int | None = None,
+        model: str | None = None, checkpoint: str | None = None, base_url: str | None = None,
+        renderer: str | None = None, max_turns: int = 10, max_tokens: int = 1024, temperature: float = 1.0,
+        command_timeout: float = 120.0, sandbox_timeout: float | None = None, max_sandboxes: int = 4,
+        output: str | None = None) -> int:
+    """Run Harbor tasks in local Docker and grade them with their tests, without training.
+
+    Args:
+        task_dir: a task folder, a folder of them, or NAME@VERSION (a dataset in the cache or Harbor's registry)
+        policy: oracle (the task's solution/solve.sh), nop (nothing), or model (the server's model as the agent)
+        task_filter: only tasks whose names match these comma-separated globs
+        limit: only the first N tasks (by name) after --task-filter
+        model: with --policy model: the server's base model (default: ask the server)
+        checkpoint: with --policy model: sample from this sampler checkpoint (tinker://...) instead
+        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
+        renderer: chat renderer (default: from the model name, or the tokenizer of a local folder)
+        max_turns: most assistant turns per task
+        max_tokens: most sampled tokens per turn
+        temperature: sampling temperature
+        command_timeout: seconds one agent command may run before it is killed inside the container
+        sandbox_timeout: seconds the agent phase may take (default: the task's [agent] timeout_sec)
+        max_sandboxes: containers alive at once
+        output: folder for results.jsonl and trajectories (default: RLCLI_HOME/runs/harbor-run-<time>)
+    """
+    from rlcli.harbor.agent import AgentSettings
+    from rlcli.harbor.sandbox import remove_mine
+    from rlcli.train.rl import check_numbers
+
+    if policy not in POLICIES:
+        raise UsageError(f"unknown --policy {policy!r}: choose {', '.join(POLICIES)}")
+    if policy != "model" and (model or checkpoint):
+        raise UsageError(f"--model and --checkpoint choose the agent of --policy model, not {policy}")
+    check_numbers(max_turns=max_turns, max_tokens=max_tokens, temperature=temperature, limit=limit,
+                  command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, max_sandboxes=max_sandboxes)
+    tasks = load_tasks(task_dir, task_filter, limit, "harbor run")
+    folder = run_folder(output, False, kind="harbor-run")
+    sampler = sampling_policy(model, checkpoint, base_url, renderer, max_tokens, temperature) \
+        if policy == "model" else None
+    settings = AgentSettings(max_turns, command_timeout, sandbox_timeout)
+    client = prepare_images(tasks)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with sigterm_as_interrupt():
+            records = asyncio.run(run_all(tasks, policy, client, settings, folder, max_sandboxes, sampler))
+    finally:
+        remove_mine(client)  # after Ctrl-C, whatever the rollouts could not remove themselves
+    with open(folder / "results.jsonl", "w") as f:
+        for record in records:
+            row = {k: v for k, v in asdict(record).items() if k not in ("turns", "instruction", "verifier_output")}
+            f.write(json.dumps({**row, "trajectory": str(folder / f"{record.task.replace('/', '_')}.md")}) + "\n")
+    passed = sum(1 for r in records if r.reward >= 1.0 and not r.error)
+    graded = sum(1 for r in records if r.grading_error)
+    failed = sum(1 for r in records if r.error)
+    mean = sum(r.reward for r in records) / len(records)
+    print(f"{passed}/{len(records)} passed, mean reward {mean:.3f}, {graded} grading error{'s' * (graded != 1)}, "
+          f"{failed} failed; results: {folder / 'results.jsonl'}", file=sys.stderr)
+    return EXIT_FAILED if failed else 0

@@ -1,0 +1,357 @@
+"""Sandboxes: one Docker container per rollout, through the docker SDK (no compose, no CLI).
+
+- Images: one per task content (a hash of environment/), built once, shared by every rollout.
+- Containers carry rlcli's labels (owner = host:pid), CPU, memory and pids limits, no network unless
+  the task asks, and a lifetime: PID 1 is `sleep <lifetime>` under docker-init with auto-remove, so a
+  container outlives no rollout by long even if rlcli is SIGKILLed. Each rollout removes its own;
+  `remove_mine` does it for a whole process (Ctrl-C), `sweep` for dead owners at start.
+- A command runs as `timeout -s KILL T bash -c CMD`: timeout kills its whole process group inside the
+  container, and the client kills that group itself if the exec is still running after a grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import socket
+import tarfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlcli.errors import RlcliError
+from rlcli.harbor.tasks import Limits, Task, folder_hash
+
+LABEL = "dev.rlcli.harbor"
+OWNER = "dev.rlcli.owner"  # "<hostname>:<pid>" of the rlcli process that started the container
+TASK_LABEL = "dev.rlcli.task"
+MAX_OUTPUT_BYTES = 16_000  # of a command's output kept (head and tail)
+KILL_GRACE_S = 5.0  # after a command's timeout, before the client kills its process group itself
+DOCKER_HINT = ("start one: `sudo scripts/docker_up.sh` (`make docker`) on Debian/Ubuntu, "
+               "`sudo systemctl start docker`, or open Docker Desktop")
+
+
+class SandboxError(RlcliError):
+    """The container died or Docker failed: the rollout cannot go on (not the agent's fault)."""
+
+
+@dataclass
+class ExecResult:
+    exit_code: int
+    output: str
+    timed_out: bool
+    seconds: float
+
+
+def owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def connect(pool_size: int = 16) -> Any:
+    """A docker client that answers, or a one-line error that says how to start a daemon."""
+    import docker
+
+    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    try:
+        client = docker.from_env(max_pool_size=pool_size, timeout=120)
+        client.ping()
+    except docker.errors.DockerException as e:
+        text = str(e)
+        known = {"No such file": "no such socket", "Permission denied": "permission denied: use sudo, or join the "
+                 "docker group", "Connection refused": "connection refused"}
+        reason = next((why for key, why in known.items() if key in text), text[-160:])
+        raise RlcliError(f"no Docker daemon answers at {where} ({reason}): {DOCKER_HINT}") from None
+    return client
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep(client: Any) -> int:
+    """Remove sandboxes whose rlcli process on this host is gone (a crash, SIGKILL); return how many.
+
+    Live owners' containers are left alone: another rlcli run on this machine may be using them.
+    """
+    host, removed = socket.gethostname(), 0
+    for container in client.containers.list(all=True, filters={"label": LABEL}):
+        owner_host, _, pid = container.labels.get(OWNER, "").rpartition(":")
+        if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+            _remove(container)
+            removed += 1
+    return removed
+
+
+def remove_mine(client: Any) -> int:
+    """Remove every sandbox this process started (the last line of defence after Ctrl-C or a crash)."""
+    mine = client.containers.list(all=True, filters={"label": f"{OWNER}={owner_id()}"})
+    for container in mine:
+        _remove(container)
+    return len(mine)
+
+
+def _remove(container: Any) -> None:
+    import docker
+
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # gone, or removal in progress
+        container.remove(force=True)
+
+
+def image_tag(task: Task) -> str:
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in task.name.lower()).strip("-._")[:60] or "task"
+    return f"rlcli-harbor/{slug}:{folder_hash(task.environment)[:16]}"
+
+
+_build_locks: dict[str, threading.Lock] = {}
+_build_locks_guard = threading.Lock()
+
+
+def ensure_image(client: Any, task: Task) -> tuple[str, bool]:
+    """(image, built now): the task's image, built from environment/ unless this content has an image."""
+    import docker
+
+    if not task.has_dockerfile:
+        try:
+            client.images.get(task.docker_image)
+        except docker.errors.ImageNotFound:
+            raise RlcliError(f"task {task.name} uses image {task.docker_image}, which is not on this machine: "
+                             f"`docker pull {task.docker_image}` where a registry is reachable") from None
+        return str(task.docker_image), False
+    tag = image_tag(task)
+    with _build_locks_guard:
+        lock = _build_locks.setdefault(tag, threading.Lock())
+    with lock:  # rollouts of one group ask at once: one builds, the others wait for it
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            client.images.get(tag)
+            return tag, False
+        try:
+            client.images.build(path=str(task.environment), tag=tag, rm=True, forcerm=True,
+                                labels={LABEL: "1", TASK_LABEL: task.name}, timeout=int(task.build_timeout_s))
+        except docker.errors.BuildError as e:
+            lines = [str(c.get("stream") or c.get("error") or "").strip() for c in e.build_log]
+            tail = " | ".join(line for line in lines if line)[-400:]
+            hint = " (FROM debian:bookworm(-slim) offline: `make base-image` builds it)" if "pull" in tail else ""
+            raise RlcliError(f"building the image of task {task.name} failed: {tail}{hint}") from None
+        except docker.errors.APIError as e:
+            raise RlcliError(f"building the image of task {task.name} failed: {e.explanation or e}") from None
+    return tag, True
+
+
+def run_options(limits: Limits, lifetime_s: float, host_cpus: int | None = None) -> dict[str, Any]:
+    """docker SDK `containers.run` keywords for a task's limits (pure, so the mapping is testable)."""
+    cpus = min(limits.cpus, float(host_cpus or os.cpu_count() or 1))  # Docker refuses more CPUs than the host has
+    memory = f"{limits.memory_mb}m"
+    return {
+        "nano_cpus": int(cpus * 1e9),
+        "mem_limit": memory,
+        "memswap_limit": memory,  # no swap on top: the limit is the limit
+        "pids_limit": limits.pids,
+        "network_mode": "bridge" if limits.network else "none",
+        "init": True,  # docker-init as PID 1 reaps what killed commands leave behind
+        "auto_remove": True,
+        "entrypoint": ["sleep", str(int(lifetime_s))],  # the image's CMD is not run: the agent's commands are
+        "detach": True,
+        "hostname": "sandbox",
+    }
+
+
+@dataclass
+class Sandbox:
+    container: Any
+    shell: str  # bash, else sh
+    has_timeout: bool
+    workdir: str  # where the verifier runs: the image's WORKDIR, else /root
+    closed: bool = field(default=False)
+    killed: str = ""  # why rlcli killed the container itself, for the error that follows
+
+    @classmethod
+    def start(cls, client: Any, image: str, task: Task, lifetime_s: float) -> Sandbox:
+        import docker
+
+        labels = {LABEL: "1", OWNER: owner_id(), TASK_LABEL: task.name}
+        try:
+            container = client.containers.run(image, labels=labels, **run_options(task.limits, lifetime_s))
+        except docker.errors.APIError as e:
+            raise SandboxError(f"cannot start a container for task {task.name}: {e.explanation or e}") from None
+        try:
+            found = container.exec_run(["sh", "-c", "command -v bash; command -v timeout"]).output.decode()
+        except (docker.errors.APIError, UnicodeDecodeError) as e:
+            _remove(container)
+            raise SandboxError(f"the container of task {task.name} cannot run `sh` ({e})") from None
+        workdir = (container.attrs.get("Config") or {}).get("WorkingDir") or ""
+        return cls(container, "bash" if "bash" in found else "sh", "timeout" in found,
+                   workdir if workdir not in ("", "/") else "/root")
+
+    @property
+    def short_id(self) -> str:
+        return self.container.short_id
+
+    def check_alive(self) -> None:
+        import docker
+
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            why = self.killed or "removed, or its lifetime ran out"
+            raise SandboxError(f"sandbox {self.short_id} is gone ({why})") from None
+        state = self.container.attrs.get("State") or {}
+        if self.killed or state.get("Status") != "running":
+            why = ", killed for memory" if state.get("OOMKilled") else f": {self.killed}" if self.killed else ""
+            raise SandboxError(f"sandbox {self.short_id} died ({state.get('Status')}, exit {state.get('ExitCode')}"
+                               f"{why})")
+
+    def exec(self, command: str, timeout_s: float, workdir: str | None = None,
+             limit: int = MAX_OUTPUT_BYTES) -> ExecResult:
+        """Run a shell command; kill it (and everything it started) inside the container at timeout_s."""
+        import docker
+
+        self.check_alive()
+        seconds = max(1, int(timeout_s + 0.999))
+        inner = [self.shell, "-c", command]
+        if self.has_timeout:  # timeout makes its own process group and KILLs all of it
+            inner = ["timeout", "-s", "KILL", str(seconds), *inner]
+        api, start = self.container.client.api, time.monotonic()
+        try:
+            exec_id = api.exec_create(self.container.id, ["sh", "-c", 'echo "$$"; exec "$@"', "sh", *inner],
+                                      workdir=workdir)["Id"]
+            stream = api.exec_start(exec_id, stream=True, demux=True)
+        except docker.errors.APIError as e:
+            self.check_alive()
+            raise SandboxError(f"sandbox {self.short_id}: cannot run a command ({e.explanation or e})") from None
+        output, pgid = _Capped(limit), []
+        # Fallbacks for an exec still running after its timeout: kill its process group from here, and
+        # if even that does not end it (a process stuck in the kernel), the container.
+        guards = [threading.Timer(seconds + KILL_GRACE_S, self._kill_group, (pgid,)),
+                  threading.Timer(seconds + 3 * KILL_GRACE_S, self._kill_container)]
+        for guard in guards:
+            guard.daemon = True
+            guard.start()
+        try:
+            for out, err in stream:
+                if out and not pgid:  # the first stdout line is the wrapper's pid: the process group to kill
+                    first, _, out = out.partition(b"\n")
+                    pgid.append(first.decode(errors="replace").strip())
+                output.add(out or b"")
+                output.add(err or b"")
+            code = api.exec_inspect(exec_id).get("ExitCode")
+        except Exception:  # the stream broke or the exec vanished: say so if the container died with it
+            self.check_alive()
+            raise
+        finally:
+            for guard in guards:
+                guard.cancel()
+        elapsed = time.monotonic() - start
+        if code is None:
+            self.check_alive()
+            code = -1
+        timed_out = elapsed >= seconds - 0.05 and code in (124, 137, -1)
+        return ExecResult(int(code), output.text(), timed_out, elapsed)
+
+    def _kill_group(self, pgid: list[str]) -> None:
+        """The exec outlived its timeout (no `timeout` in the image, or a stuck process): kill it from here."""
+        if pgid and pgid[0].isdigit():
+            with contextlib.suppress(Exception):
+                self.container.exec_run(["sh", "-c", f"kill -KILL -- -{pgid[0]} 2>/dev/null || kill -KILL {pgid[0]}"])
+
+    def _kill_container(self) -> None:
+        self.killed = "rlcli killed it: a command outlived its timeout even after its process group was killed"
+        with contextlib.suppress(Exception):
+            self.container.kill()
+
+    def put_folder(self, local: Path, target: str) -> None:
+        """Copy local's contents into target (created, emptied first) as root."""
+        self.exec(f"rm -rf {target} && mkdir -p {target}", 30, "/")
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for path in sorted(local.rglob("*")):
+                info = tar.gettarinfo(str(path), arcname=str(path.relative_to(local)))
+                info.uid = info.gid = 0
+                info.uname = info.gname = "root"
+                with open(path, "rb") if path.is_file() else contextlib.nullcontext() as f:
+                    tar.addfile(info, f)
+        if not self.container.put_archive(target, buffer.getvalue()):
+            raise SandboxError(f"sandbox {self.short_id}: could not copy {local} to {target}")
+
+    def read_file(self, path: str, max_bytes: int = 1_000_000) -> bytes | None:
+        """A file's bytes, or None when it does not exist."""
+        import docker
+
+        try:
+            chunks, _ = self.container.get_archive(path)
+        except docker.errors.NotFound:
+            self.check_alive()
+            return None
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            member = tar.next()
+            f = tar.extractfile(member) if member is not None and member.isfile() else None
+            return f.read(max_bytes) if f else None
+
+    def remove(self) -> None:
+        _remove(self.container)
+
+
+class _Capped:
+    """A command's output, its first and last limit/2 bytes: errors tend to be at the end."""
+
+    def __init__(self, limit: int):
+        self.half, self.head, self.tail, self.total = limit // 2, bytearray(), deque(), 0
+        self.tail_size = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.half - len(self.head)
+        self.head += data[:room]
+        rest = data[room:] if room > 0 else data
+        if rest:
+            self.tail.append(rest)
+            self.tail_size += len(rest)
+            while self.tail_size - len(self.tail[0]) >= self.half:
+                self.tail_size -= len(self.tail.popleft())
+
+    def text(self) -> str:
+        tail = b"".join(self.tail)
+        dropped = self.total - len(self.head) - min(len(tail), self.half)
+        if dropped > 0:
+            return (bytes(self.head).decode(errors="replace") + f"\n[... {dropped} bytes cut ...]\n"
+                    + tail[-self.half:].decode(errors="replace"))
+        return (bytes(self.head) + tail).decode(errors="replace")
+
+
+class SandboxPool:
+    """The sandboxes of one run: at most `size` alive at once (--max-sandboxes), each removed after use."""
+
+    def __init__(self, client: Any, size: int):
+        self.client, self.size = client, size
+        self._slots: asyncio.Semaphore | None = None  # made inside the running event loop
+
+    async def open(self, task: Task, lifetime_s: float) -> Sandbox:
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.size)
+        await self._slots.acquire()
+        try:
+            image, _ = await asyncio.to_thread(ensure_image, self.client, task)
+            return await asyncio.to_thread(Sandbox.start, self.client, image, task, lifetime_s)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def close(self, sandbox: Sandbox | None) -> None:
+        """Remove the sandbox and free its slot; safe to call twice."""
+        if sandbox is None or sandbox.closed or self._slots is None:
+            return
+        sandbox.closed = True
+        try:
+            await asyncio.shield(asyncio.to_thread(sandbox.remove))  # a cancelled rollout still removes it
+        finally:
+            self._slots.release()

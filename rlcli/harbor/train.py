@@ -1,0 +1,235 @@
+"""`rlcli train harbor`: agent RL on Harbor tasks in local Docker; the test verdict is the reward.
+
+Launch:  rlcli train harbor --dataset tests/fixtures/harbor --max-steps 20            (gspo, fused when served)
+         rlcli train harbor --dataset ~/tb2 --task-filter 'fix-*' --eval-tasks 8 --max-sandboxes 8
+         rlcli train harbor --dataset terminal-bench@2.0 --dry-run     (resolve the tasks, print the plan)
+         rlcli train harbor --dataset DIR --log-path runs/h --resume    (after a crash)
+
+Built on tinker-cookbook's RL loop (agent.py has its Env, group builder and dataset), with `train rl`'s
+loss handling: the loss is planned from what the server serves before anything else, so an unservable
+loss fails in under a second; every training client gets the planned route and its slot is freed however
+the run ends. Images are built before the model is made. Each rollout's conversation is written to
+<run>/trajectories/step-NNNN/<task>-<i>.md (and .json); eval rollouts under trajectories/eval/.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rlcli.config import ensure_api_key, resolve_base_url
+from rlcli.errors import RlcliError, UsageError
+from rlcli.harbor.tasks import Task, find_tasks, resolve_dataset, select_tasks, split_tasks, tasks_hash
+from rlcli.train import claim, note_models, renderers, run_folder, sigterm_as_interrupt, unload_leftovers
+from rlcli.train import warn as warn_line
+from rlcli.train.rl import ROUTES, RlProgress, check_numbers, cookbook_hooks, final_report, plan_losses
+from rlcli.train.sl import RUN_INFO, resolve_model
+
+RECIPE_NAME = "rlcli_train_harbor"
+RESUME_KEYS = ("model", "renderer", "loss", "group_size", "groups_per_batch")
+
+
+def load_tasks(dataset: str, task_filter: str | None, limit: int | None, label: str = "--dataset") -> list[Task]:
+    tasks, skipped = find_tasks(resolve_dataset(dataset))
+    for folder, why in skipped:
+        warn_line(f"{label}: skipped {folder}: {why}")
+    return select_tasks(tasks, task_filter, limit)
+
+
+def prepare_images(tasks: list[Task]) -> Any:
+    """Connect to Docker, sweep dead runs' sandboxes, build each task image once; return the client."""
+    from rlcli.harbor.sandbox import connect, ensure_image, sweep
+
+    client = connect()
+    if removed := sweep(client):
+        print(f"removed {removed} sandbox(es) left by earlier runs that died", file=sys.stderr)
+    for task in {t.path: t for t in tasks}.values():
+        started = time.monotonic()
+        image, built = ensure_image(client, task)
+        if built:
+            print(f"image {image} for {task.name}: built in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    return client
+
+
+def describe(plan: Any, source: str, train: list[Task], held: list[Task], s: dict[str, Any]) -> str:
+    held_text = f", {len(held)} held out for eval every {s['eval_every']} steps" if held else ""
+    timeout = f"{s['sandbox_timeout']:g} s" if s["sandbox_timeout"] else "the task's [agent] timeout"
+    return "\n".join([
+        f"loss: {plan.loss} {ROUTES[plan.passes]}, config {json.dumps(plan.config, sort_keys=True)}: {plan.message}",
+        f"tasks: {len(train)} to train on from {source}{held_text}",
+        f"plan: {s['groups_per_batch']} tasks x {s['group_size']} rollouts per step, {s['steps']} step"
+        f"{'s' * (s['steps'] != 1)}; up to {s['max_turns']} turns of {s['max_tokens']} tokens per rollout",
+        f"sandboxes: up to {s['max_sandboxes']} at once; {s['command_timeout']:g} s per command, {timeout} per rollout",
+        f"model: {s['model']}  renderer: {s['renderer']}",
+    ])
+
+
+def build_config(folder: Path, url: str, s: dict[str, Any], plan: Any, train: list[Task], held: list[Task]) -> Any:
+    from tinker_cookbook.rl import train as cookbook
+
+    from rlcli.harbor.agent import HarborDatasetBuilder
+
+    builder = HarborDatasetBuilder(
+        task_paths=[str(t.path) for t in train], task_names=[t.name for t in train],
+        eval_paths=[str(t.path) for t in held], eval_names=[t.name for t in held], model_name=s["model"],
+        renderer_name=s["renderer"], groups_per_batch=s["groups_per_batch"], group_size=s["group_size"],
+        steps=s["steps"], max_turns=s["max_turns"], command_timeout_s=s["command_timeout"],
+        sandbox_timeout_s=s["sandbox_timeout"], max_sandboxes=s["max_sandboxes"],
+        trajectories=str(folder / "trajectories"))
+    # Retry a rollout whose sandbox died (3 per group); a task that keeps failing stops the run.
+    return cookbook.Config(learning_rate=s["lr"], dataset_builder=builder, model_name=s["model"],
+                           recipe_name=RECIPE_NAME, max_tokens=s["max_tokens"], log_path=str(folder),
+                           eval_every=s["eval_every"] if held else 0, save_every=s["save_every"],
+                           renderer_name=s["renderer"], loss_fn=plan.loss, loss_fn_config=plan.config or None,
+                           lora_rank=s["lora_rank"], temperature=s["temperature"], base_url=url,
+                           max_steps=s["steps"], rollout_error_tolerance=True)
+
+
+def run_recipe(folder: Path, url: str, s: dict[str, Any], plan: Any, train: list[Task], held: list[Task]) -> None:
+    """The cookbook's RL main with the loss route installed; server slots freed however it ends."""
+    import asyncio
+
+    from tinker_cookbook.rl import train as cookbook
+
+    from rlcli.train.compat import progress_logging, record_training_clients, unload_models
+
+    ensure_api_key()
+    created: list[str] = []
+
+    def on_create(model_id: str) -> None:  # runs on the tinker client's thread
+        created.append(model_id)
+        note_models(folder, [model_id])
+
+    try:
+        with (sigterm_as_interrupt(), record_training_clients(on_create), cookbook_hooks(plan),
+              progress_logging(RlProgress(s["steps"], plan.loss, plan.passes))):
+            asyncio.run(cookbook.main(build_config(folder, url, s, plan, train, held)))
+    except Exception as e:
+        if "Maximum number of LoRA adapters" in str(e):
+            raise RlcliError("the server has no free LoRA slot: wait for other runs to finish (an abandoned one "
+                             "frees its slot after ~5 min), or restart it with more max_lora_adapters") from e
+        raise
+    finally:
+        left = unload_models(url, list(created))
+        note_models(folder, left, append=False)
+        if left:
+            warn_line(f"could not free server slots {', '.join(left)}; the server frees them ~5 min after this "
+                      "process exits")
+
+
+def check_resume(folder: Path, url: str, sha256: str, s: dict[str, Any]) -> None:
+    """Refuse to resume on other tasks, model or group shape; free slots a crashed attempt left."""
+    info = json.loads((folder / RUN_INFO).read_text()) if (folder / RUN_INFO).is_file() else {}
+    if info.get("tasks_sha256", sha256) != sha256:
+        raise UsageError(f"{folder} was trained on other tasks: resume with the same --dataset and filters, or "
+                         "start a new --log-path")
+    for key in RESUME_KEYS:
+        if info.get(key, s[key]) != s[key]:
+            raise UsageError(f"{folder} was run with {key} {info[key]!r}: resume with the same --"
+                             f"{key.replace('_', '-')}, or start a new --log-path")
+    unload_leftovers(folder, url)
+    print(f"resuming {folder}", file=sys.stderr)
+
+
+def train_harbor(dataset: str | None = None, loss: str = "gspo", loss_config: str | None = None,
+                 passes: str = "auto", model: str | None = None, base_url: str | None = None,
+                 renderer: str | None = None, task_filter: str | None = None, limit: int | None = None,
+                 eval_tasks: int = 0, eval_dataset: str | None = None, eval_every: int = 10, group_size: int = 4,
+                 groups_per_batch: int = 4, max_turns: int = 10, max_tokens: int = 1024, temperature: float = 1.0,
+                 lr: float = 4e-5, lora_rank: int = 32, command_timeout: float = 120.0,
+                 sandbox_timeout: float | None = None, max_sandboxes: int = 4, max_steps: int | None = None,
+                 save_every: int = 20, log_path: str | None = None, resume: bool = False,
+                 dry_run: bool = False) -> int:
+    """Train a LoRA agent with RL on Harbor tasks run in local Docker; each rollout's test verdict is its reward.
+
+    Args:
+        dataset: a folder of Harbor tasks (or one task folder), or NAME@VERSION such as terminal-bench@2.0
+        loss: gspo, cispo, dppo, ppo or importance_sampling (as `rlcli train rl`)
+        loss_config: JSON object of loss settings, e.g. '{"clip_high_threshold": 1.0005}'
+        passes: auto (fused when the server serves the loss, else the exact 2-pass form), 1 or 2
+        model: the server's base model, exactly as it was started (default: ask the server)
+        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
+        renderer: chat renderer (default: from the model name, or the tokenizer of a local folder)
+        task_filter: only tasks whose names match these comma-separated globs, e.g. 'fix-*,hello'
+        limit: only the first N tasks (by name) after --task-filter
+        eval_tasks: hold out N tasks (chosen by name hash) for evaluation; never trained on
+        eval_dataset: evaluate on this dataset's tasks instead (folder or NAME@VERSION)
+        eval_every: evaluate the held-out tasks every N steps (0: never)
+        group_size: rollouts per task per step; rewards are compared within a group
+        groups_per_batch: tasks per step
+        max_turns: most assistant turns per rollout
+        max_tokens: most sampled tokens per turn
+        temperature: sampling temperature
+        lr: Adam learning rate
+        lora_rank: LoRA rank (the server caps it; SkyRL's jax backend at 32 by default)
+        command_timeout: seconds one command may run before it is killed inside the container
+        sandbox_timeout: seconds a rollout's agent phase may take (default: the task's [agent] timeout_sec)
+        max_sandboxes: containers alive at once; the rollouts of a step share them
+        max_steps: stop after N steps (default: one pass over the tasks)
+        save_every: save a resumable checkpoint every N steps (0: only the final one)
+        log_path: run folder (default: RLCLI_HOME/runs/harbor-<time>)
+        resume: continue the run in --log-path (default: the newest harbor run) from its last checkpoint
+        dry_run: plan the loss, find the tasks, print the plan; make no model and no container
+    """
+    if not dataset:
+        raise UsageError("pass --dataset DIR (a folder of Harbor tasks, or one task) or --dataset NAME@VERSION "
+                         "(e.g. terminal-bench@2.0)")
+    if eval_tasks and eval_dataset:
+        raise UsageError("--eval-tasks holds tasks out of --dataset, --eval-dataset evaluates on others: pick one")
+    check_numbers(group_size=group_size, max_tokens=max_tokens, lora_rank=lora_rank, max_steps=max_steps,
+                  save_every=save_every, eval_every=eval_every, lr=lr, temperature=temperature,
+                  groups_per_batch=groups_per_batch, max_turns=max_turns, max_sandboxes=max_sandboxes,
+                  command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, limit=limit)
+    if eval_tasks < 0:
+        raise UsageError(f"--eval-tasks must be 0 (off) or more, got {eval_tasks}")
+    url = resolve_base_url(base_url)
+    plan = plan_losses(url, loss, loss_config, passes)  # first: an unservable loss fails before any real work
+    folder = run_folder(log_path, resume, kind="harbor")
+    model = resolve_model(model, url, required=not dry_run)
+    if renderers.is_local_model(model):
+        renderers.go_offline()  # before the hub client is imported: it reads this once
+        renderers.register_local_tokenizer(model)
+    renderer = renderers.choose_renderer(model, renderer)
+    train, held = split_tasks(load_tasks(dataset, task_filter, limit), eval_tasks)
+    if eval_dataset:
+        held = load_tasks(eval_dataset, None, None, "--eval-dataset")
+    steps = max_steps or math.ceil(len(train) / groups_per_batch)
+    s = dict(model=model, renderer=renderer, loss=plan.loss, loss_config=dict(plan.config), passes=plan.passes,
+             group_size=group_size, groups_per_batch=groups_per_batch, steps=steps, max_turns=max_turns,
+             max_tokens=max_tokens, temperature=temperature, lr=lr, lora_rank=lora_rank, eval_every=eval_every,
+             command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, max_sandboxes=max_sandboxes,
+             save_every=save_every)
+    summary = f"{describe(plan, dataset, train, held, s)}\nrun folder: {folder}{' (resume)' * resume}\nserver: {url}"
+    if dry_run:
+        print(summary)
+        return 0
+    print(summary, file=sys.stderr)
+    client = prepare_images(train + held)
+    sha256 = tasks_hash(train + held)
+    try:
+        with claim(folder):
+            if resume:
+                check_resume(folder, url, sha256, s)
+            info = {"tasks_sha256": sha256, "base_url": url, "dataset": dataset, "tasks": [t.name for t in train],
+                    "eval_tasks": [t.name for t in held], **s}
+            (folder / RUN_INFO).write_text(json.dumps(info, indent=1) + "\n")
+            run_recipe(folder, url, s, plan, train, held)
+    finally:
+        from rlcli.harbor.sandbox import remove_mine
+
+        remove_mine(client)  # whatever the rollouts could not remove themselves (Ctrl-C, a crash)
+    print(f"{final_report(folder)}\n{rollout_summary(folder / 'trajectories')}")
+    return 0
+
+
+def rollout_summary(trajectories: Path) -> str:
+    """Counted from the rollouts' records: grading errors are scored 0 and must not pass unnoticed."""
+    records = [json.loads(p.read_text()) for p in trajectories.rglob("*.json")]
+    graded = sum(1 for r in records if r.get("grading_error"))
+    failed = sum(1 for r in records if r.get("error"))
+    return (f"trajectories: {trajectories} ({len(records)} rollouts, {graded} grading errors, "
+            f"{failed} failed rollouts)")

@@ -1,0 +1,14 @@
+"""Harbor tasks in local Docker (same as `rlcli harbor run` and `rlcli train harbor`).
+
+    python scripts/harbor.py run tests/fixtures/harbor --policy oracle          # each task's solution scores 1
+    python scripts/harbor.py run tests/fixtures/harbor --policy nop             # doing nothing scores 0
+    python scripts/harbor.py train --dataset tests/fixtures/harbor --max_steps 20 --group_size 4
+    python scripts/harbor.py train --dataset terminal-bench@2.0 --dry_run        # offline: how to download it
+"""
+
+from rlcli.harbor.run import run
+from rlcli.harbor.train import train_harbor
+from rlcli.scripting import fire_main
+
+if __name__ == "__main__":
+    fire_main({"run": run, "train": train_harbor})

@@ -1,0 +1,256 @@
+"""Harbor pieces that need no Docker and no server: task.toml, task discovery, image hashes, rewards,
+dataset resolution offline, limits mapping, the agent's tool protocol, and train harbor's fail-fast order."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlcli.errors import RlcliError, UsageError
+from rlcli.harbor import tasks
+from rlcli.harbor.sandbox import image_tag, run_options
+from rlcli.harbor.tasks import Limits
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "harbor"
+NAMES = ["forgets-reward", "hello-file", "network-allowed", "sum-numbers"]
+
+
+def copy_task(tmp_path: Path, name: str = "hello-file") -> Path:
+    return Path(shutil.copytree(FIXTURES / name, tmp_path / name))
+
+
+def test_task_toml_defaults():
+    fields = tasks.parse_task_toml("")
+    assert fields["limits"] == Limits(cpus=1.0, memory_mb=2048, pids=1024, network=False)
+    assert (fields["agent_timeout_s"], fields["verifier_timeout_s"], fields["build_timeout_s"]) == (600, 120, 600)
+    assert fields["docker_image"] is None
+
+
+@pytest.mark.parametrize("env, limits", [
+    ('cpus = 2\nmemory_mb = 300\npids_limit = 64\nnetwork = true', Limits(2.0, 300, 64, True)),
+    ('memory = "1G"\nallow_internet = true', Limits(1.0, 1024, 1024, True)),
+    ('memory = "512M"\nnetwork = "none"', Limits(1.0, 512, 1024, False)),
+    ('memory = 768\nnetwork = "bridge"\ncpus = 0.5', Limits(0.5, 768, 1024, True)),
+])
+def test_task_toml_limits(env, limits):
+    text = f"[agent]\ntimeout_sec = 30\n[verifier]\ntimeout_sec = 5.5\n[environment]\n{env}\n"
+    fields = tasks.parse_task_toml(text)
+    assert fields["limits"] == limits
+    assert (fields["agent_timeout_s"], fields["verifier_timeout_s"]) == (30, 5.5)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("[environment]\ncpus = -1", "cpus must be a positive number"),
+    ('[environment]\nmemory = "lots"', "not a size"),
+    ("[environment]\nmemory_mb = 2", "too small"),
+    ('[environment]\nnetwork = "maybe"', "network must be"),
+    ("[agent]\ntimeout_sec = 0", "timeout_sec must be a positive number"),
+    ("[environment\n", "not valid TOML"),
+])
+def test_task_toml_errors_are_one_line(text, needle):
+    with pytest.raises(UsageError, match=needle) as e:
+        tasks.parse_task_toml(text, "x/task.toml")
+    assert "\n" not in str(e.value) and "x/task.toml" in str(e.value)
+
+
+def test_fixture_tasks_load():
+    found, skipped = tasks.find_tasks(FIXTURES)
+    assert [t.name for t in found] == NAMES and skipped == []
+    by_name = {t.name: t for t in found}
+    assert by_name["network-allowed"].limits.network and not by_name["hello-file"].limits.network
+    assert by_name["hello-file"].limits == Limits(1.0, 256, 128, False)
+    assert by_name["sum-numbers"].limits.memory_mb == 512
+    assert all(t.solution is not None and t.has_dockerfile for t in found)
+    single, _ = tasks.find_tasks(FIXTURES / "hello-file")
+    assert [t.name for t in single] == ["hello-file"]
+
+
+def test_broken_tasks_are_skipped_with_the_reason(tmp_path):
+    copy_task(tmp_path / "set")
+    no_tests = copy_task(tmp_path / "set", "sum-numbers")
+    shutil.rmtree(no_tests / "tests")
+    compose = copy_task(tmp_path / "set", "forgets-reward")
+    (compose / "environment" / "Dockerfile").rename(compose / "environment" / "docker-compose.yaml")
+    nested = tmp_path / "set" / "abc123"  # Harbor's downloads put each task under a hash folder
+    copy_task(nested, "network-allowed")
+    found, skipped = tasks.find_tasks(tmp_path / "set")
+    assert sorted(t.name for t in found) == ["hello-file", "network-allowed"]
+    reasons = " ".join(why for _, why in skipped)
+    assert "no tests/test.sh" in reasons and "docker-compose tasks are not supported" in reasons
+    with pytest.raises(UsageError, match="no Harbor task under"):
+        tasks.find_tasks(tmp_path / "set" / "abc123" / "network-allowed" / "environment")
+
+
+def test_select_and_split():
+    found, _ = tasks.find_tasks(FIXTURES)
+    assert [t.name for t in tasks.select_tasks(found, "h*,sum-*", None)] == ["hello-file", "sum-numbers"]
+    assert [t.name for t in tasks.select_tasks(found, None, 2)] == NAMES[:2]
+    with pytest.raises(UsageError, match="matches none"):
+        tasks.select_tasks(found, "nothing*", None)
+    train, held = tasks.split_tasks(found, 1)
+    assert len(held) == 1 and held[0] not in train and len(train) == 3
+    assert tasks.split_tasks(list(reversed(found)), 1)[1] == held  # by name hash, not position
+    with pytest.raises(UsageError, match="leaves no task"):
+        tasks.split_tasks(found, 4)
+
+
+def test_image_tag_follows_the_build_context(tmp_path):
+    task_dir = copy_task(tmp_path)
+    load = lambda: tasks.load_task(task_dir)  # noqa: E731
+    first = image_tag(load())
+    assert first.startswith("rlcli-harbor/hello-file:") and image_tag(load()) == first
+    assert image_tag(tasks.load_task(copy_task(tmp_path / "copy"))) == first  # same content, same image
+    dockerfile = task_dir / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "RUN true\n")
+    second = image_tag(load())
+    assert second != first
+    extra = task_dir / "environment" / "data.txt"
+    extra.write_text("x")
+    third = image_tag(load())
+    assert third != second
+    extra.chmod(0o755)
+    fourth = image_tag(load())
+    assert fourth != third
+    (task_dir / "instruction.md").write_text("something else")  # not part of the image
+    assert image_tag(load()) == fourth
+
+
+@pytest.mark.parametrize("json_bytes, txt_bytes, reward, error", [
+    (b'{"reward": 1, "style": 0.5}', None, 1.0, None),
+    (b'{"passed": 0.25}', None, 0.25, None),
+    (b'{"a": 1, "b": 0}', None, 0.5, None),
+    (None, b"1\n", 1.0, None),
+    (None, b" 0.75 ", 0.75, None),
+    (b'{"reward": 1}', b"0", 1.0, None),  # reward.json first
+    (None, None, 0.0, "wrote no /logs/verifier/reward.json or reward.txt"),
+    (None, b"PASSED", 0.0, "reward.txt is not a number"),
+    (None, b"nan", 0.0, "not a finite number"),
+    (None, b"", 0.0, "reward.txt is not a number"),
+    (b"[1]", None, 0.0, "not a dict of numbers"),
+    (b'{"reward": true}', None, 0.0, "not a dict of numbers"),
+    (b"{}", None, 0.0, "not a dict of numbers"),
+    (b"{oops", None, 0.0, "reward.json is not JSON"),
+])
+def test_parse_reward(json_bytes, txt_bytes, reward, error):
+    from rlcli.harbor.agent import parse_reward
+
+    value, _, problem = parse_reward(json_bytes, txt_bytes)
+    assert value == reward
+    assert (problem is None) if error is None else (error in problem)
+
+
+def test_dataset_resolution_offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("RLCLI_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RLCLI_HARBOR_REGISTRY", "http://127.0.0.1:9/registry.json")  # refused at once
+    with pytest.raises(UsageError) as e:
+        tasks.resolve_dataset("terminal-bench@2.0")
+    message = str(e.value)
+    assert "\n" not in message
+    assert "harbor datasets download terminal-bench@2.0 -o DIR" in message and "--dataset DIR" in message
+    with pytest.raises(UsageError, match="no task folder at nowhere/tasks"):
+        tasks.resolve_dataset("nowhere/tasks")
+    assert tasks.resolve_dataset(str(FIXTURES)) == FIXTURES
+    cached = tmp_path / "home" / "harbor" / "datasets" / "tiny@1.0"
+    copy_task(cached)
+    assert tasks.resolve_dataset("tiny@1.0") == cached  # the cache answers without the registry
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_dataset_download_through_a_registry(monkeypatch, tmp_path):
+    """The online path, offline: a file:// registry whose task lives in a local git repository."""
+    repo = tmp_path / "repo"
+    copy_task(repo / "tasks")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "task"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    registry = tmp_path / "registry.json"
+    registry.write_text(json.dumps([{"name": "tiny", "version": "1.0", "tasks": [
+        {"name": "hello", "git_url": str(repo), "git_commit_id": commit, "path": "tasks/hello-file"}]}]))
+    monkeypatch.setenv("RLCLI_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RLCLI_HARBOR_REGISTRY", registry.as_uri())
+    folder = tasks.resolve_dataset("tiny@1.0")
+    assert (folder / "hello" / "tests" / "test.sh").is_file()
+    assert [t.name for t in tasks.find_tasks(folder)[0]] == ["hello"]
+    with pytest.raises(UsageError, match="versions of tiny: 1.0"):
+        tasks.resolve_dataset("tiny@2.0")
+
+
+def test_limits_mapping():
+    options = run_options(Limits(cpus=0.5, memory_mb=512, pids=64, network=False), 900, host_cpus=2)
+    assert options["nano_cpus"] == 500_000_000 and options["mem_limit"] == "512m" == options["memswap_limit"]
+    assert options["pids_limit"] == 64 and options["network_mode"] == "none"
+    assert options["entrypoint"] == ["sleep", "900"] and options["auto_remove"] and options["init"]
+    wide = run_options(Limits(cpus=8, network=True), 60, host_cpus=2)
+    assert wide["nano_cpus"] == 2_000_000_000 and wide["network_mode"] == "bridge"  # Docker refuses more than the host
+
+
+def test_no_docker_daemon_is_one_line(monkeypatch):
+    from rlcli.harbor.sandbox import connect
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(RlcliError) as e:
+        connect()
+    assert "\n" not in str(e.value) and "scripts/docker_up.sh" in str(e.value)
+
+
+def test_tool_calls_and_text_protocol():
+    from tinker_cookbook.renderers.base import ToolCall
+
+    from rlcli.harbor.agent import parse_calls
+
+    call = ToolCall(id="c1", function=ToolCall.FunctionBody(name="bash", arguments='{"command": "ls /"}'))
+    wrong = ToolCall(function=ToolCall.FunctionBody(name="python", arguments="{}"))
+    calls = parse_calls({"role": "assistant", "content": "", "tool_calls": [call, wrong]}, native=True)
+    assert calls[0] == ("c1", "ls /", "") and calls[1][1] is None and "only tool is bash" in calls[1][2]
+    text = {"role": "assistant", "content": "Let me look.\n```bash\ncat /root/nums.txt\n```\n"}
+    assert parse_calls(text, native=False) == [(None, "cat /root/nums.txt", "")]
+    assert parse_calls({"role": "assistant", "content": "Done."}, native=False) == []
+
+
+def test_markdown_keeps_backticks_inside_blocks():
+    from rlcli.harbor.agent import Record, to_markdown
+    from rlcli.harbor.sandbox import ExecResult
+
+    record = Record("t", "model", "do it", turns=[{"assistant": "ok", "commands": []}], stop="completed")
+    record.add_command("echo '```'", ExecResult(0, "```\n", False, 0.1))
+    markdown = to_markdown(record)
+    assert "````bash\necho '```'\n````" in markdown and "## Verifier" in markdown
+
+
+def fake_served(served: set[str]):
+    return lambda url, timeout=10.0: ("fake", set(served))
+
+
+def test_train_harbor_fails_fast_on_loss_before_the_dataset(monkeypatch):
+    from rlcli.harbor.train import train_harbor
+    from rlcli.train import losses
+
+    monkeypatch.setattr(losses, "served_losses", fake_served(losses.STOCK_JAX))
+    with pytest.raises(UsageError, match="pass --dataset"):
+        train_harbor(dataset=None)
+    for kwargs, needle in [({"loss": "gspo", "passes": "1"}, "does not serve gspo fused"),
+                           ({"loss": "dppo"}, "does not serve loss dppo"),
+                           ({"loss": "cross_entropy"}, "unknown --loss")]:
+        with pytest.raises(UsageError, match=needle):  # not the dataset's error: the loss is planned first
+            train_harbor(dataset="missing@1.0", base_url="http://127.0.0.1:9", **kwargs)
+    with pytest.raises(UsageError, match="--group-size must be at least 2"):
+        train_harbor(dataset=str(FIXTURES), group_size=1)
+
+
+def test_train_harbor_dry_run(monkeypatch, tmp_path, capsys):
+    from rlcli.harbor.train import train_harbor
+    from rlcli.train import losses
+
+    monkeypatch.setenv("RLCLI_HOME", str(tmp_path))
+    monkeypatch.setattr(losses, "served_losses", fake_served(losses.STOCK_JAX))
+    assert train_harbor(dataset=str(FIXTURES), model="Qwen/Qwen3-8B", base_url="http://127.0.0.1:9",
+                        eval_tasks=1, dry_run=True) == 0
+    out = capsys.readouterr().out
+    assert "loss: gspo 2-pass" in out and "3 to train on" in out and "1 held out" in out
+    assert not (tmp_path / "runs").exists()  # a dry run makes nothing
