@@ -1,11 +1,15 @@
 """Harbor tasks in local Docker: run them, grade them, and train agents on them.
 
 tasks.py    task folders and task.toml (limits, timeouts), datasets: a folder, or NAME@VERSION via Harbor's registry
-sandbox.py  one container per rollout through the docker SDK: images by content hash, limits, labels,
-            in-container command timeouts, removal (also after Ctrl-C; a sweep of dead runs' leftovers)
-agent.py    the rollout: the model's bash-tool conversation (a tinker-cookbook Env), the verifier, the
-            reward as Harbor reads it, the trajectory record; the cookbook dataset of task groups
-train.py    `rlcli train harbor`: the cookbook's RL loop over agent.py, with `train rl`'s loss handling
+images.py   one image per task content (a hash of environment/), its build context never left on disk
+sandbox.py  one container per rollout through the docker SDK: limits, labels, in-container command
+            timeouts, removal (also after Ctrl-C; a sweep of dead runs' leftovers)
+verify.py   the verifier: tests/ in the container, test.sh, the reward as Harbor reads it (reward.txt,
+            reward.json's "reward"), grading errors counted
+agent.py    the rollout: the model's bash-tool conversation (a tinker-cookbook Env), the oracle and nop
+            policies, the trajectory record
+dataset.py  the cookbook's dataset of task groups and its builder (config.json holds its plain fields)
+train.py    `rlcli train harbor`: the cookbook's RL loop over dataset.py, with `train rl`'s loss handling
 run.py      `rlcli harbor run`: oracle, nop or model rollouts graded without training
 
 Nothing heavy is imported here or at the top of train.py and run.py: `rlcli --help` stays fast.

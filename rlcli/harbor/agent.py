@@ -1,31 +1,29 @@
-"""A Harbor rollout: the agent's bash-tool conversation in the task's container, the verifier, the record.
+"""A Harbor rollout: the agent's bash-tool conversation in the task's container, graded, and its record.
 
 `HarborEnv` is a tinker-cookbook Env, so the cookbook's RL loop (and `harbor run --policy model`) samples
 each turn, keeping its tokens and logprobs for training. The conversation is rendered by the model's
 renderer: its native tool calls where it has them (Qwen3's <tool_call>), else ```bash blocks. Every
-episode is graded the same way, whatever ended it (done, --max-turns, --sandbox-timeout, a reply cut
-at --max-tokens): tests/ goes to /tests, test.sh runs, and the reward is read as Harbor reads it.
+episode is graded the same way (verify.py), whatever ended it (done, --max-turns, --sandbox-timeout, a
+reply cut at --max-tokens). `run_scripted` is the oracle and nop policies of `harbor run`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
-import random
 import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import chz
 import tinker
 from tinker_cookbook.renderers.base import Message, Renderer, get_text_content
-from tinker_cookbook.rl.types import Env, EnvGroupBuilder, RLDataset, RLDatasetBuilder, StepResult
+from tinker_cookbook.rl.types import Env, StepResult
 
 from rlcli.harbor.sandbox import ExecResult, Sandbox, SandboxError, SandboxPool
 from rlcli.harbor.tasks import Task
+from rlcli.harbor.verify import Verdict, grade
 
 SYSTEM_PROMPT = ("You are an agent in a Linux container, working as root. Do the user's task by running bash "
                  "commands; you see each command's exit code and output, and each may run {timeout:g} s. When the "
@@ -37,7 +35,6 @@ BASH_TOOL: dict[str, Any] = {
                    "required": ["command"]},
 }
 FENCE = re.compile(r"```(?:bash|sh|shell)?[ \t]*\n(.*?)```", re.S)
-REWARD_DIR = "/logs/verifier"
 LIFETIME_MARGIN_S = 300  # a container outlives its agent phase + verifier by this much at most
 
 
@@ -46,9 +43,15 @@ class AgentSettings:
     max_turns: int = 10
     command_timeout_s: float = 120.0
     sandbox_timeout_s: float | None = None  # the agent phase's wall clock; None: the task's [agent] timeout_sec
+    # The oracle's solve.sh is one command, but real solutions (builds, installs) often need longer than a
+    # model's command gets: it is bounded by the agent phase unless `harbor run --command-timeout` says otherwise.
+    solve_timeout_s: float | None = None
 
     def budget(self, task: Task) -> float:
         return self.sandbox_timeout_s or task.agent_timeout_s
+
+    def solve_budget(self, task: Task) -> float:
+        return min(self.solve_timeout_s or float("inf"), self.budget(task))
 
     def lifetime(self, task: Task) -> float:
         return self.budget(task) + task.verifier_timeout_s + LIFETIME_MARGIN_S
@@ -74,6 +77,10 @@ class Record:
         self.turns[-1]["commands"].append({"command": command, "exit_code": result.exit_code,
                                            "timed_out": result.timed_out, "seconds": round(result.seconds, 2),
                                            "output": result.output})
+
+    def set_verdict(self, verdict: Verdict) -> None:
+        self.reward, self.rewards, self.grading_error = verdict.reward, verdict.rewards, verdict.grading_error
+        self.verifier_output = verdict.output
 
     def write(self, stem: Path) -> None:
         stem.parent.mkdir(parents=True, exist_ok=True)  # not with_suffix: task names may hold dots
@@ -103,52 +110,6 @@ def to_markdown(r: Record) -> str:
     rewards = json.dumps(r.rewards) if r.rewards else "none"
     lines += ["## Verifier", "", f"reward {r.reward:g}, rewards: {rewards}", "", *fenced(r.verifier_output), ""]
     return "\n".join(lines)
-
-
-def parse_reward(reward_json: bytes | None, reward_txt: bytes | None) -> tuple[float, dict[str, float], str | None]:
-    """(reward, all rewards, grading error) from /logs/verifier, as Harbor reads it.
-
-    reward.json is a dict of numbers (its "reward" is the reward, else its only value, else their mean);
-    else reward.txt holds one float. Neither, or garbage: reward 0 and the error says why.
-    """
-    if reward_json is not None:
-        try:
-            data = json.loads(reward_json)
-        except ValueError:
-            return 0.0, {}, f"reward.json is not JSON: {reward_json[:80]!r}"
-        numbers = isinstance(data, dict) and data and all(
-            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in data.values())
-        if not numbers:
-            return 0.0, {}, f"reward.json is not a dict of numbers: {reward_json[:80]!r}"
-        rewards = {str(k): float(v) for k, v in data.items()}
-        value = rewards.get("reward", next(iter(rewards.values())) if len(rewards) == 1 else
-                            sum(rewards.values()) / len(rewards))
-        return value, rewards, None
-    if reward_txt is not None:
-        try:
-            value = float(reward_txt.decode(errors="replace").strip())
-        except ValueError:
-            return 0.0, {}, f"reward.txt is not a number: {reward_txt[:80]!r}"
-        if not math.isfinite(value):
-            return 0.0, {}, f"reward.txt is not a finite number: {value}"
-        return value, {"reward": value}, None
-    return 0.0, {}, f"test.sh wrote no {REWARD_DIR}/reward.json or reward.txt"
-
-
-async def grade(sandbox: Sandbox, task: Task, record: Record) -> None:
-    """Run the task's tests in the sandbox and put the verdict in record.
-
-    /logs/verifier is emptied first: a reward file the agent wrote itself must not count.
-    """
-    run = asyncio.to_thread
-    await run(sandbox.exec, f"rm -rf {REWARD_DIR} && mkdir -p {REWARD_DIR}", 30, "/")
-    await run(sandbox.put_folder, task.path / "tests", "/tests")
-    result = await run(sandbox.exec, f"{sandbox.shell} /tests/test.sh", task.verifier_timeout_s, sandbox.workdir)
-    files = [await run(sandbox.read_file, f"{REWARD_DIR}/reward.{ext}") for ext in ("json", "txt")]
-    record.reward, record.rewards, record.grading_error = parse_reward(*files)
-    if record.grading_error and result.timed_out:
-        record.grading_error = f"test.sh was killed after {task.verifier_timeout_s:g} s; {record.grading_error}"
-    record.verifier_output = f"exit code {result.exit_code}\n{result.output}"
 
 
 def outcome_metrics(record: Record) -> dict[str, float]:
@@ -239,7 +200,7 @@ class HarborEnv(Env):
                 return StepResult(0.0, False, prompt, self.renderer.get_stop_sequences())
             self.record.stop = stop
             assert self.sandbox is not None
-            await grade(self.sandbox, self.task, self.record)
+            self.record.set_verdict(await grade(self.sandbox, self.task))
         except SandboxError as e:
             self.record.error = str(e)
             await self.close()
@@ -279,6 +240,7 @@ async def run_scripted(task: Task, policy: str, pool: SandboxPool, settings: Age
                        record_stem: Path | None) -> Record:
     """`harbor run --policy oracle|nop`: solution/solve.sh (oracle) or nothing (nop), then the verifier."""
     record, sandbox, started = Record(task.name, policy, task.instruction), None, time.monotonic()
+    timed_out = False
     try:
         sandbox = await pool.open(task, settings.lifetime(task))
         if policy == "oracle":
@@ -287,9 +249,12 @@ async def run_scripted(task: Task, policy: str, pool: SandboxPool, settings: Age
             await asyncio.to_thread(sandbox.put_folder, task.solution.parent, "/solution")
             record.turns.append({"assistant": "(oracle) runs the task's solution/solve.sh", "commands": []})
             command = f"{sandbox.shell} /solution/solve.sh"
-            record.add_command(command, await asyncio.to_thread(sandbox.exec, command, settings.budget(task)))
-        record.stop = "completed"
-        await grade(sandbox, task, record)
+            result = await asyncio.to_thread(sandbox.exec, command, settings.solve_budget(task))
+            record.add_command(command, result)
+            timed_out = result.timed_out
+        # Graded either way: a solution killed at its timeout may still have done part of the task.
+        record.stop = "timeout" if timed_out else "completed"
+        record.set_verdict(await grade(sandbox, task))
     except SandboxError as e:
         record.error = str(e)
     finally:
@@ -298,101 +263,3 @@ async def run_scripted(task: Task, policy: str, pool: SandboxPool, settings: Age
         if record_stem is not None:
             record.write(record_stem)
     return record
-
-
-# --- tinker-cookbook wiring: a group of HarborEnvs per task, batches of groups, the dataset builder ------------
-
-
-@dataclass
-class Shared:
-    """What every env of a run shares: made once, inside the recipe's event loop."""
-
-    renderer: Renderer
-    settings: AgentSettings
-    pool: SandboxPool
-
-
-class HarborGroup(EnvGroupBuilder):
-    """group_size rollouts of one task; rewards are compared within the group. Containers start lazily
-    (in each env's first observation), so a retried rollout or an eval round costs no idle sandboxes."""
-
-    def __init__(self, task: Task, group_size: int, shared: Shared, folder: Path | None):
-        self.task, self.group_size, self.shared, self.folder = task, group_size, shared, folder
-        self.rounds, self.envs = 0, []  # every env ever made, so cleanup reaches those of earlier rounds too
-
-    async def make_envs(self) -> list[HarborEnv]:
-        self.rounds += 1  # the cookbook calls again to retry a failed rollout, and its evaluator each round
-        suffix = "" if self.rounds == 1 else f"-round{self.rounds}"
-        envs = [HarborEnv(self.task, self.shared.renderer, self.shared.settings, self.shared.pool,
-                          self.folder / f"{self.task.name.replace('/', '_')}-{i}{suffix}" if self.folder else None)
-                for i in range(self.group_size)]
-        self.envs += envs
-        return envs
-
-    async def cleanup(self) -> None:
-        for env in self.envs:
-            await env.close()
-
-    def logging_tags(self) -> list[str]:
-        return ["harbor"]
-
-
-class HarborDataset(RLDataset):
-    """`steps` batches of groups_per_batch tasks, cycling through the tasks in a fresh order each pass."""
-
-    def __init__(self, tasks: list[Task], groups_per_batch: int, group_size: int, steps: int, shared: Shared,
-                 folder: Path | None, seed: int = 0, per_step: bool = True):
-        self.tasks, self.groups_per_batch, self.group_size, self.steps = tasks, groups_per_batch, group_size, steps
-        self.shared, self.folder, self.seed, self.per_step = shared, folder, seed, per_step
-
-    def task_at(self, position: int) -> Task:
-        rounds, index = divmod(position, len(self.tasks))
-        return self.tasks[random.Random(self.seed + rounds).sample(range(len(self.tasks)), len(self.tasks))[index]]
-
-    def get_batch(self, index: int) -> list[HarborGroup]:
-        folder = self.folder / f"step-{index + 1:04d}" if self.folder and self.per_step else self.folder
-        return [HarborGroup(self.task_at(index * self.groups_per_batch + k), self.group_size, self.shared, folder)
-                for k in range(self.groups_per_batch)]
-
-    def __len__(self) -> int:
-        return self.steps
-
-
-@chz.chz
-class HarborDatasetBuilder(RLDatasetBuilder):
-    """Plain fields only: the recipe writes its builder into config.json."""
-
-    task_paths: list[str]
-    task_names: list[str]
-    eval_paths: list[str]
-    eval_names: list[str]
-    model_name: str
-    renderer_name: str
-    groups_per_batch: int
-    group_size: int
-    steps: int
-    max_turns: int
-    command_timeout_s: float
-    sandbox_timeout_s: float | None
-    max_sandboxes: int
-    trajectories: str
-    seed: int = 0
-
-    async def __call__(self) -> tuple[HarborDataset, HarborDataset | None]:
-        from tinker_cookbook.renderers import get_renderer
-        from tinker_cookbook.tokenizer_utils import get_tokenizer
-
-        from rlcli.harbor.sandbox import connect
-        from rlcli.harbor.tasks import load_task
-
-        renderer = get_renderer(self.renderer_name, get_tokenizer(self.model_name))
-        settings = AgentSettings(self.max_turns, self.command_timeout_s, self.sandbox_timeout_s)
-        pool = SandboxPool(connect(pool_size=2 * self.max_sandboxes + 8), self.max_sandboxes)
-        shared, folder = Shared(renderer, settings, pool), Path(self.trajectories)
-        train = [load_task(Path(p), n) for p, n in zip(self.task_paths, self.task_names, strict=True)]
-        held = [load_task(Path(p), n) for p, n in zip(self.eval_paths, self.eval_names, strict=True)]
-        dataset = HarborDataset(train, self.groups_per_batch, self.group_size, self.steps, shared, folder, self.seed)
-        # Held-out tasks: one rollout each, all in one batch, every --eval-every steps. The cookbook's evaluator
-        # reuses its groups each time: eval/<task>-0.md, then <task>-0-round2.md, ...
-        test = HarborDataset(held, len(held), 1, 1, shared, folder / "eval", per_step=False) if held else None
-        return dataset, test

@@ -2,6 +2,7 @@
 
 Launch:  rlcli harbor run tests/fixtures/harbor --policy oracle      (each task's solution: checks the tasks)
          rlcli harbor run tests/fixtures/harbor/hello-file --policy nop   (do nothing: should score 0)
+         rlcli harbor run tests/fixtures/harbor/hangs --policy oracle --command-timeout 3   (killed at 3 s)
          rlcli harbor run ~/tb2 --policy model --checkpoint tinker://RUN/sampler_weights/final --max-turns 30
 
 Policies: oracle runs solution/solve.sh, nop runs nothing, model lets the server's model (or --checkpoint)
@@ -25,6 +26,7 @@ from rlcli.harbor.train import load_tasks, prepare_images
 from rlcli.train import run_folder, sigterm_as_interrupt
 
 POLICIES = ("oracle", "nop", "model")
+DEFAULT_COMMAND_TIMEOUT_S = 120.0
 
 
 def status_of(record: Any) -> str:
@@ -32,7 +34,7 @@ def status_of(record: Any) -> str:
         return f"error: {record.error}"
     if record.grading_error:
         return f"grading error: {record.grading_error}"
-    return "passed" if record.reward >= 1.0 else "failed"
+    return "passed" if record.reward >= 1.0 else "partial" if record.reward > 0 else "failed"
 
 
 def sampling_policy(model: str | None, checkpoint: str | None, base_url: str | None, renderer: str | None,
@@ -91,7 +93,7 @@ async def run_all(tasks: list[Task], policy: str, client: Any, settings: Any, fo
 def run(task_dir: str, policy: str = "oracle", task_filter: str | None = None, limit: int | None = None,
         model: str | None = None, checkpoint: str | None = None, base_url: str | None = None,
         renderer: str | None = None, max_turns: int = 10, max_tokens: int = 1024, temperature: float = 1.0,
-        command_timeout: float = 120.0, sandbox_timeout: float | None = None, max_sandboxes: int = 4,
+        command_timeout: float | None = None, sandbox_timeout: float | None = None, max_sandboxes: int = 4,
         output: str | None = None) -> int:
     """Run Harbor tasks in local Docker and grade them with their tests, without training.
 
@@ -107,7 +109,8 @@ def run(task_dir: str, policy: str = "oracle", task_filter: str | None = None, l
         max_turns: most assistant turns per task
         max_tokens: most sampled tokens per turn
         temperature: sampling temperature
-        command_timeout: seconds one agent command may run before it is killed inside the container
+        command_timeout: seconds one command may run before it is killed inside the container (default: 120
+            for the model's commands; the oracle's solve.sh gets the agent's whole time)
         sandbox_timeout: seconds the agent phase may take (default: the task's [agent] timeout_sec)
         max_sandboxes: containers alive at once
         output: folder for results.jsonl and trajectories (default: RLCLI_HOME/runs/harbor-run-<time>)
@@ -126,7 +129,8 @@ def run(task_dir: str, policy: str = "oracle", task_filter: str | None = None, l
     folder = run_folder(output, False, kind="harbor-run")
     sampler = sampling_policy(model, checkpoint, base_url, renderer, max_tokens, temperature) \
         if policy == "model" else None
-    settings = AgentSettings(max_turns, command_timeout, sandbox_timeout)
+    settings = AgentSettings(max_turns, command_timeout or DEFAULT_COMMAND_TIMEOUT_S, sandbox_timeout,
+                             solve_timeout_s=command_timeout)
     client = prepare_images(tasks)
     folder.mkdir(parents=True, exist_ok=True)
     try:

@@ -1,6 +1,6 @@
 """Sandboxes: one Docker container per rollout, through the docker SDK (no compose, no CLI).
 
-- Images: one per task content (a hash of environment/), built once, shared by every rollout.
+- Images (images.py): one per task content, built once, shared by every rollout.
 - Containers carry rlcli's labels (owner = host:pid), CPU, memory and pids limits, no network unless
   the task asks, and a lifetime: PID 1 is `sleep <lifetime>` under docker-init with auto-remove, so a
   container outlives no rollout by long even if rlcli is SIGKILLed. Each rollout removes its own;
@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.errors import RlcliError
-from rlcli.harbor.tasks import Limits, Task, folder_hash
+from rlcli.harbor.images import LABEL, TASK_LABEL, ensure_image
+from rlcli.harbor.tasks import Limits, Task
 
-LABEL = "dev.rlcli.harbor"
 OWNER = "dev.rlcli.owner"  # "<hostname>:<pid>" of the rlcli process that started the container
-TASK_LABEL = "dev.rlcli.task"
 MAX_OUTPUT_BYTES = 16_000  # of a command's output kept (head and tail)
 KILL_GRACE_S = 5.0  # after a command's timeout, before the client kills its process group itself
 DOCKER_HINT = ("start one: `sudo scripts/docker_up.sh` (`make docker`) on Debian/Ubuntu, "
@@ -106,46 +105,6 @@ def _remove(container: Any) -> None:
 
     with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # gone, or removal in progress
         container.remove(force=True)
-
-
-def image_tag(task: Task) -> str:
-    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in task.name.lower()).strip("-._")[:60] or "task"
-    return f"rlcli-harbor/{slug}:{folder_hash(task.environment)[:16]}"
-
-
-_build_locks: dict[str, threading.Lock] = {}
-_build_locks_guard = threading.Lock()
-
-
-def ensure_image(client: Any, task: Task) -> tuple[str, bool]:
-    """(image, built now): the task's image, built from environment/ unless this content has an image."""
-    import docker
-
-    if not task.has_dockerfile:
-        try:
-            client.images.get(task.docker_image)
-        except docker.errors.ImageNotFound:
-            raise RlcliError(f"task {task.name} uses image {task.docker_image}, which is not on this machine: "
-                             f"`docker pull {task.docker_image}` where a registry is reachable") from None
-        return str(task.docker_image), False
-    tag = image_tag(task)
-    with _build_locks_guard:
-        lock = _build_locks.setdefault(tag, threading.Lock())
-    with lock:  # rollouts of one group ask at once: one builds, the others wait for it
-        with contextlib.suppress(docker.errors.ImageNotFound):
-            client.images.get(tag)
-            return tag, False
-        try:
-            client.images.build(path=str(task.environment), tag=tag, rm=True, forcerm=True,
-                                labels={LABEL: "1", TASK_LABEL: task.name}, timeout=int(task.build_timeout_s))
-        except docker.errors.BuildError as e:
-            lines = [str(c.get("stream") or c.get("error") or "").strip() for c in e.build_log]
-            tail = " | ".join(line for line in lines if line)[-400:]
-            hint = " (FROM debian:bookworm(-slim) offline: `make base-image` builds it)" if "pull" in tail else ""
-            raise RlcliError(f"building the image of task {task.name} failed: {tail}{hint}") from None
-        except docker.errors.APIError as e:
-            raise RlcliError(f"building the image of task {task.name} failed: {e.explanation or e}") from None
-    return tag, True
 
 
 def run_options(limits: Limits, lifetime_s: float, host_cpus: int | None = None) -> dict[str, Any]:

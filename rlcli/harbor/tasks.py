@@ -5,7 +5,8 @@ A task folder (Harbor's format):
                        memory = "2G"), pids_limit, network / allow_internet, build_timeout_sec, docker_image
     instruction.md     what the agent is asked to do
     environment/       Dockerfile and its build context (docker-compose.yaml alone is not supported)
-    tests/test.sh      the verifier: writes /logs/verifier/reward.json (numbers) or reward.txt (one float)
+    tests/test.sh      the verifier: writes /logs/verifier/reward.txt (one number) or reward.json (an
+                       object of numbers whose "reward" is the reward; verify.py has the rules)
     solution/solve.sh  optional: what `--policy oracle` runs
 
 Pure file reading, no Docker; only `download_dataset` touches the network.

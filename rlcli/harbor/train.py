@@ -5,11 +5,12 @@ Launch:  rlcli train harbor --dataset tests/fixtures/harbor --max-steps 20      
          rlcli train harbor --dataset terminal-bench@2.0 --dry-run     (resolve the tasks, print the plan)
          rlcli train harbor --dataset DIR --log-path runs/h --resume    (after a crash)
 
-Built on tinker-cookbook's RL loop (agent.py has its Env, group builder and dataset), with `train rl`'s
-loss handling: the loss is planned from what the server serves before anything else, so an unservable
-loss fails in under a second; every training client gets the planned route and its slot is freed however
-the run ends. Images are built before the model is made. Each rollout's conversation is written to
-<run>/trajectories/step-NNNN/<task>-<i>.md (and .json); eval rollouts under trajectories/eval/.
+Built on tinker-cookbook's RL loop (agent.py has its Env, dataset.py its group builder and dataset),
+with `train rl`'s loss handling: the loss is planned from what the server serves before anything else,
+so an unservable loss fails in under a second; every training client gets the planned route and its
+slot is freed however the run ends. Images are built before the model is made. Each rollout's
+conversation is written to <run>/trajectories/step-NNNN/<task>-<i>.md (and .json); eval rollouts
+under trajectories/eval/.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def load_tasks(dataset: str, task_filter: str | None, limit: int | None, label: 
 
 def prepare_images(tasks: list[Task]) -> Any:
     """Connect to Docker, sweep dead runs' sandboxes, build each task image once; return the client."""
-    from rlcli.harbor.sandbox import connect, ensure_image, sweep
+    from rlcli.harbor.images import ensure_image
+    from rlcli.harbor.sandbox import connect, sweep
 
     client = connect()
     if removed := sweep(client):
@@ -71,7 +73,7 @@ def describe(plan: Any, source: str, train: list[Task], held: list[Task], s: dic
 def build_config(folder: Path, url: str, s: dict[str, Any], plan: Any, train: list[Task], held: list[Task]) -> Any:
     from tinker_cookbook.rl import train as cookbook
 
-    from rlcli.harbor.agent import HarborDatasetBuilder
+    from rlcli.harbor.dataset import HarborDatasetBuilder
 
     builder = HarborDatasetBuilder(
         task_paths=[str(t.path) for t in train], task_names=[t.name for t in train],

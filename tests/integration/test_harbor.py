@@ -2,17 +2,29 @@
 
 Needs a Docker daemon (`sudo scripts/docker_up.sh`) and the debian:bookworm-slim base image
 (`scripts/base_image.sh`); skipped with the reason when either is missing. The fixture images are
-built once per session.
+built once per session and kept, as rlcli keeps them (one per content: the next session reuses them);
+an image built from content unique to a test is removed by that test.
+
+The fixture tasks (tests/fixtures/harbor), with what their oracle (solution/solve.sh) and nop score:
+    hello-file       write a file                         oracle 1    nop 0
+    sum-numbers      reward.json {"reward", "has_file"}   oracle 1    nop 0
+    network-allowed  needs the network task.toml grants   oracle 1    nop 0
+    partial-credit   4 checks, reward = fraction passed   oracle 0.5  nop 0  (the oracle writes 2 of 4 lines)
+    always-fails     must predict a fresh kernel UUID     oracle 0    nop 0
+    forgets-reward   test.sh writes no reward file        oracle 0    nop 0  (both a counted grading error)
+    hangs            waits for a file nobody creates      oracle 0    nop 0  (solve.sh is killed at its timeout)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -21,14 +33,15 @@ import pytest
 from tests.conftest import REPO, RLCLI
 
 FIXTURES = REPO / "tests" / "fixtures" / "harbor"
-SOLVABLE = ("hello-file", "sum-numbers", "network-allowed")
+ORACLE = {"hello-file": 1.0, "sum-numbers": 1.0, "network-allowed": 1.0, "partial-credit": 0.5, "always-fails": 0.0,
+          "forgets-reward": 0.0, "hangs": 0.0}
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="session")
 def docker_client():
     from rlcli.errors import RlcliError
-    from rlcli.harbor import sandbox, tasks
+    from rlcli.harbor import images, sandbox, tasks
 
     try:
         client = sandbox.connect()
@@ -37,7 +50,7 @@ def docker_client():
     if not client.images.list(name="debian:bookworm-slim"):
         pytest.skip("no debian:bookworm-slim image: build it offline with `scripts/base_image.sh` (make base-image)")
     for task in tasks.find_tasks(FIXTURES)[0]:
-        sandbox.ensure_image(client, task)  # once per session; every test below reuses them
+        images.ensure_image(client, task)  # once per session; every test below reuses them
     return client
 
 
@@ -47,7 +60,8 @@ def env(tmp_path):
 
 
 def labelled(client, owner: str | None = None) -> list:
-    from rlcli.harbor.sandbox import LABEL, OWNER
+    from rlcli.harbor.images import LABEL
+    from rlcli.harbor.sandbox import OWNER
 
     label = f"{OWNER}={owner}" if owner else LABEL
     return client.containers.list(all=True, filters={"label": label})
@@ -72,25 +86,38 @@ def results(folder: Path) -> dict[str, dict]:
 
 
 def start_sandbox(client, name: str, lifetime_s: float = 120):
-    from rlcli.harbor import sandbox, tasks
+    from rlcli.harbor import images, sandbox, tasks
 
     task = tasks.load_task(FIXTURES / name)
-    return sandbox.Sandbox.start(client, sandbox.ensure_image(client, task)[0], task, lifetime_s)
+    return sandbox.Sandbox.start(client, images.ensure_image(client, task)[0], task, lifetime_s)
 
 
-def test_oracle_solves_and_the_broken_verifier_is_a_grading_error(docker_client, env, tmp_path):
-    proc, owner = rlcli("harbor", "run", str(FIXTURES), "--policy", "oracle", "--output", str(tmp_path / "out"),
-                        env=env, timeout=240)
+def running(box) -> list[str]:
+    """The command lines of the processes in a sandbox, as `docker top` lists them."""
+    return [p[-1] for p in box.container.top()["Processes"]]
+
+
+def test_oracle_scores_each_fixture_and_the_hang_is_killed(docker_client, env, tmp_path):
+    """One oracle run over every fixture; --command-timeout 3 bounds each solve.sh, so the hang ends at 3 s."""
+    proc, owner = rlcli("harbor", "run", str(FIXTURES), "--policy", "oracle", "--command-timeout", "3",
+                        "--output", str(tmp_path / "out"), env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr
     rows = results(tmp_path / "out")
-    for name in SOLVABLE:
-        assert rows[name]["reward"] == 1.0 and rows[name]["grading_error"] is None, rows[name]
+    assert {name: row["reward"] for name, row in rows.items()} == ORACLE
+    assert [name for name, row in rows.items() if row["grading_error"] or row["error"]] == ["forgets-reward"]
     assert rows["sum-numbers"]["rewards"] == {"reward": 1.0, "has_file": 1.0}  # read from reward.json
-    broken = rows["forgets-reward"]
-    assert broken["reward"] == 0.0 and "wrote no /logs/verifier/reward" in broken["grading_error"]
-    assert "1 grading error" in proc.stderr
+    assert rows["partial-credit"]["rewards"] == {"reward": 0.5, "passed": 2.0, "total": 4.0}
+    assert "wrote no /logs/verifier/reward" in rows["forgets-reward"]["grading_error"]
+    assert "3/7 passed" in proc.stderr and "1 grading error," in proc.stderr  # counted, not hidden
     markdown = (tmp_path / "out" / "hello-file.md").read_text()
     assert "bash /solution/solve.sh" in markdown and "## Verifier" in markdown
+    # The hang: killed at 3 s inside the container. Its verifier then looked for survivors from inside.
+    hang = json.loads((tmp_path / "out" / "hangs.json").read_text())
+    command = hang["turns"][0]["commands"][0]
+    assert command["timed_out"] and command["exit_code"] == 137 and 2.5 < command["seconds"] < 8, command
+    assert hang["stop"] == "timeout" and hang["error"] is None  # graded all the same
+    assert rows["hangs"]["rewards"]["left_running"] == 0, hang["verifier_output"]
+    assert "killed at its timeout" in (tmp_path / "out" / "hangs.md").read_text()
     assert labelled(docker_client, owner) == []
 
 
@@ -99,18 +126,21 @@ def test_nop_scores_zero(docker_client, env, tmp_path):
                         env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr
     rows = results(tmp_path / "out")
-    assert all(row["reward"] == 0.0 for row in rows.values())
-    assert rows["forgets-reward"]["grading_error"] and rows["hello-file"]["grading_error"] is None
+    assert {name: row["reward"] for name, row in rows.items()} == dict.fromkeys(ORACLE, 0.0)
+    assert [name for name, row in rows.items() if row["grading_error"] or row["error"]] == ["forgets-reward"]
     assert labelled(docker_client, owner) == []
 
 
-def test_command_past_its_timeout_is_killed_inside_the_container(docker_client):
-    box = start_sandbox(docker_client, "hello-file")
+def test_hanging_command_is_killed_inside_the_container(docker_client):
+    """The hangs fixture's solve.sh (a loop, and a background `tail -f`) run with a 2 s timeout: nothing
+    of it is left in `docker top`, and the sandbox still works."""
+    box = start_sandbox(docker_client, "hangs")
     try:
-        result = box.exec("sleep 300 & sleep 301; echo never", timeout_s=2)
+        box.put_folder(FIXTURES / "hangs" / "solution", "/solution")
+        result = box.exec("bash /solution/solve.sh; echo never", timeout_s=2)
         assert result.timed_out and result.seconds < 10 and "never" not in result.output
-        commands = [p[-1] for p in box.container.top()["Processes"]]
-        assert not any("sleep 30" in c for c in commands), commands  # the child and the background job
+        assert box.exec("test -e /root/waiting && echo ran", 10).output.strip() == "ran"  # it did start
+        assert not any("solve.sh" in c or "tail -f" in c for c in running(box)), running(box)
         assert box.exec("echo alive", 10).output.strip() == "alive"
     finally:
         box.remove()
@@ -147,11 +177,11 @@ def test_a_dead_container_fails_the_rollout_cleanly(docker_client):
 
 
 def test_sweep_removes_only_dead_owners(docker_client):
-    from rlcli.harbor import sandbox, tasks
+    from rlcli.harbor import images, sandbox, tasks
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # its pid is now a dead rlcli's
-    image = sandbox.image_tag(tasks.load_task(FIXTURES / "hello-file"))
+    image = images.image_tag(tasks.load_task(FIXTURES / "hello-file"))
     labels = {sandbox.LABEL: "1", sandbox.OWNER: f"{socket.gethostname()}:{gone.pid}"}
     dead = docker_client.containers.run(image, entrypoint=["sleep", "60"], labels=labels, detach=True)
     live = start_sandbox(docker_client, "hello-file")
@@ -165,17 +195,16 @@ def test_sweep_removes_only_dead_owners(docker_client):
 
 
 def test_sigint_mid_rollout_leaves_no_container(docker_client, env, tmp_path):
-    task = Path(shutil.copytree(FIXTURES / "hello-file", tmp_path / "slow-task"))
-    (task / "solution" / "solve.sh").write_text("#!/bin/bash\nsleep 300\n")
-    proc = subprocess.Popen([*RLCLI, "harbor", "run", str(task), "--policy", "oracle", "--output",
-                             str(tmp_path / "out")], env=env, cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    # The hangs fixture's solve.sh never ends; --sandbox-timeout lets it run long past the SIGINT.
+    proc = subprocess.Popen([*RLCLI, "harbor", "run", str(FIXTURES / "hangs"), "--policy", "oracle",
+                             "--sandbox-timeout", "300", "--output", str(tmp_path / "out")], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     owner = f"{socket.gethostname()}:{proc.pid}"
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # wait until the oracle's `sleep 300` runs in the container
+        while time.monotonic() < deadline:  # wait until the oracle's solve.sh runs in the container
             boxes = [c for c in labelled(docker_client, owner) if c.status == "running"]
-            if boxes and any("sleep 300" in p[-1] for p in boxes[0].top()["Processes"]):
+            if boxes and any("tail -f /dev/null" in p[-1] for p in boxes[0].top()["Processes"]):
                 break
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.5)
@@ -192,24 +221,56 @@ def test_sigint_mid_rollout_leaves_no_container(docker_client, env, tmp_path):
     assert labelled(docker_client, owner) == []
 
 
+def builder_contexts(since: float) -> list[str]:
+    """The daemon's copies of build contexts made since then (the classic builder unpacks each into
+    /var/lib/docker/tmp/docker-builder*); [] when that folder cannot be read (a remote daemon, no root)."""
+    folder = Path("/var/lib/docker/tmp")
+    try:
+        return [str(p) for p in folder.glob("docker-builder*") if p.stat().st_mtime >= since]
+    except OSError:
+        return []
+
+
 @pytest.mark.server
 @pytest.mark.timeout(600)
 def test_train_harbor_one_step(docker_client, server, tmp_path):
-    folder = tmp_path / "run"
-    proc, owner = rlcli("train", "harbor", "--loss", "gspo", "--dataset", str(FIXTURES), "--max-steps", "1",
-                        "--group-size", "2", "--max-turns", "2", "--max-tokens", "32", "--base-url", server.url,
-                        "--log-path", str(folder), env=server.env, timeout=540)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    step = next(m for m in metrics if "env/all/reward/total" in m)
-    assert step["env/all/reward/total"] >= 0.0 and "env/all/harbor/grading_error" in step
-    records = [json.loads(p.read_text()) for p in (folder / "trajectories").rglob("*.json")]
-    assert len(records) == 8  # 4 tasks x 2 rollouts, each graded
-    assert all(r["stop"] and r["error"] is None for r in records)
-    assert sum(bool(r["grading_error"]) for r in records) == 2  # the forgets-reward task's two rollouts
-    markdown = next((folder / "trajectories").rglob("hello-file-0.md")).read_text()
-    assert markdown.startswith("# hello-file: reward") and "## Turn 1" in markdown and "## Verifier" in markdown
-    assert labelled(docker_client, owner) == []
+    """One step over all 7 fixtures x 2 rollouts, one task's image built by the run itself (a file only
+    this test has joins its build context), with a TMPDIR of its own: afterwards no container and no build
+    context is left, neither rlcli's (in TMPDIR) nor the daemon's."""
+    from rlcli.harbor import images, tasks
+
+    dataset = Path(shutil.copytree(FIXTURES, tmp_path / "tasks"))
+    (dataset / "hello-file" / "environment" / "nonce.txt").write_text(f"{tmp_path}\n")
+    tag = images.image_tag(tasks.load_task(dataset / "hello-file"))
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    folder, started = tmp_path / "run", time.time()
+    try:
+        proc, owner = rlcli("train", "harbor", "--loss", "gspo", "--dataset", str(dataset), "--max-steps", "1",
+                            "--groups-per-batch", "7", "--group-size", "2", "--max-turns", "2", "--max-tokens", "32",
+                            "--command-timeout", "5", "--base-url", server.url, "--log-path", str(folder),
+                            env=dict(server.env, TMPDIR=str(scratch)), timeout=540)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"image {tag} for hello-file: built in" in proc.stderr
+        metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        step = next(m for m in metrics if "env/all/reward/total" in m)
+        assert 0.0 <= step["env/all/reward/total"] <= 1.0 and step["env/all/harbor/grading_error"] > 0
+        records = [json.loads(p.read_text()) for p in (folder / "trajectories").rglob("*.json")]
+        assert len(records) == 14  # 7 tasks x 2 rollouts, each graded
+        assert all(r["stop"] and r["error"] is None for r in records)
+        assert sorted(r["task"] for r in records if r["grading_error"]) == ["forgets-reward"] * 2
+        markdown = next((folder / "trajectories").rglob("hello-file-0.md")).read_text()
+        assert markdown.startswith("# hello-file: reward") and "## Turn 1" in markdown and "## Verifier" in markdown
+        assert labelled(docker_client, owner) == []
+        left = [p for p in scratch.rglob("*") if p.is_file() and tarfile.is_tarfile(p)]
+        assert left == [], f"build contexts left in TMPDIR: {left}"
+        deadline = time.monotonic() + 30  # other sessions' builds may be running: theirs end too
+        while builder_contexts(started) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert builder_contexts(started) == []
+    finally:
+        with contextlib.suppress(Exception):  # an image of content only this test had: ours to remove
+            docker_client.images.remove(tag)
 
 
 def test_agent_loop_runs_tool_calls_turn_by_turn(docker_client, embedded_model, tmp_path):

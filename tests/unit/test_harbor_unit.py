@@ -6,17 +6,19 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from rlcli.errors import RlcliError, UsageError
 from rlcli.harbor import tasks
-from rlcli.harbor.sandbox import image_tag, run_options
+from rlcli.harbor.images import image_tag
+from rlcli.harbor.sandbox import run_options
 from rlcli.harbor.tasks import Limits
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "harbor"
-NAMES = ["forgets-reward", "hello-file", "network-allowed", "sum-numbers"]
+NAMES = ["always-fails", "forgets-reward", "hangs", "hello-file", "network-allowed", "partial-credit", "sum-numbers"]
 
 
 def copy_task(tmp_path: Path, name: str = "hello-file") -> Path:
@@ -64,6 +66,7 @@ def test_fixture_tasks_load():
     assert by_name["network-allowed"].limits.network and not by_name["hello-file"].limits.network
     assert by_name["hello-file"].limits == Limits(1.0, 256, 128, False)
     assert by_name["sum-numbers"].limits.memory_mb == 512
+    assert by_name["hangs"].agent_timeout_s == 20  # a plain oracle run of the fixtures ends
     assert all(t.solution is not None and t.has_dockerfile for t in found)
     single, _ = tasks.find_tasks(FIXTURES / "hello-file")
     assert [t.name for t in single] == ["hello-file"]
@@ -87,15 +90,15 @@ def test_broken_tasks_are_skipped_with_the_reason(tmp_path):
 
 def test_select_and_split():
     found, _ = tasks.find_tasks(FIXTURES)
-    assert [t.name for t in tasks.select_tasks(found, "h*,sum-*", None)] == ["hello-file", "sum-numbers"]
+    assert [t.name for t in tasks.select_tasks(found, "he*,sum-*", None)] == ["hello-file", "sum-numbers"]
     assert [t.name for t in tasks.select_tasks(found, None, 2)] == NAMES[:2]
     with pytest.raises(UsageError, match="matches none"):
         tasks.select_tasks(found, "nothing*", None)
     train, held = tasks.split_tasks(found, 1)
-    assert len(held) == 1 and held[0] not in train and len(train) == 3
+    assert len(held) == 1 and held[0] not in train and len(train) == len(found) - 1
     assert tasks.split_tasks(list(reversed(found)), 1)[1] == held  # by name hash, not position
     with pytest.raises(UsageError, match="leaves no task"):
-        tasks.split_tasks(found, 4)
+        tasks.split_tasks(found, len(found))
 
 
 def test_image_tag_follows_the_build_context(tmp_path):
@@ -120,27 +123,65 @@ def test_image_tag_follows_the_build_context(tmp_path):
 
 
 @pytest.mark.parametrize("json_bytes, txt_bytes, reward, error", [
-    (b'{"reward": 1, "style": 0.5}', None, 1.0, None),
-    (b'{"passed": 0.25}', None, 0.25, None),
-    (b'{"a": 1, "b": 0}', None, 0.5, None),
+    (b'{"reward": 0.5, "passed": 2, "total": 4}', None, 0.5, None),  # "reward" is the reward, the rest details
+    (b'{"passed": 0.25}', None, 0.25, None),  # one number: that one, whatever its name
+    (b'{"a": 1, "b": 0}', None, 0.0, 'no "reward" among them (a, b)'),  # which one? Harbor refuses too
     (None, b"1\n", 1.0, None),
     (None, b" 0.75 ", 0.75, None),
-    (b'{"reward": 1}', b"0", 1.0, None),  # reward.json first
-    (None, None, 0.0, "wrote no /logs/verifier/reward.json or reward.txt"),
+    (b'{"reward": 1}', b"0", 0.0, None),  # reward.txt first, as Harbor reads them
+    (None, None, 0.0, "wrote no /logs/verifier/reward.txt or reward.json"),
     (None, b"PASSED", 0.0, "reward.txt is not a number"),
     (None, b"nan", 0.0, "not a finite number"),
     (None, b"", 0.0, "reward.txt is not a number"),
-    (b"[1]", None, 0.0, "not a dict of numbers"),
-    (b'{"reward": true}', None, 0.0, "not a dict of numbers"),
-    (b"{}", None, 0.0, "not a dict of numbers"),
+    (b"[1]", None, 0.0, "not an object of numbers"),
+    (b'{"reward": true}', None, 0.0, "not an object of numbers"),
+    (b'{"reward": 1, "note": "ok"}', None, 0.0, "not an object of numbers"),
+    (b"{}", None, 0.0, "not an object of numbers"),
     (b"{oops", None, 0.0, "reward.json is not JSON"),
 ])
 def test_parse_reward(json_bytes, txt_bytes, reward, error):
-    from rlcli.harbor.agent import parse_reward
+    from rlcli.harbor.verify import parse_reward
 
     value, _, problem = parse_reward(json_bytes, txt_bytes)
     assert value == reward
     assert (problem is None) if error is None else (error in problem)
+
+
+def test_parse_reward_keeps_every_number():
+    from rlcli.harbor.verify import parse_reward
+
+    assert parse_reward(b'{"reward": 0.5, "passed": 2, "total": 4}', None)[1] == \
+        {"reward": 0.5, "passed": 2.0, "total": 4.0}
+    assert parse_reward(None, b"1")[1] == {"reward": 1.0}
+
+
+def test_build_context_has_no_name_on_disk(tmp_path, monkeypatch):
+    """The tarball docker-py would leave in $TMPDIR if rlcli died mid-upload never has a name there."""
+    import tarfile
+    import tempfile
+
+    from rlcli.harbor.images import build_context
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    env = copy_task(tmp_path / "task", "sum-numbers") / "environment"
+    (env / "data").mkdir()
+    (env / "data" / "keep.txt").write_text("x")
+    (env / "notes.log").write_text("not for the image")
+    (env / ".dockerignore").write_text("# build-only files\n*.log\n")
+    with build_context(env) as context:
+        assert list((tmp_path / "tmp").iterdir()) == []  # while the context exists, as in the upload
+        names = tarfile.open(fileobj=context).getnames()
+    assert sorted(names) == [".dockerignore", "Dockerfile", "data", "data/keep.txt"]
+
+
+def test_oracle_time_is_the_agent_phase_unless_bounded():
+    from rlcli.harbor.agent import AgentSettings
+
+    task = tasks.load_task(FIXTURES / "hangs")
+    assert AgentSettings().solve_budget(task) == 20  # the task's [agent] timeout_sec
+    assert AgentSettings(solve_timeout_s=3).solve_budget(task) == 3
+    assert AgentSettings(solve_timeout_s=300, sandbox_timeout_s=60).solve_budget(task) == 60
 
 
 def test_dataset_resolution_offline(monkeypatch, tmp_path):
@@ -252,5 +293,14 @@ def test_train_harbor_dry_run(monkeypatch, tmp_path, capsys):
     assert train_harbor(dataset=str(FIXTURES), model="Qwen/Qwen3-8B", base_url="http://127.0.0.1:9",
                         eval_tasks=1, dry_run=True) == 0
     out = capsys.readouterr().out
-    assert "loss: gspo 2-pass" in out and "3 to train on" in out and "1 held out" in out
+    assert "loss: gspo 2-pass" in out and "6 to train on" in out and "1 held out" in out
     assert not (tmp_path / "runs").exists()  # a dry run makes nothing
+
+
+def test_harbor_commands_import_nothing_heavy():
+    """`rlcli train harbor --help` and `rlcli harbor run --help` load train.py and run.py: the cookbook,
+    tinker, chz and docker must wait until a run needs them (agent.py, dataset.py, images.py, sandbox.py)."""
+    code = ("import sys, rlcli.harbor.train, rlcli.harbor.run; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'tinker', 'tinker_cookbook', 'chz', 'docker'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
