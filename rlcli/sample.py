@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlcli.client import parse_tinker_path, server_base_model, training_run
+from rlcli.client import parse_tinker_path, server_base_model, training_run, unload_model
 from rlcli.config import ensure_api_key, resolve_base_url
 from rlcli.errors import RlcliError, UsageError, debug_enabled
 
@@ -34,6 +34,7 @@ class Sampler:
     source: str
     base_url: str
     history: list[dict[str, str]] = field(default_factory=list)
+    reloaded_model_id: str | None = None  # a model rlcli loaded to serve an unloaded checkpoint; freed at the end
 
 
 def load_tokenizer(name: str) -> Any:
@@ -106,11 +107,41 @@ def complete(s: Sampler, messages: list[dict[str, str]], n: int = 1) -> list[str
 
     text = s.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     prompt = tinker.ModelInput.from_ints(s.tokenizer.encode(text, add_special_tokens=False))
-    try:
-        result = s.client.sample(prompt=prompt, num_samples=n, sampling_params=s.params).result()
-    except Exception as e:  # tinker raises its own classes; the server's reason is in the message
-        raise _sampling_error(s, e) from None
+    for attempt in range(2):
+        try:
+            result = s.client.sample(prompt=prompt, num_samples=n, sampling_params=s.params).result()
+            break
+        except Exception as e:  # tinker raises its own classes; the server's reason is in the message
+            if attempt or "not loaded" not in str(e) or not _reload(s):
+                raise _sampling_error(s, e) from None
     return [s.tokenizer.decode(seq.tokens, skip_special_tokens=True).strip() for seq in result.sequences]
+
+
+def _reload(s: Sampler) -> bool:
+    """Serve a checkpoint whose model is gone (a finished run unloads it) from the run's training state.
+
+    Training runs save state and sampler weights under one name (tinker://RUN/weights/NAME beside
+    tinker://RUN/sampler_weights/NAME): load that state into a new model and save it for the sampler.
+    """
+    import tinker
+
+    run_id, _, ckpt = parse_tinker_path(s.source)
+    service = tinker.ServiceClient(base_url=s.base_url)
+    try:
+        trainer = service.create_training_client_from_state(f"tinker://{run_id}/weights/{ckpt}")
+    except Exception:
+        return False  # no training state of that name: the error message says what to do
+    s.reloaded_model_id = trainer.model_id
+    print(f"rlcli: {s.source} was no longer loaded; serving it again from tinker://{run_id}/weights/{ckpt}",
+          file=sys.stderr)
+    s.client = trainer.save_weights_and_get_sampling_client()
+    return True
+
+
+def close(s: Sampler) -> None:
+    if s.reloaded_model_id:
+        unload_model(s.base_url, s.reloaded_model_id)
+        s.reloaded_model_id = None
 
 
 def _sampling_error(s: Sampler, e: Exception) -> RlcliError:
@@ -158,7 +189,10 @@ def sample(
     if n < 1 or max_tokens < 1:
         raise UsageError("--n and --max-tokens must be at least 1")
     s = open_sampler(checkpoint, model, base_url, tokenizer, max_tokens, temperature, seed)
-    completions = complete(s, _messages(system, [{"role": "user", "content": prompt}]), n)
+    try:
+        completions = complete(s, _messages(system, [{"role": "user", "content": prompt}]), n)
+    finally:
+        close(s)
     for i, text in enumerate(completions):
         if n > 1:
             print(f"--- completion {i + 1}/{n}")
@@ -192,15 +226,18 @@ def chat(
     tty = sys.stdin.isatty()
     if tty:
         print(f"chatting with {s.source} (/reset clears the history, /exit or Ctrl-D ends)", file=sys.stderr)
-    while (line := _read_turn(tty)) is not None and line.strip() not in ("/exit", "/quit"):
-        if line.strip() == "/reset":
-            s.history.clear()
-        elif line.strip():
-            s.params = s.params.model_copy(update={"seed": seed + len(s.history) // 2})
-            s.history.append({"role": "user", "content": line.strip()})
-            reply = complete(s, _messages(system, s.history))[0]
-            s.history.append({"role": "assistant", "content": reply})
-            print(f"assistant: {reply}", flush=True)
+    try:
+        while (line := _read_turn(tty)) is not None and line.strip() not in ("/exit", "/quit"):
+            if line.strip() == "/reset":
+                s.history.clear()
+            elif line.strip():
+                s.params = s.params.model_copy(update={"seed": seed + len(s.history) // 2})
+                s.history.append({"role": "user", "content": line.strip()})
+                reply = complete(s, _messages(system, s.history))[0]
+                s.history.append({"role": "assistant", "content": reply})
+                print(f"assistant: {reply}", flush=True)
+    finally:
+        close(s)
     return 0
 
 

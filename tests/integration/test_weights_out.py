@@ -183,6 +183,24 @@ def test_sampling_an_unloaded_model_says_what_to_do(server):
 
 
 @server_test
+def test_sampling_a_finished_runs_checkpoint_reloads_it_from_its_training_state(server):
+    """A run that saved state and sampler weights under one name can still be sampled after it unloads."""
+    import tinker
+
+    service = tinker.ServiceClient(base_url=server.url, api_key="tml-test")
+    trainer = service.create_lora_training_client(base_model=server.model, rank=1, seed=0)
+    try:
+        trainer.save_state(name="back").result()
+        path = trainer.save_weights_for_sampler(name="back").result().path
+    finally:
+        unload_model(server.url, trainer.model_id)
+    proc = run_rlcli("sample", "--checkpoint", path, "--prompt", "hi", "--max-tokens", "4", env=server.env,
+                     timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "serving it again" in proc.stderr  # it did reload, rather than sample something else
+
+
+@server_test
 def test_doctor_against_the_live_server(server):
     proc = run_rlcli("doctor", "--base-url", server.url, env=server.env, timeout=60)
     lines = proc.stdout.strip().splitlines()
