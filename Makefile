@@ -16,6 +16,12 @@ URL = http://127.0.0.1:$(PORT)
 # The demo pipeline: logged OpenAI traffic -> rlcli import -> rlcli train sl (stdin, nothing left in /tmp).
 SL_DEMO = $(RLCLI) import rlcli/data/demo/demo-traces.openai.jsonl -f openai \
 	| $(RLCLI) train sl --dataset - --base-url $(URL) --epochs 2 --batch-size 8 --lr 5e-3 --save-every 8
+# RL on the synthetic x + y task, sized for 2 CPU cores: the loss route (fused GSPO with rlcli's server
+# extension), one line per step, held-out problems scored every 4 steps. Targets add --max-steps.
+RL_DEMO = $(RLCLI) train rl --loss gspo --dataset arithmetic --base-url $(URL) --batch-size 4 --group-size 4 \
+	--max-tokens 8 --eval-every 4 --eval-size 8 --save-every 0
+# The last sampler checkpoint a run folder recorded (checkpoints.jsonl is the contract; no log scraping).
+FINAL_SAMPLER = $(BIN)/python -c 'import json,sys; rows=[json.loads(l) for l in open(sys.argv[1]+"/checkpoints.jsonl") if l.strip()]; print([r for r in rows if r.get("sampler_path")][-1]["sampler_path"])'
 
 .PHONY: help venv server-venv model demo sl test test-fast test-server lint clean-venv
 
@@ -38,15 +44,28 @@ server-venv: venv
 model: venv
 	$(RLCLI) model build
 
-# Start the server, run the jobs, and stop the server whether they passed or not.
+# Start the server; demo, import -> SFT -> RL, export the final weights and sample them; stop the server
+# whether the jobs passed or not. The SFT run goes to a known folder so that RL starts from its final
+# weights (train rl --load-checkpoint reads its checkpoints.jsonl).
 demo: venv server-venv model
 	$(RLCLI) serve start --port $(PORT)
-	@status=0; { $(RLCLI) demo --base-url $(URL) && $(SL_DEMO); } || status=$$?; \
+	@status=0; runs=$${RLCLI_HOME:-$$HOME/.rlcli}/runs/demo-$$(date +%Y%m%d-%H%M%S); \
+	  { $(RLCLI) demo --base-url $(URL) && $(SL_DEMO) --log-path $$runs/sl \
+	    && $(RL_DEMO) --max-steps 3 --load-checkpoint $$runs/sl --log-path $$runs/rl \
+	    && final=$$($(FINAL_SAMPLER) $$runs/rl) \
+	    && $(RLCLI) export $$final --format merged -o $$runs/export --base-url $(URL) \
+	    && $(RLCLI) sample --checkpoint $$final --prompt "What is 3 + 4?" --max-tokens 16 --temperature 0 \
+	         --base-url $(URL); } || status=$$?; \
 	  $(RLCLI) serve stop; exit $$status
 
 sl: venv server-venv model
 	$(RLCLI) serve start --port $(PORT)
 	@status=0; $(SL_DEMO) || status=$$?; $(RLCLI) serve stop; exit $$status
+
+.PHONY: rl
+rl: venv server-venv model
+	$(RLCLI) serve start --port $(PORT)
+	@status=0; $(RL_DEMO) --max-steps 12 || status=$$?; $(RLCLI) serve stop; exit $$status
 
 test: venv server-venv model
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.config import ensure_api_key, resolve_base_url
-from rlcli.errors import RlcliError, UsageError
+from rlcli.errors import UsageError
 from rlcli.harbor.tasks import Task, find_tasks, resolve_dataset, select_tasks, split_tasks, tasks_hash
-from rlcli.train import claim, note_models, renderers, run_folder, sigterm_as_interrupt, unload_leftovers
+from rlcli.train import claim, renderers, run_folder, server_slots, sigterm_as_interrupt, unload_leftovers
 from rlcli.train import warn as warn_line
 from rlcli.train.rl import ROUTES, RlProgress, check_numbers, cookbook_hooks, final_report, plan_losses
 from rlcli.train.sl import RUN_INFO, resolve_model
@@ -97,30 +97,12 @@ def run_recipe(folder: Path, url: str, s: dict[str, Any], plan: Any, train: list
 
     from tinker_cookbook.rl import train as cookbook
 
-    from rlcli.train.compat import progress_logging, record_training_clients, unload_models
+    from rlcli.train.compat import progress_logging
 
     ensure_api_key()
-    created: list[str] = []
-
-    def on_create(model_id: str) -> None:  # runs on the tinker client's thread
-        created.append(model_id)
-        note_models(folder, [model_id])
-
-    try:
-        with (sigterm_as_interrupt(), record_training_clients(on_create), cookbook_hooks(plan),
-              progress_logging(RlProgress(s["steps"], plan.loss, plan.passes))):
-            asyncio.run(cookbook.main(build_config(folder, url, s, plan, train, held)))
-    except Exception as e:
-        if "Maximum number of LoRA adapters" in str(e):
-            raise RlcliError("the server has no free LoRA slot: wait for other runs to finish (an abandoned one "
-                             "frees its slot after ~5 min), or restart it with more max_lora_adapters") from e
-        raise
-    finally:
-        left = unload_models(url, list(created))
-        note_models(folder, left, append=False)
-        if left:
-            warn_line(f"could not free server slots {', '.join(left)}; the server frees them ~5 min after this "
-                      "process exits")
+    with (sigterm_as_interrupt(), server_slots(folder, url, s["model"]), cookbook_hooks(plan),
+          progress_logging(RlProgress(s["steps"], plan.loss, plan.passes))):
+        asyncio.run(cookbook.main(build_config(folder, url, s, plan, train, held)))
 
 
 def check_resume(folder: Path, url: str, sha256: str, s: dict[str, Any]) -> None:

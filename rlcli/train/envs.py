@@ -2,12 +2,15 @@
 
 - `arithmetic`: the cookbook's synthetic "What is x + y?" env (no data, no download).
 - `gsm8k`: the cookbook's GSM8K env over the hub's openai/gsm8k (online, or from the local cache).
-- a GSM8K-format JSONL file ({"question", "answer"} with the gold after '####'): the cookbook's own
-  GSM8K dataset class (prompt, few-shot prefix, gold extraction, \\boxed{} grading with its sympy
-  grader), fed from the file instead of the hub. That is the offline path, and what the tests run.
-
-This module imports the cookbook (and `datasets`) at the top: rl.py imports it only once a run's
-loss plan is settled, so `rlcli train rl --help` and the loss checks never pay for it.
+- a JSONL file of {"question", "answer"}; its answers say which of two forms it is (a mix is refused
+  at the first line that differs from line 1):
+  - GSM8K-style, every answer ending '#### 42': graded the cookbook's GSM8K way (its dataset class:
+    prompt, few-shot prefix, gold after '####', \\boxed{} answer, sympy grader).
+  - plain, every answer the final answer itself ("42", "Paris"): the cookbook's MathEnv prompt asks
+    for \\boxed{}, its extract_boxed reads the reply, and `grade_answer` compares: as numbers when both
+    are numbers (commas and whitespace dropped, 42 == 42.0), else as whitespace-normalized text.
+Each keeps problems held out for evaluation (rlcli.train.rl_eval). The cookbook and `datasets` are
+imported at the top: rl.py imports this module only once a run's loss plan is settled.
 """
 
 from __future__ import annotations
@@ -15,19 +18,23 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from decimal import Decimal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import chz
 from datasets import Dataset, load_dataset
 from tinker_cookbook import renderers
-from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticDatasetBuilder
-from tinker_cookbook.rl.types import RLDatasetBuilder
+from tinker_cookbook.rl.problem_env import ProblemGroupBuilder
+from tinker_cookbook.rl.types import RLDataset, RLDatasetBuilder
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 
 from rlcli.errors import RlcliError, UsageError
+from rlcli.train import rl_eval
 
 try:  # its grader imports sympy and pylatexenc (the cookbook's [math-rl] extra), whose own hint names a git install
     from tinker_cookbook.recipes.math_rl.math_env import (
@@ -36,22 +43,26 @@ try:  # its grader imports sympy and pylatexenc (the cookbook's [math-rl] extra)
         MathEnv,
         extract_gsm8k_final_answer,
     )
+    from tinker_cookbook.recipes.math_rl.math_grading import extract_boxed
 except ImportError as e:
     raise RlcliError("tinker-cookbook's math envs need sympy and pylatexenc: pip install sympy pylatexenc") from e
 
 GSM8K_HUB = ("openai/gsm8k", "main")
 ARITHMETIC_BATCHES = 100  # the synthetic set has no size of its own: without --max-steps, this many steps
-FORMAT_HINT = 'one JSON object per line, {"question": ..., "answer": "...reasoning...\\n#### 42"}'
+FORMAT_HINT = ('one JSON object per line, {"question": ..., "answer": "42"}, or GSM8K-style with '
+               '"answer": "...reasoning...\\n#### 42"')
+NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 
 
 @dataclass(frozen=True)
 class Problems:
-    """GSM8K-format problems read from a file: {"question", "answer"} records, checked."""
+    """{"question", "answer"} records read from a file, checked, with the grader they get."""
 
     source: str
     records: list[dict[str, str]]
     lines: list[int]
     sha256: str
+    grader: str  # gsm8k, numeric or exact ("auto" resolved from the answers)
 
 
 @dataclass(frozen=True)
@@ -60,40 +71,86 @@ class Data:
 
     label: str
     problems: Problems | None  # a file's problems; None for the cookbook's own sets
-    size: int | None  # problems; None for the synthetic set
+    size: int | None  # training problems; None for the synthetic set
     batches: int  # steps in one pass
     sha256: str  # identity checked by --resume
+    held_out: int  # problems scored every --eval-every steps, never trained on
+    grader: str
 
 
-def load_data(name: str, path: str | None, batch_size: int, max_steps: int | None) -> Data:
-    """Read and check the data of `choose_dataset`'s (name, path), or ask the hub for GSM8K's size."""
-    if path:
-        problems = read_problems(path)
-        size = len(problems.records)
-        return Data(f"gsm8k-format file {path}", problems, size, math.ceil(size / batch_size), problems.sha256)
-    if name == "arithmetic":
-        batches = max_steps or ARITHMETIC_BATCHES
-        return Data("arithmetic (the cookbook's synthetic x + y problems)", None, None, batches, "arithmetic")
-    size = hub_gsm8k_size()
-    hub = "/".join(GSM8K_HUB)
-    return Data(f"gsm8k ({hub}, train split)", None, size, math.ceil(size / batch_size), "hub:" + hub)
+# --- grading -------------------------------------------------------------------------------------
 
 
-def record_problem(obj: Any) -> str | None:
-    """Why a parsed line is not a problem the cookbook's GSM8K env can grade, or None."""
+def as_number(text: str) -> Decimal | None:
+    """The number a whole answer spells, commas and whitespace dropped; Decimal so 20-digit ints stay exact."""
+    compact = re.sub(r"[\s,]", "", text)
+    return Decimal(compact) if NUMBER.fullmatch(compact) else None  # the pattern admits no nan or inf
+
+
+def grade_answer(given: str, gold: str, grader: str = "numeric") -> bool:
+    """numeric: equal as numbers when both are numbers (42 == 42.0 == 4,2e1), else as text; exact: as text."""
+    if grader == "numeric" and (a := as_number(given)) is not None and (b := as_number(gold)) is not None:
+        return a == b
+    return " ".join(given.split()) == " ".join(gold.split())
+
+
+def final_answer(answer: str) -> str | None:
+    """The gold after a GSM8K '####' line (the cookbook's own extraction), or None when there is none."""
+    try:
+        return extract_gsm8k_final_answer(answer)
+    except ValueError:
+        return None
+
+
+def gold_answer(answer: str) -> str:
+    final = final_answer(answer)
+    return answer.strip() if final is None else final
+
+
+class QaEnv(MathEnv):
+    """The cookbook's MathEnv (prompt, \\boxed{} format check and reward) with rlcli's plain grader."""
+
+    def __init__(self, problem: str, answer: str, renderer: renderers.Renderer,
+                 convo_prefix: list[renderers.Message] | None = None, match: str = "numeric"):
+        super().__init__(problem, answer, renderer, convo_prefix=convo_prefix)
+        self.match = match
+
+    def check_answer(self, sample_str: str) -> bool:
+        try:
+            return grade_answer(extract_boxed(sample_str), self.answer, self.match)
+        except ValueError:  # no \boxed{}: wrong (the format penalty is the parent's)
+            return False
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+def record_problem(obj: Any, grader: str) -> str | None:
+    """Why a parsed line is not a problem `grader` can grade, or None."""
     if not isinstance(obj, dict):
         return f"expected a JSON object, got {type(obj).__name__}"
     for key in ("question", "answer"):
         if not isinstance(obj.get(key), str) or not obj[key].strip():
             return f'"{key}" is missing or not a non-empty string'
-    try:
-        gold = extract_gsm8k_final_answer(obj["answer"])  # the cookbook's own: what it will grade against
-    except ValueError:
+    final = final_answer(obj["answer"])
+    if final is None and grader == "gsm8k":
         return '"answer" has no final answer (GSM8K ends it with a line "#### 42")'
-    return None if gold.strip() else '"answer" has an empty final answer after "####"'
+    return '"answer" has an empty final answer after "####"' if final is not None and not final.strip() else None
 
 
-def parse_problems(lines: Iterable[str], source: str) -> Problems:
+def resolve_grader(grader: str, finals: list[bool], lines: list[int], source: str) -> str:
+    """auto: gsm8k when every answer has a '####' final answer, numeric when none has; a mix is refused."""
+    if grader != "auto":
+        return grader
+    if all(finals) or not any(finals):
+        return "gsm8k" if finals[0] else "numeric"
+    odd = next(i for i, has in enumerate(finals) if has != finals[0])
+    raise UsageError(f"{source} line {lines[odd]}: {'no' if finals[0] else 'a'} '#### N' final answer, unlike line "
+                     f"{lines[0]}: write every answer GSM8K-style or every one as the final answer alone "
+                     "(or pass --grader numeric|exact to grade the text after any '####')")
+
+
+def parse_problems(lines: Iterable[str], source: str, grader: str = "auto") -> Problems:
     records, numbers = [], []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -102,24 +159,47 @@ def parse_problems(lines: Iterable[str], source: str) -> Problems:
             obj = json.loads(line)
         except ValueError as e:
             raise UsageError(f"{source} line {number}: not valid JSON ({e})") from None
-        if problem := record_problem(obj):
+        if problem := record_problem(obj, grader):
             raise UsageError(f"{source} line {number}: {problem}; expected {FORMAT_HINT}")
         records.append({"question": obj["question"], "answer": obj["answer"]})
         numbers.append(number)
     if not records:
         raise UsageError(f"{source} has no problems: expected {FORMAT_HINT}")
+    grader = resolve_grader(grader, [final_answer(r["answer"]) is not None for r in records], numbers, source)
     payload = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in records)
-    return Problems(source, records, numbers, hashlib.sha256(payload.encode()).hexdigest())
+    return Problems(source, records, numbers, hashlib.sha256(payload.encode()).hexdigest(), grader)
 
 
-def read_problems(path: str) -> Problems:
+def read_problems(path: str, grader: str = "auto") -> Problems:
     try:
         with open(Path(path).expanduser(), encoding="utf-8") as f:
-            return parse_problems(f, path)
+            return parse_problems(f, path, grader)
     except (FileNotFoundError, IsADirectoryError):
-        raise UsageError(f"no problems file at {path}: pass a GSM8K-format JSONL file ({FORMAT_HINT})") from None
+        raise UsageError(f"no problems file at {path}: pass a JSONL file ({FORMAT_HINT})") from None
     except UnicodeDecodeError as e:
         raise UsageError(f"{path} is not UTF-8 text ({e.reason}): convert it to UTF-8 JSONL") from None
+
+
+def load_data(name: str, path: str | None, batch_size: int, max_steps: int | None, grader: str = "auto",
+              eval_size: int | None = None) -> Data:
+    """Read and check `choose_dataset`'s data (or ask the hub GSM8K's size); settle the held-out count."""
+    if path:
+        problems = read_problems(path, grader)
+        held_out = rl_eval.file_eval_size(problems.records, eval_size, path)
+        train, _ = rl_eval.split_problems(problems.records, held_out)
+        label = f"{'gsm8k-format' if final_answer(problems.records[0]['answer']) else 'question/answer'} file {path}"
+        return Data(label, problems, len(train), math.ceil(len(train) / batch_size), problems.sha256, held_out,
+                    problems.grader)
+    held_out = rl_eval.EVAL_SIZE if eval_size is None else eval_size
+    if name == "arithmetic":
+        batches = max_steps or ARITHMETIC_BATCHES
+        rl_eval.check_arithmetic_eval_size(held_out)
+        return Data("arithmetic (the cookbook's synthetic x + y problems)", None, None, batches, "arithmetic",
+                    held_out, "arithmetic")
+    size = hub_gsm8k_size()
+    hub = "/".join(GSM8K_HUB)
+    return Data(f"gsm8k ({hub}, train split; evaluation on its test split)", None, size,
+                math.ceil(size / batch_size), "hub:" + hub, held_out, "gsm8k")
 
 
 def hub_gsm8k_size() -> int:
@@ -137,49 +217,91 @@ def hub_gsm8k_size() -> int:
         ) from None
 
 
-class Gsm8kFileDataset(Gsm8kDataset):
-    """The cookbook's Gsm8kDataset over records instead of the hub.
-
-    Only loading differs: get_batch, the MathEnv prompt, the gold extraction and grading are the parent's.
-    """
+class FileDataset(Gsm8kDataset):
+    """The cookbook's Gsm8kDataset (batching, and its MathEnv for gsm8k) over records; QaEnv for numeric|exact."""
 
     def __init__(self, records: list[dict[str, str]], batch_size: int, group_size: int,
-                 renderer: renderers.Renderer, seed: int = 0):
-        self.ds = Dataset.from_list(records).shuffle(seed=seed)  # shuffled as the hub's train split is
+                 renderer: renderers.Renderer, grader: str = "gsm8k", seed: int | None = 0):
+        ds = Dataset.from_list(records)
+        self.ds = ds if seed is None else ds.shuffle(seed=seed)  # the training split is shuffled as the hub's is
         self.batch_size = batch_size
         self.group_size = group_size
         self.renderer = renderer
+        self.grader = grader
         self.convo_prefix = MathEnv.standard_fewshot_prefix()  # what the cookbook's gsm8k builder uses
+
+    def _make_env_group_builder(self, x: dict[str, str], group_size: int) -> ProblemGroupBuilder | None:
+        if self.grader == "gsm8k":
+            return super()._make_env_group_builder(x, group_size)
+        env = partial(QaEnv, x["question"], gold_answer(x["answer"]), self.renderer, convo_prefix=self.convo_prefix,
+                      match=self.grader)
+        return ProblemGroupBuilder(env_thunk=env, num_envs=group_size)
 
 
 @chz.chz
-class Gsm8kFileBuilder(RLDatasetBuilder):
+class FileBuilder(RLDatasetBuilder):
     """Rereads the checked file when the recipe asks (the recipe writes builders into config.json)."""
 
     file_path: str
     sha256: str  # of the records checked before the run: a file changed since then is refused
+    grader: str
+    eval_size: int  # distinct questions held out (rl_eval.split_problems)
     batch_size: int
     model_name_for_tokenizer: str
     renderer_name: str
     group_size: int
     seed: int = 0
 
-    async def __call__(self) -> tuple[Gsm8kFileDataset, None]:
-        problems = read_problems(self.file_path)
+    async def __call__(self) -> tuple[FileDataset, FileDataset | None]:
+        problems = read_problems(self.file_path, self.grader)
         if problems.sha256 != self.sha256:
             raise UsageError(f"{self.file_path} changed after it was checked: rerun the command")
         renderer = renderers.get_renderer(self.renderer_name, tokenizer=get_tokenizer(self.model_name_for_tokenizer))
-        return Gsm8kFileDataset(problems.records, self.batch_size, self.group_size, renderer, self.seed), None
+        train, test = rl_eval.split_problems(problems.records, self.eval_size)
+        train_set = FileDataset(train, self.batch_size, self.group_size, renderer, self.grader, self.seed)
+        # One sample per held-out problem, in file order, as the cookbook's GSM8K test split is scored.
+        test_set = FileDataset(test, len(test), 1, renderer, self.grader, seed=None) if test else None
+        return train_set, test_set
 
 
-def dataset_builder(dataset: str, problems: Problems | None, model: str, renderer: str, batch_size: int,
-                    group_size: int, n_batches: int) -> RLDatasetBuilder:
-    """The cookbook builder for `dataset`; `problems` when the data came from a file."""
+@chz.chz
+class HubGsm8kBuilder(Gsm8kDatasetBuilder):
+    """The cookbook's hub GSM8K builder; its test split cut to the first eval_size problems (0: none),
+    as all 1,319 every --eval-every steps would dwarf a CPU-sized run."""
+
+    eval_size: int = rl_eval.EVAL_SIZE
+
+    async def __call__(self) -> tuple[Gsm8kDataset, Gsm8kDataset | None]:
+        train, test = await super().__call__()
+        if not self.eval_size:
+            return train, None
+        test.ds = test.ds.select(range(min(self.eval_size, len(test.ds))))
+        return train, test
+
+
+@chz.chz
+class ArithmeticSplitBuilder(RLDatasetBuilder):
+    """The cookbook's ArithmeticDatasetBuilder, with eval_size pairs held out (rl_eval.arithmetic_datasets)."""
+
+    batch_size: int
+    model_name_for_tokenizer: str
+    renderer_name: str
+    n_batches: int
+    group_size: int
+    eval_size: int = rl_eval.EVAL_SIZE
+
+    async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
+        renderer = renderers.get_renderer(self.renderer_name, tokenizer=get_tokenizer(self.model_name_for_tokenizer))
+        return rl_eval.arithmetic_datasets(self.batch_size, self.group_size, self.n_batches, self.eval_size, renderer)
+
+
+def dataset_builder(data: Data, model: str, renderer: str, batch_size: int, group_size: int) -> RLDatasetBuilder:
+    """The cookbook builder for `data` (from load_data): training set and held-out test set."""
     common = dict(batch_size=batch_size, model_name_for_tokenizer=model, renderer_name=renderer,
                   group_size=group_size)
-    if problems is not None:
-        return Gsm8kFileBuilder(file_path=str(Path(problems.source).expanduser().resolve()),
-                                sha256=problems.sha256, **common)
-    if dataset == "arithmetic":
-        return ArithmeticDatasetBuilder(n_batches=n_batches, **common)
-    return Gsm8kDatasetBuilder(**common)
+    if data.problems is not None:
+        return FileBuilder(file_path=str(Path(data.problems.source).expanduser().resolve()),
+                           sha256=data.problems.sha256, grader=data.grader, eval_size=data.held_out, **common)
+    if data.grader == "arithmetic":
+        return ArithmeticSplitBuilder(n_batches=data.batches, eval_size=data.held_out, **common)
+    return HubGsm8kBuilder(eval_size=data.held_out, **common)

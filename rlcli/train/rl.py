@@ -4,11 +4,14 @@ Launch:  rlcli train rl --loss gspo --dataset arithmetic --max-steps 50        (
          rlcli train rl --loss ppo --dataset gsm8k --dataset-path gsm8k_train.jsonl
          rlcli train rl --loss gspo --passes 2 --dataset problems.jsonl --dry-run   (print the plan)
          rlcli train rl --loss cispo --dataset arithmetic --log-path runs/a --resume
+         rlcli train rl --loss gspo --dataset arithmetic --load-checkpoint runs/sft   (start from SFT weights)
 
 The loss is planned first, from what the server serves (rlcli.train.losses): a loss or --passes it
 cannot serve fails in well under a second, before data is read or a model is made. Every training
 client the recipe builds gets the planned route (fused, or GSPO's exact 2-pass form) and has its LoRA
-slot freed however the run ends. The recipe writes config.json, metrics.jsonl, checkpoints.jsonl.
+slot freed however the run ends. The recipe writes config.json, metrics.jsonl, checkpoints.jsonl;
+rlcli adds each step's loss and clip fraction, and held-out problems are scored every --eval-every
+steps (rlcli.train.rl_eval).
 """
 
 from __future__ import annotations
@@ -16,25 +19,24 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from rlcli.config import ensure_api_key, resolve_base_url
-from rlcli.errors import RlcliError, UsageError
+from rlcli.errors import UsageError
 from rlcli.train import (
     claim,
-    note_models,
     read_jsonl,
     renderers,
+    rl_eval,
     run_folder,
+    server_slots,
     sigterm_as_interrupt,
     unload_leftovers,
-    warn,
 )
-from rlcli.train.compat import ProgressLine
+from rlcli.train.rl_eval import ROUTES, RlProgress, final_report  # harbor's RL command imports these from here
 from rlcli.train.sl import RUN_INFO, resolve_model
 
 if TYPE_CHECKING:
@@ -43,9 +45,8 @@ if TYPE_CHECKING:
 RL_LOSSES = ("gspo", "cispo", "dppo", "ppo", "importance_sampling")  # what the cookbook's RL data suits
 RECIPE_NAME = "rlcli_train_rl"
 MINIMUMS = {"batch_size": 1, "group_size": 2, "max_tokens": 1, "lora_rank": 1, "max_steps": 1, "save_every": 0,
-            "eval_every": 0}  # flags not listed here (lr, temperature) must be positive
-ROUTES = {1: "fused", 2: "2-pass"}
-REWARD, CORRECT = "env/all/reward/total", "env/all/correct"  # the cookbook's keys in metrics.jsonl
+            "eval_every": 0, "eval_size": 0}  # flags not listed here (lr, temperature) must be positive
+GRADERS = ("auto", "gsm8k", "numeric", "exact")  # how a file's answers are graded (rlcli.train.envs)
 
 
 @dataclass(frozen=True)
@@ -67,20 +68,46 @@ class Settings:
     max_steps: int | None
     save_every: int
     eval_every: int
+    grader: str = "auto"  # as resolved from the data
+    eval_size: int = 0  # problems held out: what --eval-size came to
+    load_checkpoint: str | None = None  # a training-state path
 
 
-def choose_dataset(dataset: str | None, dataset_path: str | None) -> tuple[str, str | None]:
-    """("arithmetic" | "gsm8k", path or None) from --dataset/--dataset-path; no file is read here."""
+def choose_dataset(dataset: str | None, dataset_path: str | None, grader: str = "auto") -> tuple[str, str | None, str]:
+    """(arithmetic | gsm8k | file, path or None, grader) from the flags; no file is read here."""
     if not dataset:
         raise UsageError("pass --dataset arithmetic, --dataset gsm8k [--dataset-path FILE.jsonl], or "
-                         "--dataset FILE.jsonl (GSM8K-format {question, answer} lines)")
+                         "--dataset FILE.jsonl ({question, answer} lines)")
+    if grader not in GRADERS:
+        raise UsageError(f"--grader {grader!r}: choose {', '.join(GRADERS)}")
     if dataset not in ("arithmetic", "gsm8k"):
         if dataset_path:
             raise UsageError(f"--dataset {dataset} is a file already: drop --dataset-path, or use --dataset gsm8k")
-        return "gsm8k", dataset
+        return "file", dataset, grader
     if dataset_path and dataset != "gsm8k":
         raise UsageError(f"--dataset-path is for gsm8k data; {dataset} is synthetic: drop --dataset-path")
-    return dataset, dataset_path
+    if dataset == "arithmetic" and grader != "auto":
+        raise UsageError("arithmetic grades its own integer answers: drop --grader")
+    if dataset == "gsm8k" and not dataset_path and grader not in ("auto", "gsm8k"):
+        raise UsageError(f"--grader {grader} is for JSONL files; the hub's gsm8k is graded the cookbook's way")
+    return dataset, dataset_path, "gsm8k" if dataset == "gsm8k" and grader == "auto" else grader
+
+
+def checkpoint_state(load_checkpoint: str | None) -> str | None:
+    """--load-checkpoint as a training-state path: given as one, or a run folder's newest saved state."""
+    if not load_checkpoint:
+        return None
+    path = load_checkpoint
+    if not path.startswith("tinker://"):
+        folder = Path(path).expanduser()
+        states = [c["state_path"] for c in read_jsonl(folder / "checkpoints.jsonl") if c.get("state_path")]
+        if not states:
+            raise UsageError(f"--load-checkpoint {path}: not a tinker:// path, nor a run folder whose "
+                             "checkpoints.jsonl lists a saved state")
+        path = states[-1]
+    if "/weights/" not in path:  # tinker://<model>/<name> is a sampler export: it holds no training state
+        raise UsageError(f"--load-checkpoint {path}: give a training state, tinker://<model>/weights/<name>")
+    return path
 
 
 def check_numbers(**values: float | None) -> None:
@@ -104,42 +131,21 @@ def plan_losses(url: str, loss: str, loss_config: str | None, passes: str) -> An
 
 def describe(plan: Any, data: Data, s: Settings, steps: int) -> str:
     size = "synthetic" if data.size is None else f"{data.size} problems"
+    held_out = (f"{data.held_out} held-out problems scored every {s.eval_every} steps" if data.held_out
+                else "no held-out evaluation")
     return "\n".join([
         f"loss: {plan.loss} {ROUTES[plan.passes]}, config {json.dumps(plan.config, sort_keys=True)}: {plan.message}",
-        f"data: {data.label}: {size}, {data.batches} batches of {s.batch_size}",
+        f"data: {data.label}: {size}, {data.batches} batches of {s.batch_size}; grader {data.grader}; {held_out}",
         f"plan: {s.batch_size} problems x {s.group_size} samples per step, {steps} step{'s' * (steps != 1)} "
         f"(max {s.max_tokens} tokens per sample, temperature {s.temperature}, lr {s.lr:g})",
-        f"model: {s.model}  renderer: {s.renderer}",
+        f"model: {s.model}  renderer: {s.renderer}  start: {s.load_checkpoint or f'fresh LoRA rank {s.lora_rank}'}",
     ])
-
-
-class RlProgress(ProgressLine):
-    """One line per RL step: step, mean reward, fraction correct, loss route, step time."""
-
-    def __init__(self, total_steps: int, loss: str, passes: int, stream: TextIO | None = None):
-        super().__init__(total_steps, stream)
-        self.route = f"{loss} {ROUTES[passes]}"
-
-    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        if step is None or "progress/batch" not in metrics:
-            return
-        last, self._last = self._last, time.monotonic()
-        # The recipe times each step itself (sampling to optim_step); time between calls adds its setup.
-        elapsed = metrics.get("time/total", self._last - last)
-        print(format_rl_progress(metrics, step, self.total_steps, self.route, elapsed), file=self.stream, flush=True)
-
-
-def format_rl_progress(metrics: dict[str, Any], step: int, total_steps: int, route: str, elapsed_s: float) -> str:
-    def value(key: str, fmt: str) -> str:
-        return format(metrics[key], fmt) if key in metrics else "-"  # a batch whose groups all failed has none
-
-    return "  ".join([f"step {step + 1}/{total_steps}", f"reward {value(REWARD, '+.3f')}",
-                      f"correct {value(CORRECT, '.2f')}", route, f"{elapsed_s:.2f}s"])
 
 
 @contextlib.contextmanager
 def cookbook_hooks(plan: Any) -> Iterator[None]:
-    """Inside the block, every tinker.TrainingClient gets `plan`'s loss route, and sampling draws no bars.
+    """Inside the block, every tinker.TrainingClient gets `plan`'s loss route and has its step
+    statistics logged (rl_eval), and sampling draws no bars.
 
     The recipe builds its client one of three ways (fresh LoRA, resume, load weights); all of them
     construct a TrainingClient, so __init__ is the one hook that covers each (compat's recorder uses
@@ -153,15 +159,18 @@ def cookbook_hooks(plan: Any) -> Iterator[None]:
     from rlcli.train.losses import install_loss_route
 
     original_init, original_tqdm = tinker.TrainingClient.__init__, train.tqdm
+    stats = rl_eval.StepStats(plan.loss, plan.config)
 
     def routed_init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         install_loss_route(self, plan)
+        stats.watch(self)  # outside the route: it sees the recipe's data and the result the recipe reads
 
     tinker.TrainingClient.__init__ = routed_init  # type: ignore[method-assign]
     train.tqdm = functools.partial(original_tqdm, disable=True)
     try:
-        yield
+        with rl_eval.step_statistics_logged(stats):
+            yield
     finally:
         tinker.TrainingClient.__init__ = original_init  # type: ignore[method-assign]
         train.tqdm = original_tqdm
@@ -172,13 +181,12 @@ def build_config(folder: Path, url: str, s: Settings, data: Data) -> Any:
 
     from rlcli.train import envs
 
-    builder = envs.dataset_builder(s.dataset, data.problems, s.model, s.renderer, s.batch_size, s.group_size,
-                                   data.batches)
+    builder = envs.dataset_builder(data, s.model, s.renderer, s.batch_size, s.group_size)
     return train.Config(learning_rate=s.lr, dataset_builder=builder, model_name=s.model, recipe_name=RECIPE_NAME,
                         max_tokens=s.max_tokens, log_path=str(folder), eval_every=s.eval_every,
                         save_every=s.save_every, renderer_name=s.renderer, loss_fn=s.loss,
                         loss_fn_config=s.loss_config or None, lora_rank=s.lora_rank, temperature=s.temperature,
-                        base_url=url, max_steps=s.max_steps)
+                        base_url=url, max_steps=s.max_steps, load_checkpoint_path=s.load_checkpoint)
 
 
 def run_recipe(folder: Path, url: str, s: Settings, data: Data, plan: Any, steps: int) -> None:
@@ -187,30 +195,12 @@ def run_recipe(folder: Path, url: str, s: Settings, data: Data, plan: Any, steps
 
     from tinker_cookbook.rl import train
 
-    from rlcli.train.compat import progress_logging, record_training_clients, unload_models
+    from rlcli.train.compat import progress_logging
 
     ensure_api_key()
-    created: list[str] = []
-
-    def on_create(model_id: str) -> None:  # runs on the tinker client's thread
-        created.append(model_id)
-        note_models(folder, [model_id])
-
-    try:
-        with (sigterm_as_interrupt(), record_training_clients(on_create), cookbook_hooks(plan),
-              progress_logging(RlProgress(steps, plan.loss, plan.passes))):
-            asyncio.run(train.main(build_config(folder, url, s, data)))
-    except Exception as e:
-        if "Maximum number of LoRA adapters" in str(e):
-            raise RlcliError("the server has no free LoRA slot: wait for other runs to finish (an abandoned "
-                             "one frees its slot after ~5 min), or restart it with more max_lora_adapters") from e
-        raise
-    finally:
-        left = unload_models(url, list(created))
-        note_models(folder, left, append=False)
-        if left:
-            warn(f"could not free server slots {', '.join(left)}; the server frees them ~5 min after this "
-                 "process exits")
+    with (sigterm_as_interrupt(), server_slots(folder, url, s.model), cookbook_hooks(plan),
+          progress_logging(RlProgress(steps, plan.loss, plan.passes))):
+        asyncio.run(train.main(build_config(folder, url, s, data)))
 
 
 def check_resume(folder: Path, url: str, sha256: str, s: Settings) -> None:
@@ -219,7 +209,7 @@ def check_resume(folder: Path, url: str, sha256: str, s: Settings) -> None:
     if info.get("dataset_sha256", sha256) != sha256:
         raise UsageError(f"{folder} was trained on other data: resume with the same --dataset, or start a new "
                          "--log-path")
-    for key in ("model", "renderer", "loss", "batch_size", "group_size"):
+    for key in ("model", "renderer", "loss", "batch_size", "group_size", "grader", "eval_size"):
         if info.get(key, getattr(s, key)) != getattr(s, key):
             raise UsageError(f"{folder} was run with {key} {info[key]!r}: resume with the same --"
                              f"{key.replace('_', '-')}, or start a new --log-path")
@@ -229,27 +219,18 @@ def check_resume(folder: Path, url: str, sha256: str, s: Settings) -> None:
     print(f"resuming {folder} from {where}", file=sys.stderr)
 
 
-def final_report(folder: Path) -> str:
-    rows = [m for m in read_jsonl(folder / "metrics.jsonl") if REWARD in m]
-    final = next((c for c in reversed(read_jsonl(folder / "checkpoints.jsonl")) if c.get("sampler_path")), None)
-    lines = [f"reward {rows[0][REWARD]:+.3f} -> {rows[-1][REWARD]:+.3f} over {len(rows)} steps"] if rows else []
-    lines += [f"metrics: {folder / 'metrics.jsonl'}", f"checkpoints: {folder / 'checkpoints.jsonl'}"]
-    if final:
-        lines.append(f"final weights: {final['sampler_path']} (state: {final.get('state_path')})")
-    return "\n".join(lines)
-
-
 def train_rl(loss: str = "gspo", dataset: str | None = None, dataset_path: str | None = None,
              loss_config: str | None = None, passes: str = "auto", model: str | None = None,
              base_url: str | None = None, renderer: str | None = None, batch_size: int = 8, group_size: int = 4,
              lr: float = 4e-5, max_tokens: int = 256, temperature: float = 1.0, lora_rank: int = 32,
-             eval_every: int = 20, save_every: int = 20, max_steps: int | None = None, log_path: str | None = None,
+             eval_every: int = 20, eval_size: int | None = None, grader: str = "auto", save_every: int = 20,
+             max_steps: int | None = None, load_checkpoint: str | None = None, log_path: str | None = None,
              resume: bool = False, dry_run: bool = False) -> int:
     """Train a LoRA with RL (tinker-cookbook's loop) and a loss computed on the server.
 
     Args:
         loss: gspo, cispo, dppo, ppo or importance_sampling (the server's defaults; GSPO the paper's clip 3e-4/4e-4)
-        dataset: arithmetic, gsm8k, or a GSM8K-format JSONL file of {"question", "answer": "...#### 42"}
+        dataset: arithmetic, gsm8k, or a JSONL file of {"question", "answer"}: "42", or GSM8K-style "...#### 42"
         dataset_path: with --dataset gsm8k: read it from this JSONL file (offline) instead of the hub
         loss_config: JSON object of loss settings, e.g. '{"clip_high_threshold": 1.0005}'
         passes: auto (fused when the server serves the loss, else the exact 2-pass form), 1 or 2
@@ -262,16 +243,23 @@ def train_rl(loss: str = "gspo", dataset: str | None = None, dataset_path: str |
         max_tokens: longest sampled answer in tokens
         temperature: sampling temperature
         lora_rank: LoRA rank (the server caps it; SkyRL's jax backend at 32 by default)
-        eval_every: with the hub's gsm8k, score its test split every N steps (0: off)
+        eval_every: score the held-out problems every N steps, from step 0 (0: off, and none held out)
+        eval_size: problems held out of training for that (default 32; a file: at most a tenth of it)
+        grader: auto (a file whose answers end '#### N': gsm8k, else numeric), gsm8k (the cookbook's sympy
+            grader), numeric (numbers compared as numbers, other answers as text) or exact (as text)
         save_every: save a resumable checkpoint every N steps (0: only the final one)
         max_steps: stop after this many steps (default: one pass over the data; arithmetic: 100)
+        load_checkpoint: start from these weights (fresh optimizer, the checkpoint's LoRA rank): a
+            tinker://<model>/weights/<name> state, or a run folder (e.g. an SFT run's) to take its newest
         log_path: run folder (default: RLCLI_HOME/runs/rl-<time>)
         resume: continue the run in --log-path (default: the newest rl run) from its last checkpoint
         dry_run: plan the loss, check the data, print the plan; create no model
     """
-    name, path = choose_dataset(dataset, dataset_path)
+    name, path, grader = choose_dataset(dataset, dataset_path, grader)
     check_numbers(batch_size=batch_size, group_size=group_size, max_tokens=max_tokens, lora_rank=lora_rank,
-                  max_steps=max_steps, save_every=save_every, eval_every=eval_every, lr=lr, temperature=temperature)
+                  max_steps=max_steps, save_every=save_every, eval_every=eval_every, eval_size=eval_size, lr=lr,
+                  temperature=temperature)
+    state = checkpoint_state(load_checkpoint)
     url = resolve_base_url(base_url)
     plan = plan_losses(url, loss, loss_config, passes)  # first: an unservable loss fails before any real work
     folder = run_folder(log_path, resume, kind="rl")
@@ -282,10 +270,11 @@ def train_rl(loss: str = "gspo", dataset: str | None = None, dataset_path: str |
     renderer = renderers.choose_renderer(model, renderer)
     from rlcli.train import envs  # the cookbook and `datasets`: only once the loss plan stands
 
-    data = envs.load_data(name, path, batch_size, max_steps)
+    data = envs.load_data(name, path, batch_size, max_steps, grader, 0 if eval_every == 0 else eval_size)
     steps = min(data.batches, max_steps or data.batches)
     settings = Settings(model, renderer, name, plan.loss, dict(plan.config), plan.passes, batch_size, group_size,
-                        lr, max_tokens, temperature, lora_rank, max_steps, save_every, eval_every)
+                        lr, max_tokens, temperature, lora_rank, max_steps, save_every, eval_every, data.grader,
+                        data.held_out, state)
     summary = f"{describe(plan, data, settings, steps)}\nrun folder: {folder}{' (resume)' * resume}\nserver: {url}"
     if dry_run:
         print(summary)

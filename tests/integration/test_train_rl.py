@@ -1,7 +1,8 @@
 """`rlcli train rl` against the real SkyRL server on CPU: each loss route runs, logs, and frees its slot.
 
-Sizes are the smallest that still exercise a group: 2 problems x 4 samples, 8 sampled tokens. A
-random-weight model never answers in format, so rewards are flat here; learning is not asserted.
+Sizes are the smallest that still exercise a group: 2 problems x 4 samples, 8 sampled tokens, 4
+held-out problems. A random-weight model never answers in format, so rewards are flat here (and with
+them advantages, loss and clip fraction: 0); learning is not asserted, only that every figure is logged.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ from tests.conftest import REPO, RLCLI, run_rlcli
 pytestmark = pytest.mark.server
 
 FIXTURE = REPO / "tests" / "fixtures" / "gsm8k_sample.jsonl"
-TINY = ["--batch-size", "2", "--group-size", "4", "--max-tokens", "8", "--save-every", "0"]
-REWARD_KEYS = ("env/all/reward/total", "env/all/correct")
+PLAIN = REPO / "tests" / "fixtures" / "rl_qa_plain.jsonl"
+TINY = ["--batch-size", "2", "--group-size", "4", "--max-tokens", "8", "--save-every", "0", "--eval-size", "4"]
+# Per step: reward (the cookbook's), loss and clip fraction (rlcli's, from the loss outputs), step time.
+STEP_KEYS = ("env/all/reward/total", "env/all/correct", "optim/loss", "optim/clip_fraction", "time/total")
+TEST_KEY = "test/env/all/correct"  # the cookbook's evaluator, on the held-out problems
 
 
 def rows(path: Path) -> list[dict]:
@@ -40,24 +44,36 @@ def train(server, run: Path, *flags: str) -> subprocess.CompletedProcess:
 
 def check_run(run: Path, proc: subprocess.CompletedProcess, steps: int, route: str) -> None:
     metrics = rows(run / "metrics.jsonl")
-    assert len(metrics) == steps and all(key in m for m in metrics for key in REWARD_KEYS)
+    assert len(metrics) == steps and all(key in m for m in metrics for key in STEP_KEYS), metrics[-1].keys()
+    assert all(0.0 <= m["optim/clip_fraction"] <= 1.0 and m["time/total"] > 0 for m in metrics)
     lines = [line for line in proc.stderr.splitlines() if line.startswith("step ")]
     assert len(lines) == steps and lines[-1].startswith(f"step {steps}/{steps}") and route in lines[-1]
     assert rows(run / "checkpoints.jsonl")[-1]["name"] == "final"
     assert (run / MODELS_FILE).read_text() == ""  # the run unloaded its LoRA: the slot is free again
 
 
-def test_ppo_on_arithmetic(server, tmp_path):
+def test_ppo_on_arithmetic_with_held_out_evaluation(server, tmp_path):
     run = tmp_path / "run"
-    proc = train(server, run, "--loss", "ppo", "--dataset", "arithmetic", "--max-steps", "3")
+    proc = train(server, run, "--loss", "ppo", "--dataset", "arithmetic", "--max-steps", "3", "--eval-every", "2")
     check_run(run, proc, 3, "ppo fused")
     assert json.loads((run / "config.json").read_text())["loss_fn"] == "ppo"
+    # Scored before steps 1 and 3 (the recipe evaluates when step % eval_every == 0), on 4 problems.
+    assert [TEST_KEY in m for m in rows(run / "metrics.jsonl")] == [True, False, True]
+    assert rows(run / "metrics.jsonl")[0]["test/env/all/total_episodes"] == 4
+    assert "4 held-out problems scored every 2 steps" in proc.stderr and "held-out correct" in proc.stdout
+
+
+def test_cispo_on_arithmetic(server, tmp_path):
+    run = tmp_path / "run"
+    proc = train(server, run, "--loss", "cispo", "--dataset", "arithmetic", "--max-steps", "3", "--eval-every", "0")
+    check_run(run, proc, 3, "cispo fused")
+    assert not any(TEST_KEY in m for m in rows(run / "metrics.jsonl")) and "no held-out evaluation" in proc.stderr
 
 
 def test_gspo_two_pass(server, tmp_path):
     run = tmp_path / "run"
-    proc = train(server, run, "--loss", "gspo", "--passes", "2", "--dataset", "arithmetic", "--max-steps", "2")
-    check_run(run, proc, 2, "gspo 2-pass")
+    proc = train(server, run, "--loss", "gspo", "--passes", "2", "--dataset", "arithmetic", "--max-steps", "3")
+    check_run(run, proc, 3, "gspo 2-pass")
     assert "loss: gspo 2-pass" in proc.stderr and "--passes 2 asked for" in proc.stderr
 
 
@@ -77,7 +93,16 @@ def test_gsm8k_offline_from_fixture(server, tmp_path):
     proc = train(server, run, "--loss", "ppo", "--dataset", "gsm8k", "--dataset-path", str(FIXTURE),
                  "--max-steps", "1", "--max-tokens", "16")
     check_run(run, proc, 1, "ppo fused")
-    assert "20 problems" in proc.stderr
+    assert "16 problems" in proc.stderr and "grader gsm8k; 4 held-out problems" in proc.stderr  # 20 - 4
+
+
+def test_plain_question_answer_file(server, tmp_path):
+    run = tmp_path / "run"
+    proc = train(server, run, "--loss", "importance_sampling", "--dataset", str(PLAIN), "--max-steps", "1",
+                 "--max-tokens", "16")
+    check_run(run, proc, 1, "importance_sampling fused")
+    assert "question/answer file" in proc.stderr and "grader numeric" in proc.stderr
+    assert rows(run / "metrics.jsonl")[0]["test/env/all/total_episodes"] == 4
 
 
 def test_interrupt_frees_the_slot(server, tmp_path):
@@ -100,10 +125,19 @@ def test_interrupt_frees_the_slot(server, tmp_path):
     assert (run / MODELS_FILE).read_text() == ""
 
 
-def test_resume_continues_from_the_final_checkpoint(server, tmp_path):
+def test_resume_continues_from_the_final_checkpoint_and_another_run_starts_from_it(server, tmp_path):
     run = tmp_path / "run"
     train(server, run, "--loss", "cispo", "--dataset", "arithmetic", "--max-steps", "1")
     proc = train(server, run, "--loss", "cispo", "--dataset", "arithmetic", "--max-steps", "2", "--resume")
     assert "from checkpoint final" in proc.stderr
     assert [m["progress/batch"] for m in rows(run / "metrics.jsonl")] == [0, 1]
     assert (run / MODELS_FILE).read_text() == ""
+    # --load-checkpoint RUN_FOLDER: that run's newest saved state (checkpoints.jsonl), fresh optimizer.
+    state = rows(run / "checkpoints.jsonl")[-1]["state_path"]
+    after = tmp_path / "after"
+    proc = train(server, after, "--loss", "ppo", "--dataset", "arithmetic", "--max-steps", "1",
+                 "--load-checkpoint", str(run))
+    assert f"start: {state}" in proc.stderr
+    assert json.loads((after / "config.json").read_text())["load_checkpoint_path"] == state
+    assert f"Loaded weights from {state}" in (after / "logs.log").read_text()
+    assert (after / MODELS_FILE).read_text() == ""

@@ -1,4 +1,5 @@
-"""`rlcli train rl` without a server: flags, data checks, the cookbook's GSM8K grading, plans, fail-fast order.
+"""`rlcli train rl` without a server: flags, data checks, grading, held-out splits, step statistics, plans,
+fail-fast order.
 
 The server's answer about which losses it serves is faked (`served_losses`); `plan_loss` is the real one.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -14,10 +16,11 @@ import textwrap
 import pytest
 
 from rlcli.errors import UsageError
-from rlcli.train import losses, renderers, rl
+from rlcli.train import losses, renderers, rl, rl_eval
 from tests.conftest import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "gsm8k_sample.jsonl"
+PLAIN = REPO / "tests" / "fixtures" / "rl_qa_plain.jsonl"  # final answers only; one question twice
 DEAD_URL = "http://127.0.0.1:9"  # nothing listens: any request that slips through fails loudly
 STOCK_JAX = set(losses.STOCK_JAX)
 
@@ -56,10 +59,21 @@ def test_dataset_flags_are_checked(dataset, path, message):
         rl.choose_dataset(dataset, path)
 
 
+@pytest.mark.parametrize(("dataset", "path", "grader", "message"), [
+    ("f.jsonl", None, "fuzzy", "--grader 'fuzzy': choose auto"),
+    ("arithmetic", None, "numeric", "arithmetic grades its own"),
+    ("gsm8k", None, "exact", "--grader exact is for JSONL files"),
+])
+def test_grader_flag_is_checked(dataset, path, grader, message):
+    with pytest.raises(UsageError, match=message):
+        rl.choose_dataset(dataset, path, grader)
+
+
 def test_dataset_flags_resolve():
-    assert rl.choose_dataset("arithmetic", None) == ("arithmetic", None)
-    assert rl.choose_dataset("gsm8k", "g.jsonl") == ("gsm8k", "g.jsonl")
-    assert rl.choose_dataset("g.jsonl", None) == ("gsm8k", "g.jsonl")
+    assert rl.choose_dataset("arithmetic", None) == ("arithmetic", None, "auto")
+    assert rl.choose_dataset("gsm8k", "g.jsonl") == ("gsm8k", "g.jsonl", "gsm8k")  # the hub's format, offline
+    assert rl.choose_dataset("gsm8k", "g.jsonl", "numeric") == ("gsm8k", "g.jsonl", "numeric")
+    assert rl.choose_dataset("g.jsonl", None) == ("file", "g.jsonl", "auto")  # the answers decide
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
@@ -78,17 +92,20 @@ def test_numbers_are_checked(flag, value, message):
 GOOD = {"question": "What is 2 + 2?", "answer": "2 + 2 = 4\n#### 4"}
 
 
-@pytest.mark.parametrize(("line", "message"), [
-    ("{not json", "line 3: not valid JSON"),
-    ('["a list"]', "line 3: expected a JSON object, got list"),
-    (json.dumps({"question": "q"}), 'line 3: "answer" is missing'),
-    (json.dumps({"question": "", "answer": "#### 1"}), 'line 3: "question" is missing'),
-    (json.dumps({"question": "q", "answer": "it is 4"}), "line 3: \"answer\" has no final answer .*#### 42"),
+@pytest.mark.parametrize(("line", "grader", "message"), [
+    ("{not json", "auto", "line 3: not valid JSON"),
+    ('["a list"]', "auto", "line 3: expected a JSON object, got list"),
+    (json.dumps({"question": "q"}), "auto", 'line 3: "answer" is missing'),
+    (json.dumps({"question": "", "answer": "#### 1"}), "auto", 'line 3: "question" is missing'),
+    (json.dumps({"question": "q", "answer": "#### "}), "numeric", 'line 3: "answer" has an empty final answer'),
+    (json.dumps({"question": "q", "answer": "it is 4"}), "gsm8k", "line 3: \"answer\" has no final answer .*#### 42"),
+    # auto: line 1 is GSM8K-style, so a plain answer further down is a mix, refused where it starts
+    (json.dumps({"question": "q", "answer": "4"}), "auto", "line 3: no '#### N' final answer, unlike line 1"),
 ])
-def test_bad_problem_lines_name_their_line(envs, line, message):
+def test_bad_problem_lines_name_their_line(envs, line, grader, message):
     lines = [json.dumps(GOOD), "", line]  # the blank line still counts as line 2
     with pytest.raises(UsageError, match=message):
-        envs.parse_problems(lines, "p.jsonl")
+        envs.parse_problems(lines, "p.jsonl", grader)
 
 
 def test_empty_and_missing_files(envs, tmp_path):
@@ -118,6 +135,132 @@ def test_hub_gsm8k_offline_says_how_to_get_the_data(envs, monkeypatch):
     assert "\n" not in str(caught.value)
 
 
+# --- plain {question, answer} files: numeric or exact grading ------------------------------------
+
+
+@pytest.mark.parametrize(("given", "gold", "grader", "right"), [
+    ("42", "42", "numeric", True),
+    ("42.0", "42", "numeric", True),
+    (" 1,234 ", "1234", "numeric", True),
+    ("-2", "-2.00", "numeric", True),
+    ("4.2e1", "42", "numeric", True),
+    ("12345678901234567891", "12345678901234567890", "numeric", False),  # as floats these would be equal
+    ("43", "42", "numeric", False),
+    ("Paris", " Paris ", "numeric", True),  # not numbers: text, whitespace normalized
+    ("New  York", "New York", "exact", True),
+    ("paris", "Paris", "numeric", False),
+    ("42.0", "42", "exact", False),  # exact never reads numbers
+    ("42 apples", "42", "numeric", False),
+])
+def test_grade_answer(envs, given, gold, grader, right):
+    assert envs.grade_answer(given, gold, grader) is right
+
+
+def test_the_answers_decide_the_grader(envs):
+    assert envs.read_problems(str(PLAIN)).grader == "numeric"
+    assert envs.read_problems(str(FIXTURE)).grader == "gsm8k"
+    assert envs.read_problems(str(PLAIN), "exact").grader == "exact"
+    with pytest.raises(UsageError, match="line 1: \"answer\" has no final answer"):
+        envs.read_problems(str(PLAIN), "gsm8k")
+    # numeric on a GSM8K-style file grades the text after '####'
+    assert envs.gold_answer("so 1,000 + 1 = 1,001\n#### 1,001") == "1001" and envs.gold_answer(" 7 ") == "7"
+
+
+def make_renderer(embedded_model):
+    from tinker_cookbook import renderers as cookbook_renderers
+    from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+    renderers.register_local_tokenizer(embedded_model)
+    tokenizer = get_tokenizer(embedded_model)
+    return cookbook_renderers.get_renderer(renderers.CHATML_RENDERER, tokenizer=tokenizer), tokenizer
+
+
+def test_plain_env_asks_for_boxed_and_grades_numbers_and_text(envs, embedded_model):
+    renderer, tokenizer = make_renderer(embedded_model)
+    records = [{"question": "What is 999 + 235?", "answer": "1,234"}, {"question": "Capital of France?",
+                                                                        "answer": "Paris"}]
+    groups = envs.FileDataset(records, batch_size=2, group_size=1, renderer=renderer, grader="numeric",
+                              seed=None).get_batch(0)
+    number, text = (asyncio.run(g.make_envs())[0] for g in groups)
+    prompt, _ = asyncio.run(number.initial_observation())
+    assert "Write your answer in \\boxed{} format." in tokenizer.decode(prompt.to_ints())
+    assert grade(number, tokenizer, "It is \\boxed{1234.0}").metrics["correct"] == 1.0
+    assert grade(number, tokenizer, "It is \\boxed{1243}").metrics["correct"] == 0.0
+    assert grade(text, tokenizer, "\\boxed{ Paris }").metrics["correct"] == 1.0
+    unboxed = grade(text, tokenizer, "Paris")
+    assert unboxed.metrics["correct"] == 0.0 and unboxed.reward == pytest.approx(-0.1)  # the format penalty
+
+
+# --- held-out splits -------------------------------------------------------------------------------
+
+
+def test_file_split_is_seeded_disjoint_and_takes_every_copy_out():
+    records = [{"question": f"question {i}", "answer": str(i)} for i in range(10)]
+    records += [{"question": f"question  {i} ", "answer": str(i)} for i in range(10)]  # each asked twice
+    train, test = rl_eval.split_problems(records, 3)
+    assert (train, test) == rl_eval.split_problems(records, 3)  # the same split every run
+    held = {rl_eval.question_key(r["question"]) for r in test}
+    assert len(test) == len(held) == 3 and len(train) == 14
+    assert not held & {rl_eval.question_key(r["question"]) for r in train}
+    assert rl_eval.split_problems(records, 0) == (records, [])
+
+
+def test_eval_size_defaults_and_limits():
+    def questions(n):
+        return [{"question": f"q{i}", "answer": "1"} for i in range(n)]
+
+    assert rl_eval.file_eval_size(questions(20), None, "f") == 2  # a tenth of a small file
+    assert rl_eval.file_eval_size(questions(5000), None, "f") == rl_eval.EVAL_SIZE
+    assert rl_eval.file_eval_size(questions(20), 19, "f") == 19
+    with pytest.raises(UsageError, match="--eval-size 20 would hold out all 20 distinct questions of f"):
+        rl_eval.file_eval_size(questions(20), 20, "f")
+
+
+def pairs_of(groups) -> list[tuple[int, int]]:
+    return [g.env_thunk.args[:2] for g in groups]  # partial(ArithmeticEnv, x, y, ...)
+
+
+def test_arithmetic_never_trains_on_a_held_out_problem(envs, embedded_model):
+    from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticDataset
+
+    renderers.register_local_tokenizer(embedded_model)
+    builder = envs.ArithmeticSplitBuilder(batch_size=8, model_name_for_tokenizer=embedded_model,
+                                          renderer_name=renderers.CHATML_RENDERER, n_batches=200, group_size=2)
+    train, test = asyncio.run(builder())
+    held = pairs_of(test.get_batch(0))
+    assert held == rl_eval.arithmetic_eval_pairs(rl_eval.EVAL_SIZE)  # fixed by its own seed
+    held_keys = {rl_eval.pair_key(*p) for p in held}
+    assert len(held_keys) == 32 and rl_eval.pair_key(4, 5) not in held_keys  # the few-shot example's pair
+    assert all(g.num_envs == 1 for g in test.get_batch(0))
+    trained = [p for i in range(len(train)) for p in pairs_of(train.get_batch(i))]
+    assert len(trained) == 1600 and not held_keys & {rl_eval.pair_key(*p) for p in trained}
+    # Without the exclusion the same seeded draws would have hit held-out problems: the check above means something.
+    plain = ArithmeticDataset(batch_size=8, renderer=train.renderer, group_size=2, n_batches=200)
+    drawn = [p for i in range(200) for p in pairs_of(plain.get_batch(i))]
+    assert held_keys & {rl_eval.pair_key(*p) for p in drawn}
+
+
+def test_file_builder_hands_the_recipe_disjoint_train_and_test_sets(envs, embedded_model):
+    renderers.register_local_tokenizer(embedded_model)
+    # 24 lines, 23 distinct questions: with 8 held out, the seeded draw includes the one asked twice, and
+    # both of its copies leave training.
+    data = envs.load_data("file", str(PLAIN), batch_size=4, max_steps=None, eval_size=8)
+    assert (data.size, data.held_out, data.batches, data.grader) == (15, 8, 4, "numeric")
+    builder = envs.dataset_builder(data, embedded_model, renderers.CHATML_RENDERER, batch_size=4, group_size=2)
+    train, test = asyncio.run(builder())
+
+    def questions(dataset):
+        return [rl_eval.question_key(asyncio.run(g.make_envs())[0].problem)
+                for i in range(len(dataset)) for g in dataset.get_batch(i)]
+
+    trained, tested = questions(train), questions(test)
+    assert len(trained) == 15 and len(tested) == 8 and not set(trained) & set(tested)
+    assert "What is the capital of France?" in tested
+    none = envs.dataset_builder(envs.load_data("file", str(PLAIN), 4, None, eval_size=0), embedded_model,
+                                renderers.CHATML_RENDERER, 4, 2)
+    assert asyncio.run(none())[1] is None  # no held-out set: the recipe runs no evaluator
+
+
 # --- the cookbook's grading on the offline env ---------------------------------------------------
 
 
@@ -130,7 +273,7 @@ def gsm8k_env(envs, embedded_model):
     tokenizer = get_tokenizer(embedded_model)
     renderer = cookbook_renderers.get_renderer(renderers.CHATML_RENDERER, tokenizer=tokenizer)
     problems = envs.read_problems(str(FIXTURE))
-    builder = envs.Gsm8kFileDataset(problems.records, batch_size=2, group_size=1, renderer=renderer).get_batch(0)[0]
+    builder = envs.FileDataset(problems.records, batch_size=2, group_size=1, renderer=renderer).get_batch(0)[0]
     return asyncio.run(builder.make_envs())[0], tokenizer
 
 
@@ -172,7 +315,9 @@ def test_dry_run_prints_the_plan_and_creates_nothing(fake_server, capsys, embedd
     out = dry_run(capsys, embedded_model, tmp_path, loss="gspo")
     assert "loss: gspo 2-pass" in out and "the server does not serve gspo fused" in out
     assert '"clip_high_threshold": 1.0004, "clip_low_threshold": 0.9997' in out  # the GSPO paper's eps
-    assert "20 problems, 10 batches of 2" in out and "2 problems x 4 samples per step, 10 steps" in out
+    # 20 problems: a tenth (2) held out for evaluation by default, 18 to train on.
+    assert "18 problems, 9 batches of 2; grader gsm8k; 2 held-out problems" in out
+    assert "2 problems x 4 samples per step, 9 steps" in out
     assert not (tmp_path / "run").exists()
 
 
@@ -191,10 +336,13 @@ def test_existing_run_folder_is_refused_before_any_model(fake_server, embedded_m
 
 
 def test_progress_line():
-    metrics = {"progress/batch": 0, rl.REWARD: -0.1, rl.CORRECT: 0.25}
-    line = rl.format_rl_progress(metrics, 0, 3, "gspo fused", 1.234)
-    assert line == "step 1/3  reward -0.100  correct 0.25  gspo fused  1.23s"
-    assert "reward -  correct -" in rl.format_rl_progress({"progress/batch": 1}, 1, 3, "ppo fused", 1.0)
+    metrics = {"progress/batch": 0, rl_eval.REWARD: -0.1, rl_eval.CORRECT: 0.25, rl_eval.LOSS: 0.01234,
+               rl_eval.CLIP: 0.125}
+    line = rl_eval.format_rl_progress(metrics, 0, 3, "gspo fused", 1.234)
+    assert line == "step 1/3  reward -0.100  correct 0.25  loss +0.0123  clip 0.12  gspo fused  1.23s"
+    assert "reward -  correct -" in rl_eval.format_rl_progress({"progress/batch": 1}, 1, 3, "ppo fused", 1.0)
+    evaluated = rl_eval.format_rl_progress({**metrics, rl_eval.TEST_CORRECT: 0.5}, 0, 3, "ppo fused", 1.0)
+    assert evaluated.endswith("held-out correct 0.50")
 
 
 # --- fail fast: the loss plan comes before tinker, data or models ---------------------------------
@@ -256,9 +404,114 @@ def test_hooks_route_every_training_client_inside_the_block_only(monkeypatch):
 
 
 def test_resume_refuses_another_loss(tmp_path):
-    settings = rl.Settings("m", "r", "arithmetic", "gspo", {}, 1, 2, 4, 1e-4, 8, 1.0, 8, 3, 0, 0)
+    settings = rl.Settings("m", "r", "arithmetic", "gspo", {}, 1, 2, 4, 1e-4, 8, 1.0, 8, 3, 0, 0, "arithmetic", 32)
     (tmp_path / rl.RUN_INFO).write_text(json.dumps({"dataset_sha256": "arithmetic", "loss": "ppo"}))
     with pytest.raises(UsageError, match="was run with loss 'ppo'"):
         rl.check_resume(tmp_path, DEAD_URL, "arithmetic", settings)
     with pytest.raises(UsageError, match="trained on other data"):
         rl.check_resume(tmp_path, DEAD_URL, "hub:openai/gsm8k", settings)
+
+
+# --- step statistics: loss and clip fraction from the loss outputs --------------------------------
+
+
+def rl_datum(old_T, adv_T, weights_T=None):
+    import numpy as np
+    import tinker
+
+    inputs = {"target_tokens": np.arange(5, 5 + len(old_T), dtype=np.int64),
+              "logprobs": np.asarray(old_T, dtype=np.float32), "advantages": np.asarray(adv_T, dtype=np.float32)}
+    if weights_T is not None:
+        inputs["weights"] = np.asarray(weights_T, dtype=np.float32)
+    return tinker.Datum(model_input=tinker.ModelInput.from_ints(list(range(1, 1 + len(old_T)))), loss_fn_inputs=inputs)
+
+
+def loss_output(loss_T, lp_T):
+    import numpy as np
+    import tinker
+
+    return {"elementwise_loss": tinker.TensorData.from_numpy(np.asarray(loss_T, dtype=np.float32)),
+            "logprobs": tinker.TensorData.from_numpy(np.asarray(lp_T, dtype=np.float32))}
+
+
+# A prompt token (advantage 0), then ratios 1.5 (A+), 0.5 (A+), 0.5 (A-), 1.0 (A-); current logprobs all -1.
+LP = [-1.0] * 5
+OLD = [-1.0, -1.0 - math.log(1.5), -1.0 - math.log(0.5), -1.0 - math.log(0.5), -1.0]
+ADV = [0.0, 1.0, 1.0, -1.0, -1.0]
+TOKEN_LOSSES = [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize(("loss", "config", "want_loss", "want_clip"), [
+    # ppo: the clip zeroes the gradient at 1.5 with A > 0 and at 0.5 with A < 0: 2 of 4 tokens with an advantage
+    ("ppo", {}, 10 / 5, 2 / 4),  # no weights sent: the server weights all 5 tokens 1
+    ("ppo", {"clip_high_threshold": 2.0}, 10 / 5, 1 / 4),
+    ("cispo", {}, 10 / 5, 3 / 4),  # the weight is truncated at 1.5, 0.5, 0.5
+    ("importance_sampling", {}, 10 / 5, 0.0),
+    # gspo: s = exp(mean log ratio over the 4 response tokens) = (1.5 * 0.5 * 0.5) ** 0.25 = 0.78 < 0.8: the
+    # clip acts where A < 0; the routes send the response weights, so the loss is over 4 tokens
+    ("gspo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}, 10 / 4, 2 / 4),
+    ("gspo", {"clip_low_threshold": 0.7, "clip_high_threshold": 1.2}, 10 / 4, 0.0),
+])
+def test_step_statistics_per_loss(loss, config, want_loss, want_clip):
+    stats = rl_eval.StepStats(loss, config)
+    result = type("Result", (), {"loss_fn_outputs": [loss_output(TOKEN_LOSSES, LP)]})()
+    stats.record([rl_datum(OLD, ADV)], result, None)
+    got = stats.drain()
+    assert got[rl_eval.LOSS] == pytest.approx(want_loss)
+    assert got[rl_eval.CLIP] == pytest.approx(want_clip)
+    assert stats.drain() == {}  # one step's worth at a time
+
+
+def test_step_statistics_average_sequences_and_honour_sent_weights():
+    stats = rl_eval.StepStats("ppo", None)
+    result = type("Result", (), {"loss_fn_outputs": [loss_output(TOKEN_LOSSES, LP), loss_output([0.0, 6.0], LP[:2])]})()
+    stats.record([rl_datum(OLD, ADV), rl_datum(OLD[:2], [0.0, 1.0], weights_T=[0.0, 2.0])], result, None)
+    got = stats.drain()
+    assert got[rl_eval.LOSS] == pytest.approx((10 / 5 + 6 / 2) / 2)  # per sequence sum / sum of weights, then mean
+    assert got[rl_eval.CLIP] == pytest.approx(3 / 5)  # the second sequence's one token is clipped too
+
+
+def test_step_statistics_reach_metrics_jsonl_through_the_cookbooks_logger(tmp_path):
+    from tinker_cookbook.utils import ml_log
+
+    class Future:
+        async def result_async(self, timeout=None):
+            return type("Result", (), {"loss_fn_outputs": [loss_output(TOKEN_LOSSES, LP)]})()
+
+    class Client:
+        async def forward_backward_async(self, data, loss_fn, loss_fn_config=None):
+            return Future()
+
+    stats, client = rl_eval.StepStats("ppo", None), Client()
+    stats.watch(client)
+
+    async def recipe_step():  # what the cookbook's train_step does with the future
+        future = await client.forward_backward_async([rl_datum(OLD, ADV)], loss_fn="ppo", loss_fn_config=None)
+        await future.result_async()
+
+    with rl_eval.step_statistics_logged(stats):
+        logger = ml_log.setup_logging(log_dir=str(tmp_path), do_configure_logging_module=False)
+        asyncio.run(recipe_step())
+        logger.log_metrics({"progress/batch": 0, "env/all/reward/total": 0.5}, step=0)
+        logger.log_metrics({"progress/batch": 1}, step=1)  # a step whose result nobody read: no statistics
+        logger.close()
+    assert ml_log.setup_logging.__module__ == "tinker_cookbook.utils.ml_log"  # put back
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0][rl_eval.LOSS] == pytest.approx(2.0) and rows[0][rl_eval.CLIP] == pytest.approx(0.5)
+    assert rl_eval.LOSS not in rows[1]
+
+
+# --- --load-checkpoint -----------------------------------------------------------------------------
+
+
+def test_load_checkpoint_takes_a_state_path_or_a_run_folders_newest_state(tmp_path):
+    state = "tinker://model_a/weights/final"
+    assert rl.checkpoint_state(None) is None and rl.checkpoint_state(state) == state
+    (tmp_path / "checkpoints.jsonl").write_text(
+        json.dumps({"name": "000008", "state_path": "tinker://model_a/weights/000008"}) + "\n"
+        + json.dumps({"name": "final", "state_path": state, "sampler_path": "tinker://model_a/final"}) + "\n")
+    assert rl.checkpoint_state(str(tmp_path)) == state
+    with pytest.raises(UsageError, match="give a training state, tinker://<model>/weights/<name>"):
+        rl.checkpoint_state("tinker://model_a/final")  # a sampler export
+    with pytest.raises(UsageError, match="nor a run folder whose checkpoints.jsonl lists a saved state"):
+        rl.checkpoint_state(str(tmp_path / "nothing-here"))
