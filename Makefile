@@ -67,13 +67,13 @@ rl: venv server-venv model
 	$(RLCLI) serve start --port $(PORT)
 	@status=0; $(RL_DEMO) --max-steps 12 || status=$$?; $(RLCLI) serve stop; exit $$status
 
-test: venv server-venv model
+test: venv server-venv model base-image
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not server and not slow" tests/unit $(PYTEST_ARGS)
 
-test-server: venv server-venv model
+test-server: venv server-venv model base-image
 	$(BIN)/python -m pytest -q -m server $(PYTEST_ARGS)
 
 lint: venv
