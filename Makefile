@@ -89,3 +89,21 @@ docker:
 
 base-image: docker
 	bash scripts/base_image.sh
+
+.PHONY: bench notebooks
+
+# Every benchmark (each starts and stops its own server; waits for a quiet machine), then the README table from the receipts.
+bench: venv server-venv model
+	$(BIN)/python benchmarks/fused_vs_2pass.py --size tiny --losses gspo,ppo --prompts 4 --samples 4 --pairs 12
+	$(BIN)/python benchmarks/fused_vs_2pass.py --size large --losses gspo,ppo --prompts 2 --samples 4 --pairs 12
+	$(BIN)/python benchmarks/server_start.py --size tiny --rounds 3 --warm 2
+	$(BIN)/python benchmarks/server_start.py --size large --rounds 2 --warm 2
+	$(BIN)/python benchmarks/overhead.py --pairs 20
+	$(BIN)/python benchmarks/report.py
+
+# The notebooks at laptop size through papermill (installs env/notebooks.txt into .venv); executed copies go to runs/notebooks/.
+notebooks: venv server-venv model
+	$(BIN)/python -m pip install --quiet --progress-bar off -r env/notebooks.txt 2> >(grep -v '^WARNING: Location' >&2)
+	@mkdir -p runs/notebooks
+	$(BIN)/papermill --cwd notebooks notebooks/fused_vs_2pass.ipynb runs/notebooks/fused_vs_2pass.ipynb
+	$(BIN)/papermill --cwd notebooks notebooks/learning_curve.ipynb runs/notebooks/learning_curve.ipynb

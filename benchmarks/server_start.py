@@ -1,0 +1,157 @@
+"""How long `rlcli serve start` takes until the engine serves a request: a cold-ish start, then warm ones.
+
+    .venv/bin/python benchmarks/server_start.py --size tiny --rounds 3 --warm 2
+    .venv/bin/python benchmarks/server_start.py --size large --rounds 2 --warm 2
+
+Each round builds a new model folder (`rlcli model build --seed N --output DIR`, or the larger model of
+benchmarks/models.py), then starts a server on it under a new private RLCLI_HOME ("cold"), stops it,
+and starts it again --warm times on the same folders ("warm"). Every start is timed twice: until the
+API's /healthz answers, and until `rlcli serve start` returns (its readiness check creates and unloads a
+LoRA model through the engine). From the server log: when the engine's loop started, and the engine's
+own create_model time.
+
+What "cold" means here, honestly: new model files, a new state folder and database, and fresh
+processes that import SkyRL and jax and compile everything again. jax's persistent compilation cache is
+off (the receipt records jax_compilation_cache_dir as the server venv sees it), so warm starts compile
+as much as cold ones. The OS page cache is NOT dropped (that needs root and slows everyone sharing the
+machine), so the venv's libraries are in memory after the first start: this is not a cold boot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import summary, versions, write_receipt  # noqa: E402
+from models import (  # noqa: E402
+    RLCLI,
+    build_large,
+    engine_timings,
+    free_port,
+    private_env,
+    server_versions,
+    start_command,
+    wait_for_quiet,
+)
+
+from rlcli.config import server_venv_dir  # noqa: E402
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=1) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def timed_start(model: Path, home: Path, timeout: float = 900) -> dict:
+    """One `rlcli serve start`: seconds to /healthz and to ready, then `rlcli serve stop`."""
+    env, port = private_env(home), free_port()
+    cmd = start_command(model, port)
+    log = home / "servers" / "default" / "server.log"
+    offset = log.stat().st_size if log.exists() else 0
+    wall, start = time.time(), time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    health_s = None
+    try:
+        while proc.poll() is None and time.perf_counter() - start < timeout:
+            if health_s is None and healthy(f"http://127.0.0.1:{port}"):
+                health_s = time.perf_counter() - start
+            time.sleep(0.1)
+        ready_s = time.perf_counter() - start
+        _, err = proc.communicate(timeout=60)
+        if proc.returncode != 0:
+            raise SystemExit(f"`rlcli serve start` failed ({proc.returncode}):\n{err[-2000:]}")
+    finally:
+        subprocess.run([*RLCLI, "serve", "stop"], env=env, capture_output=True, timeout=120)
+    with log.open("rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    create = next((s for kind, s in engine_timings(text) if kind == "create_model"), None)
+    return {"health_s": health_s, "engine_loop_s": engine_loop_at(text, wall), "ready_s": ready_s,
+            "engine_create_model_s": create, "command": " ".join(cmd)}
+
+
+_ENGINE_UP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})[^\n]{0,80}?Starting background engine")
+
+
+def engine_loop_at(log_text: str, wall_start: float) -> float | None:
+    """Seconds from the start command to the engine's `Starting background engine...` log line (local time)."""
+    found = _ENGINE_UP.search(log_text)
+    if not found:
+        return None
+    stamp = dt.datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(found.group(2)) / 1000
+    return stamp - wall_start
+
+
+def build_model(size: str, folder: Path, seed: int) -> tuple[float, str]:
+    """A new model folder for this round; (seconds, command) of building it."""
+    start = time.perf_counter()
+    if size == "tiny":
+        cmd = [*RLCLI, "model", "build", "--seed", str(seed), "--output", str(folder)]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=900)
+        return time.perf_counter() - start, " ".join(cmd)
+    build_large(folder, seed)
+    return time.perf_counter() - start, f"benchmarks.models.build_large({str(folder)!r}, seed={seed})"
+
+
+def jax_cache_setting() -> str | None:
+    python = server_venv_dir() / "bin" / "python"
+    out = subprocess.run([str(python), "-c", "import jax; print(jax.config.jax_compilation_cache_dir)"],
+                         capture_output=True, text=True, timeout=120)
+    return out.stdout.strip() or out.stderr.strip()[-200:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="tiny", choices=("tiny", "large"))
+    parser.add_argument("--rounds", type=int, default=3, help="new model + cold start, each")
+    parser.add_argument("--warm", type=int, default=2, help="warm starts after each cold one")
+    parser.add_argument("--seed", type=int, default=100, help="first model seed (one per round)")
+    parser.add_argument("--max-load", type=float, default=2.5, help="wait for this 1-minute load average first")
+    parser.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most")
+    args = parser.parse_args()
+    quiet = wait_for_quiet(args.max_load, args.max_wait)
+    load_before = os.getloadavg()
+    work = Path(tempfile.mkdtemp(prefix="rlcli-bench-start-"))  # mode 0700
+    rounds = []
+    try:
+        for r in range(args.rounds):
+            model, home = work / f"model-{r}", work / f"home-{r}"
+            build_s, build_cmd = build_model(args.size, model, args.seed + r)
+            cold = timed_start(model, home)
+            warm = [timed_start(model, home) for _ in range(args.warm)]
+            rounds.append({"model_build_s": build_s, "model_build_command": build_cmd, "cold": cold, "warm": warm})
+            warm_text = ", ".join(f"{w['ready_s']:.1f}s" for w in warm)
+            print(f"round {r + 1}: build {build_s:.1f}s, cold ready {cold['ready_s']:.1f}s, warm ready {warm_text}",
+                  flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    results = {}
+    for kind in ("cold", "warm"):
+        starts = [x for r in rounds for x in ([r[kind]] if kind == "cold" else r[kind])]
+        results[kind] = {key: summary([s[key] for s in starts if s[key] is not None])
+                         for key in ("health_s", "engine_loop_s", "ready_s", "engine_create_model_s")}
+    body = {"versions": {**versions("tinker", "tinker-cookbook"), "server": server_versions()},
+            "config": vars(args), "jax_compilation_cache_dir": jax_cache_setting(),
+            "meaning_of_cold": __doc__.split("What \"cold\" means here, honestly: ")[1].strip(),
+            "rounds": rounds, "results": results,
+            "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()}, "load_wait": quiet}
+    print(json.dumps({k: {m: round(v["median"], 2) for m, v in r.items()} for k, r in results.items()}))
+    print(f"receipt: {write_receipt('server-start', body)}")
+
+
+if __name__ == "__main__":
+    main()

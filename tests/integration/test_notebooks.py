@@ -1,0 +1,62 @@
+"""Each notebook runs end to end with papermill at its smallest size, against the session's server.
+
+The notebooks' own dependencies (env/notebooks.txt: papermill, ipykernel, matplotlib) are installed by
+`make notebooks`, not by `make venv`; without them these tests skip and say so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+NOTEBOOKS = REPO / "notebooks"
+NO_DEPS = "notebook deps not installed: run `make notebooks` (or pip install -r env/notebooks.txt into .venv)"
+# At collection, so that a venv without them skips before the session's server is started for nothing.
+papermill = pytest.importorskip("papermill", reason=NO_DEPS)
+pytest.importorskip("matplotlib", reason=NO_DEPS)
+pytest.importorskip("ipykernel", reason=NO_DEPS)
+
+
+def execute(name: str, tmp_path, parameters: dict) -> dict:
+    """Run notebooks/<name>.ipynb and return the JSON its last cell printed."""
+    out = tmp_path / f"{name}.ipynb"
+    papermill.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(out), parameters=parameters,
+                               cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False,
+                               execution_timeout=900)
+    book = json.loads(out.read_text())
+    last = [c for c in book["cells"] if c["cell_type"] == "code"][-1]
+    # A stream's text is a string or a list of strings; joining handles both.
+    text = "".join("".join(o.get("text", "")) for o in last["outputs"] if o.get("output_type") == "stream")
+    images = [o for c in book["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert images, "the notebook drew no plot"
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def assert_finite(result: dict, keys: tuple[str, ...]) -> None:
+    missing = [k for k in keys if k not in result]
+    assert not missing, f"result lacks {missing}: {result}"
+    assert all(math.isfinite(result[k]) for k in keys), result
+
+
+@pytest.mark.timeout(900)
+def test_fused_vs_2pass_notebook_records_its_medians(server, tmp_path):
+    result = execute("fused_vs_2pass", tmp_path, dict(size="tiny", loss="gspo", prompts=2, samples=2, max_tokens=8,
+                                                      warmup=1, pairs=2, floor_reps=1, base_url=server.url,
+                                                      receipt_dir=str(tmp_path / "receipts")))
+    assert_finite(result, ("fused_median_s", "two_pass_median_s", "ratio_median", "floor"))
+    receipt = json.loads(open(result["receipt"]).read())
+    assert receipt["origin"] == "notebooks/fused_vs_2pass.ipynb" and len(receipt["runs"]["gspo"]["raw_s"]["fused"]) == 2
+
+
+@pytest.mark.timeout(900)
+def test_learning_curve_notebook_plots_metrics_jsonl(server, tmp_path):
+    result = execute("learning_curve", tmp_path, dict(sl_steps=2, rl_steps=1, base_url=server.url,
+                                                      run_dir=str(tmp_path / "run")))
+    assert_finite(result, ("sl_first_nll", "sl_last_nll", "rl_first_reward", "rl_last_reward"))
+    assert result["sl_steps"] == 2 and result["rl_steps"] == 1
+    assert (tmp_path / "run" / "result.json").exists()

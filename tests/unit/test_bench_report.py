@@ -1,0 +1,84 @@
+"""benchmarks/report.py renders the README's benchmark section from receipts, and touches nothing else."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from tests.conftest import REPO
+
+spec = importlib.util.spec_from_file_location("bench_report", REPO / "benchmarks" / "report.py")
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+
+LOAD = {"before": [1.2, 1.0, 0.9], "after": [1.6, 1.1, 0.9]}
+
+
+def spread(median: float, n: int = 12) -> dict:
+    return {"median": median, "min": median - 0.05, "max": median + 0.07, "stdev": 0.03, "n": n,
+            "q1": median - 0.02, "q3": median + 0.01, "iqr": 0.03}
+
+
+def fused_receipt(stamp: str, size: str, ratios: dict[str, float]) -> dict:
+    runs = {loss: {"summary": {"fused": spread(1.5), "two_pass": spread(1.5 / r), "ratio": spread(r)},
+                   "batch": {"sequences": 8, "tokens_per_step": 1040},
+                   "floor": {"floor_fb_over_fwd_plus_fb": 0.79}} for loss, r in ratios.items()}
+    return {"benchmark": "fused-vs-2pass", "created_utc": stamp, "config": {"size": size},
+            "model": {"params": 26_224_128 if size == "large" else 1_049_984}, "runs": runs,
+            "hardware": {"cpu": "AMD EPYC", "cpu_count": 2, "memory_gb": 23.5, "gpu": None},
+            "load_average_1_5_15": LOAD}
+
+
+def others() -> list[dict]:
+    start = {"results": {k: {"ready_s": spread(30.0, 3), "health_s": spread(4.0, 3)} for k in ("cold", "warm")},
+             "config": {"size": "tiny"}}
+    overhead = {"results": {"cross_entropy": {"bare": spread(0.25), "rlcli": spread(0.251),
+                                              "pair_diff_rlcli_minus_bare_s": spread(0.001)}},
+                "without_server": {"cross_entropy": {"median_us": {"bare": 0.05, "rlcli": 0.09}}}}
+    imports = {"benchmark": "rlcli import, openai request+response records", "date": "2026-11-29T18:47:02+00:00",
+               "config": {"bytes": 100_002_385}, "ratio": {"inprocess_speedup_vs_json": 2.47,
+                                                           "subprocess_speedup_vs_json_subprocess": 2.04}}
+    return [{"benchmark": "server-start", "created_utc": "20261129T200000Z", "load_average_1_5_15": LOAD, **start},
+            {"benchmark": "overhead", "created_utc": "20261129T200100Z", **overhead}, imports]
+
+
+def write(folder, receipts: list[dict]) -> None:
+    for i, receipt in enumerate(receipts):
+        (folder / f"r{i}.json").write_text(json.dumps(receipt))
+    (folder / "half-written.json").write_text('{"benchmark": ')
+
+
+def test_render_takes_the_newest_receipt_per_model_and_loss(tmp_path):
+    write(tmp_path, [fused_receipt("20261129T100000Z", "large", {"gspo": 0.99, "ppo": 0.98}),
+                     fused_receipt("20261129T120000Z", "large", {"gspo": 0.71}),
+                     fused_receipt("20261129T110000Z", "tiny", {"gspo": 0.66, "ppo": 0.62}), *others()])
+    text = report.render(report.load_receipts(tmp_path))
+    rows = [line for line in text.splitlines() if line.startswith("| large") or line.startswith("| tiny")]
+    assert len(rows) == 4, text
+    assert "**0.71**" in text and "**0.99**" not in text  # newer gspo wins; ppo comes from the older receipt
+    assert "**0.98**" in text and "large (26.2M)" in text and "tiny (1.0M)" in text
+    assert "IQR 0.69–0.72" in text and "| 12 |" in text and "1.2→1.6" in text
+    assert "cold-ish 30.0 s (n=3)" in text and "+1.0 ms per step" in text and "2.5× faster" in text
+    assert "built-in `gspo`" in text and "2-pass custom-loss route" in text
+    assert "AMD EPYC × 2 CPUs" in text
+
+
+def test_render_without_receipts_says_how_to_make_them():
+    assert "run `make bench`" in report.render([])
+
+
+def test_replace_section_rewrites_only_between_the_markers():
+    readme = f"# title\n\n## Benchmarks\n\n{report.START}\nold table\n{report.END}\n\nLicense: Apache-2.0.\n"
+    once = report.replace_section(readme, "new table")
+    assert once == f"# title\n\n## Benchmarks\n\n{report.START}\nnew table\n{report.END}\n\nLicense: Apache-2.0.\n"
+    assert report.replace_section(once, "new table") == once
+    with pytest.raises(SystemExit, match="bench:start"):
+        report.replace_section("# no markers\n", "x")
+
+
+def test_the_readme_has_the_markers():
+    text = (REPO / "README.md").read_text()
+    assert text.count(report.START) == 1 and text.count(report.END) == 1
+    assert text.index(report.START) < text.index(report.END) < text.index("License:")
