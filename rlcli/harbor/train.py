@@ -25,7 +25,14 @@ from typing import Any
 from rlcli.config import ensure_api_key, resolve_base_url
 from rlcli.errors import UsageError
 from rlcli.harbor.tasks import Task, find_tasks, resolve_dataset, select_tasks, split_tasks, tasks_hash
-from rlcli.train import claim, renderers, run_folder, server_slots, sigterm_as_interrupt, unload_leftovers
+from rlcli.train import (
+    check_resume_info,
+    claim,
+    renderers,
+    run_folder,
+    server_slots,
+    sigterm_as_interrupt,
+)
 from rlcli.train import warn as warn_line
 from rlcli.train.rl import ROUTES, RlProgress, check_numbers, cookbook_hooks, final_report, plan_losses
 from rlcli.train.sl import RUN_INFO, resolve_model
@@ -107,16 +114,7 @@ def run_recipe(folder: Path, url: str, s: dict[str, Any], plan: Any, train: list
 
 def check_resume(folder: Path, url: str, sha256: str, s: dict[str, Any]) -> None:
     """Refuse to resume on other tasks, model or group shape; free slots a crashed attempt left."""
-    info = json.loads((folder / RUN_INFO).read_text()) if (folder / RUN_INFO).is_file() else {}
-    if info.get("tasks_sha256", sha256) != sha256:
-        raise UsageError(f"{folder} was trained on other tasks: resume with the same --dataset and filters, or "
-                         "start a new --log-path")
-    for key in RESUME_KEYS:
-        if info.get(key, s[key]) != s[key]:
-            raise UsageError(f"{folder} was run with {key} {info[key]!r}: resume with the same --"
-                             f"{key.replace('_', '-')}, or start a new --log-path")
-    unload_leftovers(folder, url)
-    print(f"resuming {folder}", file=sys.stderr)
+    check_resume_info(folder, url, ("tasks_sha256", sha256), s, RESUME_KEYS, "the same --dataset and filters")
 
 
 def train_harbor(dataset: str | None = None, loss: str = "gspo", loss_config: str | None = None,

@@ -28,6 +28,7 @@ from rlcli.config import private_dir, rlcli_home
 from rlcli.errors import RlcliError, UsageError
 
 MODELS_FILE = "server-models.txt"
+RUN_INFO = "rlcli-run.json"  # the input's hash and the settings, checked by --resume
 TEMP_PREFIX = "rlcli-train-"
 
 
@@ -93,6 +94,28 @@ def unload_leftovers(folder: Path, base_url: str) -> None:
         from rlcli.train.compat import unload_models
 
         note_models(folder, unload_models(base_url, leftover), append=False)
+
+
+def check_resume_info(folder: Path, url: str, digest: tuple[str, str], current: dict[str, Any],
+                      keys: tuple[str, ...], same_input: str) -> None:
+    """Refuse to resume a run folder on other input or settings; free slots a crashed attempt left.
+
+    digest: (key in the folder's run info, this attempt's hash of its input); same_input: what to
+    tell the user to keep, e.g. "the same --dataset".
+    """
+    info_path = folder / RUN_INFO
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    if info.get(digest[0], digest[1]) != digest[1]:
+        raise UsageError(f"{folder} was trained on other {digest[0].split('_')[0]}: resume with {same_input}, "
+                         "or start a new --log-path")
+    for key in keys:
+        if info.get(key, current[key]) != current[key]:
+            raise UsageError(f"{folder} was run with {key} {info[key]!r}: resume with the same --"
+                             f"{key.replace('_', '-')}, or start a new --log-path")
+    unload_leftovers(folder, url)
+    last = [c for c in read_jsonl(folder / "checkpoints.jsonl") if c.get("state_path")]
+    where = f"checkpoint {last[-1]['name']}" if last else "the start (no checkpoint was saved yet)"
+    print(f"resuming {folder} from {where}", file=sys.stderr)
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from rlcli.config import ensure_api_key, resolve_base_url
 from rlcli.errors import UsageError
 from rlcli.train import (
+    check_resume_info,
     claim,
     read_jsonl,
     renderers,
@@ -34,7 +35,6 @@ from rlcli.train import (
     run_folder,
     server_slots,
     sigterm_as_interrupt,
-    unload_leftovers,
 )
 from rlcli.train.rl_eval import ROUTES, RlProgress, final_report  # harbor's RL command imports these from here
 from rlcli.train.sl import RUN_INFO, resolve_model
@@ -205,18 +205,9 @@ def run_recipe(folder: Path, url: str, s: Settings, data: Data, plan: Any, steps
 
 def check_resume(folder: Path, url: str, sha256: str, s: Settings) -> None:
     """Refuse to resume on other data, model or sampling shape; free slots a crashed attempt left."""
-    info = json.loads((folder / RUN_INFO).read_text()) if (folder / RUN_INFO).is_file() else {}
-    if info.get("dataset_sha256", sha256) != sha256:
-        raise UsageError(f"{folder} was trained on other data: resume with the same --dataset, or start a new "
-                         "--log-path")
-    for key in ("model", "renderer", "loss", "batch_size", "group_size", "grader", "eval_size"):
-        if info.get(key, getattr(s, key)) != getattr(s, key):
-            raise UsageError(f"{folder} was run with {key} {info[key]!r}: resume with the same --"
-                             f"{key.replace('_', '-')}, or start a new --log-path")
-    unload_leftovers(folder, url)
-    last = [c for c in read_jsonl(folder / "checkpoints.jsonl") if c.get("state_path")]
-    where = f"checkpoint {last[-1]['name']}" if last else "the start (no checkpoint was saved yet)"
-    print(f"resuming {folder} from {where}", file=sys.stderr)
+    check_resume_info(folder, url, ("dataset_sha256", sha256), asdict(s),
+                      ("model", "renderer", "loss", "batch_size", "group_size", "grader", "eval_size"),
+                      "the same --dataset")
 
 
 def train_rl(loss: str = "gspo", dataset: str | None = None, dataset_path: str | None = None,

@@ -25,6 +25,8 @@ from rlcli.config import ensure_api_key, resolve_base_url
 from rlcli.data.validate import conversation_problem
 from rlcli.errors import RlcliError, UsageError
 from rlcli.train import (
+    RUN_INFO,
+    check_resume_info,
     claim,
     private_copy,
     read_jsonl,
@@ -32,12 +34,10 @@ from rlcli.train import (
     run_folder,
     server_slots,
     sigterm_as_interrupt,
-    unload_leftovers,
 )
 
 RECIPE_NAME = "rlcli_train_sl"
 RENDER_CHECK = 64  # records rendered before a real run; --dry-run renders all
-RUN_INFO = "rlcli-run.json"  # the data's hash and the settings, checked by --resume
 
 
 @dataclass(frozen=True)
@@ -156,19 +156,8 @@ def resolve_model(model: str | None, base_url: str, required: bool) -> str:
 
 def prepare_resume(folder: Path, url: str, sha256: str, settings: Settings) -> None:
     """Refuse to resume on other data or batches; free the slots a crashed attempt left on the server."""
-    info_path = folder / RUN_INFO
-    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
-    if info.get("dataset_sha256", sha256) != sha256:
-        raise UsageError(f"{folder} was trained on other data (sha256 {info['dataset_sha256'][:12]}): "
-                         "resume with the same dataset, or start a new --log-path")
-    for key in ("model", "batch_size", "renderer"):
-        if info.get(key, getattr(settings, key)) != getattr(settings, key):
-            raise UsageError(f"{folder} was run with {key} {info[key]!r}: resume with the same --"
-                             f"{key.replace('_', '-')}, or start a new --log-path")
-    unload_leftovers(folder, url)
-    last = [c for c in read_jsonl(folder / "checkpoints.jsonl") if c.get("state_path")]
-    where = f"checkpoint {last[-1]['name']}" if last else "the start (no checkpoint was saved yet)"
-    print(f"resuming {folder} from {where}", file=sys.stderr)
+    check_resume_info(folder, url, ("dataset_sha256", sha256), asdict(settings), ("model", "batch_size", "renderer"),
+                      "the same dataset")
 
 
 def final_report(folder: Path, base_url: str | None) -> str:
