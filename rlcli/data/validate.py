@@ -84,3 +84,14 @@ def validate_conversations(source: str | os.PathLike[str] | Iterable[str | bytes
     if count == 0:
         raise UsageError(f"{name} holds no conversations; make some with `rlcli import LOGS -o FILE`")
     return count
+
+
+def numbered_json_lines(lines: Iterable[str], source: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object) for each non-blank JSONL line; a bad line is one error naming it."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except ValueError as e:
+            raise UsageError(f"{source} line {number}: not valid JSON ({e})") from None

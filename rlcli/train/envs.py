@@ -33,6 +33,7 @@ from tinker_cookbook.rl.problem_env import ProblemGroupBuilder
 from tinker_cookbook.rl.types import RLDataset, RLDatasetBuilder
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 
+from rlcli.data.validate import numbered_json_lines
 from rlcli.errors import RlcliError, UsageError
 from rlcli.train import rl_eval
 
@@ -152,13 +153,7 @@ def resolve_grader(grader: str, finals: list[bool], lines: list[int], source: st
 
 def parse_problems(lines: Iterable[str], source: str, grader: str = "auto") -> Problems:
     records, numbers = [], []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            raise UsageError(f"{source} line {number}: not valid JSON ({e})") from None
+    for number, obj in numbered_json_lines(lines, source):
         if problem := record_problem(obj, grader):
             raise UsageError(f"{source} line {number}: {problem}; expected {FORMAT_HINT}")
         records.append({"question": obj["question"], "answer": obj["answer"]})

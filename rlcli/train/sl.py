@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rlcli.config import ensure_api_key, resolve_base_url
-from rlcli.data.validate import conversation_problem
+from rlcli.data.validate import conversation_problem, numbered_json_lines
 from rlcli.errors import RlcliError, UsageError
 from rlcli.train import (
     RUN_INFO,
@@ -80,13 +80,7 @@ class Plan:
 
 def parse_dataset(lines: Iterator[str], source: str) -> Dataset:
     records, numbers = [], []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            raise UsageError(f"{source} line {number}: not valid JSON ({e})") from None
+    for number, obj in numbered_json_lines(lines, source):
         if problem := conversation_problem(obj):
             raise UsageError(f"{source} line {number}: {problem}; fix it, or rebuild with `rlcli import`")
         records.append({"messages": obj["messages"]})
