@@ -70,6 +70,8 @@ def demo(base_url: str | None = None, steps: int = 12, lr: float = 3e-3, rank: i
 def _train_and_sample(service, trainer, tokenizer, steps: int, lr: float, seed: int) -> int:
     import tinker
 
+    from rlcli.sample import stop_tokens
+
     batch = [chat_datum(tokenizer, p, r) for p, r in DEMO_CHATS]
     losses = []
     for step in range(steps):
@@ -87,7 +89,8 @@ def _train_and_sample(service, trainer, tokenizer, steps: int, lr: float, seed: 
     result = sampler.sample(
         prompt=tinker.ModelInput.from_ints(tokenizer.encode(prompt, add_special_tokens=False)),
         num_samples=1,
-        sampling_params=tinker.SamplingParams(max_tokens=24, temperature=0.0, seed=seed),
+        sampling_params=tinker.SamplingParams(max_tokens=24, temperature=0.0, seed=seed,
+                                              stop=stop_tokens(tokenizer)),  # the reply ends with its turn
     ).result()
     completion = tokenizer.decode(result.sequences[0].tokens, skip_special_tokens=True)
     print(f"sample for {DEMO_CHATS[0][0]!r}: {completion!r}")

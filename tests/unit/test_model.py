@@ -1,4 +1,11 @@
-"""The embedded tiny Qwen3: reproducible bytes, a usable ChatML tokenizer, loadable weights, a cheap cache."""
+"""The embedded tiny Qwen3: reproducible bytes, a usable ChatML tokenizer, pretrained weights that end
+their turns, a cheap cache.
+
+Full builds (~75 s each, single-threaded) are the slow part (marked slow: `make test` runs them,
+`make test-fast` does not): seed 0 is built twice, once here and once by the CLI in a subprocess running
+alongside, so the bit-identity check costs one build's time on a 2-core machine. Other checks use
+builds with the pretraining cut to a few steps, or the tokenizer alone.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlcli import model
+from rlcli import model, model_pretrain
 from rlcli.errors import UsageError
 
 CHAT = [
@@ -28,44 +35,135 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+QUICK_STEPS = 10  # same code path as a full build, a fraction of the time
+
+
 @pytest.fixture(scope="module")
-def homes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Seed 0 built in two separate homes; seed 1 built through `build(output=...)`."""
-    built: dict[str, Path] = {}
-    for name in ("a", "b"):
-        home = tmp_path_factory.mktemp(f"home_{name}")
+def homes(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Seed 0 fully built in two homes (here and by the CLI); seeds 0 and 1 quickly built, 1 via `build`."""
+    import torch
+
+    built: dict = {}
+    home_b = tmp_path_factory.mktemp("home_b")
+    env = {**os.environ, "RLCLI_HOME": str(home_b)}
+    cli = subprocess.Popen([sys.executable, "-m", "rlcli.cli", "model", "build"], env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    threads = torch.get_num_threads()
+    try:
+        home = tmp_path_factory.mktemp("home_a")
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("RLCLI_HOME", str(home))
-            built[name] = model.ensure_embedded_model(seed=0, quiet=True)
-        assert built[name] == home / "models" / model.EMBEDDED_MODEL_NAME
-    out = tmp_path_factory.mktemp("explicit") / "seed1"
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
-        assert model.build(seed=1, output=str(out)) == 0
-    built["seed1"], built["seed1_stdout"] = out, stdout.getvalue()  # type: ignore[assignment]
+            built["a"] = model.ensure_embedded_model(seed=0, quiet=True)
+        assert built["a"] == home / "models" / model.EMBEDDED_MODEL_NAME
+        built["threads_after"] = (threads, torch.get_num_threads(), torch.are_deterministic_algorithms_enabled())
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(model_pretrain, "STEPS", QUICK_STEPS)
+            home = tmp_path_factory.mktemp("home_quick")
+            mp.setenv("RLCLI_HOME", str(home))
+            built["quick0"] = model.ensure_embedded_model(seed=0, quiet=True)
+            out = tmp_path_factory.mktemp("explicit") / "seed1"
+            stdout, stderr = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                assert model.build(seed=1, output=str(out)) == 0
+            built["quick1"], built["quick1_stdout"], built["quick1_stderr"] = out, stdout.getvalue(), stderr.getvalue()
+    finally:
+        cli_out, cli_err = cli.communicate(timeout=600)
+    assert cli.returncode == 0, cli_err
+    built["b"] = Path(cli_out.splitlines()[0])
+    built["b_stderr"] = cli_err
     return built
 
 
 @pytest.fixture(scope="module")
-def tokenizer(homes: dict[str, Path]):
+def tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    """The tokenizer a build saves, as a build saves it (no weights: fast enough for `make test-fast`)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(homes["a"])
+    folder = tmp_path_factory.mktemp("tokenizer")
+    model._train_tokenizer().save_pretrained(folder, save_jinja_files=False)
+    return AutoTokenizer.from_pretrained(folder)
 
 
-def test_same_seed_same_bytes_other_seed_differs(homes: dict[str, Path]) -> None:
-    a, b, c = homes["a"], homes["b"], homes["seed1"]
+@pytest.mark.slow  # full builds (module fixture `homes`)
+def test_same_seed_same_bytes_other_seed_differs(homes: dict) -> None:
+    a, b, q0, q1 = homes["a"], homes["b"], homes["quick0"], homes["quick1"]
+    assert b.name == model.EMBEDDED_MODEL_NAME and b.parent != a.parent
     assert _sha(a / "model.safetensors") == _sha(b / "model.safetensors")
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
     assert (a / "tokenizer_config.json").read_bytes() == (b / "tokenizer_config.json").read_bytes()
-    assert _sha(a / "model.safetensors") != _sha(c / "model.safetensors")
+    assert (a / "config.json").read_bytes() == (b / "config.json").read_bytes()
+    assert _sha(q0 / "model.safetensors") != _sha(q1 / "model.safetensors")
+    assert _sha(a / "model.safetensors") != _sha(q0 / "model.safetensors")  # the pretraining is in the bytes
     # The tokenizer does not depend on the seed: checkpoints of any seed share it.
-    assert (a / "tokenizer.json").read_bytes() == (c / "tokenizer.json").read_bytes()
+    assert (a / "tokenizer.json").read_bytes() == (q1 / "tokenizer.json").read_bytes()
     info = model.describe(a)
     assert info["weights_sha256"] == _sha(a / "model.safetensors") and info["seed"] == 0
-    assert model.describe(c)["seed"] == 1
-    assert homes["seed1_stdout"].splitlines()[0] == str(c)
-    assert "1,049,984 params, vocab 2048, 4 layers" in homes["seed1_stdout"]
+    assert model.describe(q1)["seed"] == 1
+    assert homes["quick1_stdout"].splitlines()[0] == str(q1)
+    assert "1,049,984 params, vocab 2048, 4 layers" in homes["quick1_stdout"]
+
+
+@pytest.mark.slow  # full builds (module fixture `homes`)
+def test_build_restores_torch_settings(homes: dict) -> None:
+    before, after, deterministic = homes["threads_after"]
+    assert after == before and deterministic is False
+
+
+@pytest.mark.slow  # full builds (module fixture `homes`)
+def test_marker_records_the_pretraining(homes: dict) -> None:
+    info = model.describe(homes["a"])
+    assert info["build_version"] == model.BUILD_VERSION
+    pre = info["pretraining"]
+    assert pre["steps"] == model_pretrain.STEPS and pre["threads"] == model_pretrain.THREADS
+    assert 0 < pre["seconds"] and 0 < pre["final_loss"] < 1.5 and 0 < pre["heldout_reply_loss"] < 3
+    accuracy = pre["arithmetic_accuracy"]
+    assert set(accuracy) == {"one_digit", "one_digit_bare_share", "two_digit_heldout", "demo_heldout"}
+    # Loose: on another CPU the run ends elsewhere (seed 0 gave 53% here); a broken run gives ~9%.
+    assert accuracy["one_digit"] >= 0.25 and accuracy["two_digit_heldout"] < 0.9
+    # Both habits are there for RL to choose between: bare sums and wordy ones (seed 0: 55% bare, greedy).
+    assert 0.1 <= accuracy["one_digit_bare_share"] <= 0.95
+    assert pre["heldout_problems"] == len(model_pretrain.heldout_pairs())
+    assert model.describe(homes["quick1"])["pretraining"]["steps"] == QUICK_STEPS
+    # Progress lines go to stderr unless quiet.
+    assert f"pretraining step 50/{model_pretrain.STEPS}" in homes["b_stderr"]
+    assert f"pretraining step {QUICK_STEPS}/{QUICK_STEPS}" in homes["quick1_stderr"]
+
+
+@pytest.mark.slow  # full builds (module fixture `homes`)
+def test_pretrained_model_ends_its_turn_and_knows_chats(homes: dict, tokenizer) -> None:
+    """Format learned: a held-out prompt gets a reply closed by <|im_end|>; held-out replies are likely."""
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(homes["a"]).eval()
+    x, y = model_pretrain.heldout_pairs()[3]
+    for messages in ([{"role": "user", "content": f"What is {x} + {y}?"}],
+                     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+        with torch.no_grad():
+            out = lm.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)
+        reply = out[0, len(ids):].tolist()
+        assert reply[-1] == tokenizer.eos_token_id, tokenizer.decode(reply)  # stopped at <|im_end|>
+        assert len(reply) > 1 and "<think>" not in tokenizer.decode(reply)
+    loss = model_pretrain.reply_loss(lm, tokenizer, model_pretrain.heldout_chats())
+    assert loss < 3 < math.log(model.VOCAB_SIZE)  # random weights: ~7.6 nats (ln 2048)
+    assert loss == pytest.approx(model.describe(homes["a"])["pretraining"]["heldout_reply_loss"], abs=1e-3)
+
+
+def test_render_matches_the_chat_template(tokenizer) -> None:
+    """The pretraining corpus is tokenized as the chat template (and so the renderers) tokenize chats."""
+    kwargs = {"return_dict": False}
+    for messages, think in ((model_pretrain.demo_chat(12, 7), False), (model_pretrain.cookbook_chat(37, 58), True),
+                            ([{"role": "system", "content": "Be brief."}, *model_pretrain.demo_chat(3, 4)], False)):
+        extra = {"enable_thinking": False} if think else {}
+        tokens, weights = model_pretrain.render(tokenizer, messages, think)
+        assert tokens == tokenizer.apply_chat_template(messages, **kwargs, **extra)
+        prompt, _ = model_pretrain.render(tokenizer, messages[:-1], think, generation_prompt=True)
+        assert prompt == tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, **kwargs, **extra)
+        reply = [t for t, w in zip(tokens, weights, strict=True) if w == 1.0]
+        assert tokenizer.decode(reply).endswith(messages[-1]["content"] + "<|im_end|>")
 
 
 def test_special_tokens_are_single_ids(tokenizer) -> None:
@@ -99,7 +197,8 @@ def test_chat_template_is_chatml(tokenizer) -> None:
     assert text.endswith("<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n")
 
 
-def test_loads_in_transformers_and_runs(homes: dict[str, Path], tokenizer) -> None:
+@pytest.mark.slow  # full builds (module fixture `homes`)
+def test_loads_in_transformers_and_runs(homes: dict, tokenizer) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -113,7 +212,8 @@ def test_loads_in_transformers_and_runs(homes: dict[str, Path], tokenizer) -> No
     assert logits.shape == (1, len(ids), lm.config.vocab_size) and torch.isfinite(logits).all()
 
 
-def test_second_call_is_fast_and_imports_no_torch(homes: dict[str, Path]) -> None:
+@pytest.mark.slow  # full builds (module fixture `homes`)
+def test_second_call_is_fast_and_imports_no_torch(homes: dict) -> None:
     probe = (
         "import sys, time; from rlcli.model import ensure_embedded_model as e; t = time.perf_counter(); "
         "p = e(); print(p, time.perf_counter() - t); assert 'torch' not in sys.modules, 'torch imported'"
