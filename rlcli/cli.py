@@ -57,6 +57,7 @@ COMMANDS: dict[str, Any] = {
     ),
     "sample": ("sample completions for a prompt from a checkpoint or the base model", "rlcli.sample:sample"),
     "chat": ("chat with a checkpoint or the base model, turn by turn (stdin)", "rlcli.sample:chat"),
+    "eval": ("score a checkpoint or the base model on train rl's held-out problems", "rlcli.evaluate:evaluate"),
     "export": ("download sampler weights as a PEFT adapter or merged Hugging Face model", "rlcli.export:export"),
     "doctor": ("check this machine and the server: one line per check, with the fix", "rlcli.doctor:doctor"),
     "model": (

@@ -35,6 +35,7 @@ class Sampler:
     base_url: str
     history: list[dict[str, str]] = field(default_factory=list)
     reloaded_model_id: str | None = None  # a model rlcli loaded to serve an unloaded checkpoint; freed at the end
+    base_model: str = ""  # what the server calls the checkpoint's base model (its tokenizer's name)
 
 
 def load_tokenizer(name: str) -> Any:
@@ -98,7 +99,7 @@ def open_sampler(checkpoint: str | None, model: str | None, base_url: str | None
         client = service.create_sampling_client(model_path=f"tinker://{run_id}/sampler_weights/{ckpt}")
     else:
         client = service.create_sampling_client(base_model=base)
-    return Sampler(client, tok, params, checkpoint or base, url)
+    return Sampler(client, tok, params, checkpoint or base, url, base_model=base)
 
 
 def complete(s: Sampler, messages: list[dict[str, str]], n: int = 1) -> list[str]:

@@ -77,6 +77,7 @@ class Data:
     sha256: str  # identity checked by --resume
     held_out: int  # problems scored every --eval-every steps, never trained on
     grader: str
+    max_operand: int = rl_eval.ARITHMETIC_MAX  # arithmetic's x, y range: 0..max_operand
 
 
 # --- grading -------------------------------------------------------------------------------------
@@ -176,7 +177,7 @@ def read_problems(path: str, grader: str = "auto") -> Problems:
 
 
 def load_data(name: str, path: str | None, batch_size: int, max_steps: int | None, grader: str = "auto",
-              eval_size: int | None = None) -> Data:
+              eval_size: int | None = None, max_operand: int = rl_eval.ARITHMETIC_MAX) -> Data:
     """Read and check `choose_dataset`'s data (or ask the hub GSM8K's size); settle the held-out count."""
     if path:
         problems = read_problems(path, grader)
@@ -188,9 +189,11 @@ def load_data(name: str, path: str | None, batch_size: int, max_steps: int | Non
     held_out = rl_eval.EVAL_SIZE if eval_size is None else eval_size
     if name == "arithmetic":
         batches = max_steps or ARITHMETIC_BATCHES
-        rl_eval.check_arithmetic_eval_size(held_out)
-        return Data("arithmetic (the cookbook's synthetic x + y problems)", None, None, batches, "arithmetic",
-                    held_out, "arithmetic")
+        rl_eval.check_arithmetic(held_out, max_operand)
+        default = max_operand == rl_eval.ARITHMETIC_MAX
+        narrowed = "" if default else f", x and y in 0..{max_operand}"
+        return Data(f"arithmetic (the cookbook's synthetic x + y problems{narrowed})", None, None, batches,
+                    "arithmetic" if default else f"arithmetic:0..{max_operand}", held_out, "arithmetic", max_operand)
     size = hub_gsm8k_size()
     hub = "/".join(GSM8K_HUB)
     return Data(f"gsm8k ({hub}, train split; evaluation on its test split)", None, size,
@@ -284,10 +287,12 @@ class ArithmeticSplitBuilder(RLDatasetBuilder):
     n_batches: int
     group_size: int
     eval_size: int = rl_eval.EVAL_SIZE
+    max_operand: int = rl_eval.ARITHMETIC_MAX
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
         renderer = renderers.get_renderer(self.renderer_name, tokenizer=get_tokenizer(self.model_name_for_tokenizer))
-        return rl_eval.arithmetic_datasets(self.batch_size, self.group_size, self.n_batches, self.eval_size, renderer)
+        return rl_eval.arithmetic_datasets(self.batch_size, self.group_size, self.n_batches, self.eval_size, renderer,
+                                           self.max_operand)
 
 
 def dataset_builder(data: Data, model: str, renderer: str, batch_size: int, group_size: int) -> RLDatasetBuilder:
@@ -298,5 +303,6 @@ def dataset_builder(data: Data, model: str, renderer: str, batch_size: int, grou
         return FileBuilder(file_path=str(Path(data.problems.source).expanduser().resolve()),
                            sha256=data.problems.sha256, grader=data.grader, eval_size=data.held_out, **common)
     if data.grader == "arithmetic":
-        return ArithmeticSplitBuilder(n_batches=data.batches, eval_size=data.held_out, **common)
+        return ArithmeticSplitBuilder(n_batches=data.batches, eval_size=data.held_out, max_operand=data.max_operand,
+                                      **common)
     return HubGsm8kBuilder(eval_size=data.held_out, **common)

@@ -71,13 +71,17 @@ class Settings:
     grader: str = "auto"  # as resolved from the data
     eval_size: int = 0  # problems held out: what --eval-size came to
     load_checkpoint: str | None = None  # a training-state path
+    max_operand: int | None = None  # arithmetic's operand range, when --max-operand set it
 
 
-def choose_dataset(dataset: str | None, dataset_path: str | None, grader: str = "auto") -> tuple[str, str | None, str]:
+def choose_dataset(dataset: str | None, dataset_path: str | None, grader: str = "auto",
+                   max_operand: int | None = None) -> tuple[str, str | None, str]:
     """(arithmetic | gsm8k | file, path or None, grader) from the flags; no file is read here."""
     if not dataset:
         raise UsageError("pass --dataset arithmetic, --dataset gsm8k [--dataset-path FILE.jsonl], or "
                          "--dataset FILE.jsonl ({question, answer} lines)")
+    if max_operand is not None and dataset != "arithmetic":
+        raise UsageError(f"--max-operand is for --dataset arithmetic, not {dataset}: drop it")
     if grader not in GRADERS:
         raise UsageError(f"--grader {grader!r}: choose {', '.join(GRADERS)}")
     if dataset not in ("arithmetic", "gsm8k"):
@@ -216,7 +220,7 @@ def train_rl(loss: str = "gspo", dataset: str | None = None, dataset_path: str |
              lr: float = 4e-5, max_tokens: int = 256, temperature: float = 1.0, lora_rank: int = 32,
              eval_every: int = 20, eval_size: int | None = None, grader: str = "auto", save_every: int = 20,
              max_steps: int | None = None, load_checkpoint: str | None = None, log_path: str | None = None,
-             resume: bool = False, dry_run: bool = False) -> int:
+             resume: bool = False, dry_run: bool = False, max_operand: int | None = None) -> int:
     """Train a LoRA with RL (tinker-cookbook's loop) and a loss computed on the server.
 
     Args:
@@ -245,8 +249,9 @@ def train_rl(loss: str = "gspo", dataset: str | None = None, dataset_path: str |
         log_path: run folder (default: RLCLI_HOME/runs/rl-<time>)
         resume: continue the run in --log-path (default: the newest rl run) from its last checkpoint
         dry_run: plan the loss, check the data, print the plan; create no model
+        max_operand: with --dataset arithmetic: draw x and y from 0..N (default 100, the cookbook's range)
     """
-    name, path, grader = choose_dataset(dataset, dataset_path, grader)
+    name, path, grader = choose_dataset(dataset, dataset_path, grader, max_operand)
     check_numbers(batch_size=batch_size, group_size=group_size, max_tokens=max_tokens, lora_rank=lora_rank,
                   max_steps=max_steps, save_every=save_every, eval_every=eval_every, eval_size=eval_size, lr=lr,
                   temperature=temperature)
@@ -261,11 +266,12 @@ def train_rl(loss: str = "gspo", dataset: str | None = None, dataset_path: str |
     renderer = renderers.choose_renderer(model, renderer)
     from rlcli.train import envs  # the cookbook and `datasets`: only once the loss plan stands
 
-    data = envs.load_data(name, path, batch_size, max_steps, grader, 0 if eval_every == 0 else eval_size)
+    data = envs.load_data(name, path, batch_size, max_steps, grader, 0 if eval_every == 0 else eval_size,
+                          max_operand or rl_eval.ARITHMETIC_MAX)
     steps = min(data.batches, max_steps or data.batches)
     settings = Settings(model, renderer, name, plan.loss, dict(plan.config), plan.passes, batch_size, group_size,
                         lr, max_tokens, temperature, lora_rank, max_steps, save_every, eval_every, data.grader,
-                        data.held_out, state)
+                        data.held_out, state, max_operand)
     summary = f"{describe(plan, data, settings, steps)}\nrun folder: {folder}{' (resume)' * resume}\nserver: {url}"
     if dry_run:
         print(summary)

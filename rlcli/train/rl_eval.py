@@ -40,7 +40,7 @@ EVAL_SIZE = 32  # held-out problems by default
 EVAL_SEED = 20_260_501  # the held-out draw's own seed: the training order uses the batch index as its seed
 FILE_EVAL_SHARE = 10  # by default a file holds out at most 1/10 of its distinct questions
 ARITHMETIC_MAX = 100  # the cookbook's ArithmeticDataset draws x, y from 0..100
-ARITHMETIC_EVAL_MAX = 1000  # of its 5,151 distinct pairs
+ARITHMETIC_EVAL_MAX = 1000  # of its 5,151 distinct pairs (a smaller --max-operand: a third of its pairs)
 FEWSHOT_PAIR = (4, 5)  # ArithmeticEnv.standard_fewshot_prefix asks 4 + 5 in every prompt
 LOSS, CLIP = "optim/loss", "optim/clip_fraction"
 ROUTES = {1: "fused", 2: "2-pass"}
@@ -80,24 +80,34 @@ def file_eval_size(records: list[dict[str, str]], eval_size: int | None, source:
     return eval_size
 
 
-def check_arithmetic_eval_size(eval_size: int) -> None:
+def arithmetic_eval_max(max_operand: int = ARITHMETIC_MAX) -> int:
+    """Most pairs the synthetic set may hold out: ARITHMETIC_EVAL_MAX, and at most a third of its pairs."""
+    distinct = (max_operand + 1) * (max_operand + 2) // 2 - 1  # unordered pairs, the few-shot one excluded
+    return min(ARITHMETIC_EVAL_MAX, distinct // 3)
+
+
+def check_arithmetic(eval_size: int, max_operand: int = ARITHMETIC_MAX) -> None:
     from rlcli.errors import UsageError
 
-    if eval_size > ARITHMETIC_EVAL_MAX:
-        raise UsageError(f"--eval-size {eval_size}: arithmetic holds out at most {ARITHMETIC_EVAL_MAX} problems")
+    if not FEWSHOT_PAIR[1] <= max_operand <= 10**6:
+        raise UsageError(f"--max-operand {max_operand}: give {FEWSHOT_PAIR[1]} to 1000000 (the few-shot example "
+                         f"asks {FEWSHOT_PAIR[0]} + {FEWSHOT_PAIR[1]})")
+    if eval_size > (most := arithmetic_eval_max(max_operand)):
+        raise UsageError(f"--eval-size {eval_size}: arithmetic with operands 0..{max_operand} holds out at most "
+                         f"{most} problems")
 
 
 def pair_key(x: int, y: int) -> tuple[int, int]:
     return (min(x, y), max(x, y))
 
 
-def arithmetic_eval_pairs(n: int, seed: int = EVAL_SEED) -> list[tuple[int, int]]:
+def arithmetic_eval_pairs(n: int, seed: int = EVAL_SEED, max_operand: int = ARITHMETIC_MAX) -> list[tuple[int, int]]:
     """n distinct x + y problems (as unordered pairs), never the few-shot example's."""
     import numpy as np
 
     rng, pairs, seen = np.random.RandomState(seed), [], {pair_key(*FEWSHOT_PAIR)}
     while len(pairs) < n:
-        x, y = int(rng.randint(0, ARITHMETIC_MAX + 1)), int(rng.randint(0, ARITHMETIC_MAX + 1))
+        x, y = int(rng.randint(0, max_operand + 1)), int(rng.randint(0, max_operand + 1))
         if pair_key(x, y) not in seen:
             seen.add(pair_key(x, y))
             pairs.append((x, y))
@@ -107,15 +117,17 @@ def arithmetic_eval_pairs(n: int, seed: int = EVAL_SEED) -> list[tuple[int, int]
 # --- the cookbook's datasets, split (import the cookbook: call only from a run) -------------------
 
 
-def arithmetic_datasets(batch_size: int, group_size: int, n_batches: int, eval_size: int, renderer: Any):
-    """(train, test | None): the cookbook's ArithmeticDataset minus the held-out pairs, and those pairs."""
+def arithmetic_datasets(batch_size: int, group_size: int, n_batches: int, eval_size: int, renderer: Any,
+                        max_operand: int = ARITHMETIC_MAX):
+    """(train, test | None): the cookbook's ArithmeticDataset (x, y in 0..max_operand; the cookbook's own
+    range is 0..100) minus the held-out pairs, and those pairs."""
     from functools import partial
 
     from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticDataset, ArithmeticEnv
     from tinker_cookbook.rl.problem_env import ProblemGroupBuilder
     from tinker_cookbook.rl.types import RLDataset
 
-    pairs = arithmetic_eval_pairs(eval_size)
+    pairs = arithmetic_eval_pairs(eval_size, max_operand=max_operand)
     held_out = {pair_key(x, y) for x, y in pairs}
     prefix = ArithmeticEnv.standard_fewshot_prefix()
 
@@ -126,7 +138,7 @@ def arithmetic_datasets(batch_size: int, group_size: int, n_batches: int, eval_s
     class HeldOutArithmetic(ArithmeticDataset):
         def _make_env_group_builder(self, rng: Any) -> ProblemGroupBuilder:
             while True:  # the same draws as the parent's; a held-out pair is drawn again (get_batch seeds rng)
-                x, y = rng.randint(0, ARITHMETIC_MAX + 1), rng.randint(0, ARITHMETIC_MAX + 1)
+                x, y = rng.randint(0, max_operand + 1), rng.randint(0, max_operand + 1)
                 if pair_key(x, y) not in held_out:
                     return group(x, y, self.group_size)
 

@@ -141,3 +141,29 @@ def test_resume_continues_from_the_final_checkpoint_and_another_run_starts_from_
     assert json.loads((after / "config.json").read_text())["load_checkpoint_path"] == state
     assert f"Loaded weights from {state}" in (after / "logs.log").read_text()
     assert (after / MODELS_FILE).read_text() == ""
+
+
+def test_eval_scores_the_base_model_and_a_finished_run_on_the_held_out_problems(server, tmp_path):
+    """`rlcli eval` on train rl's held-out one-digit sums: the base model (pretrained on one-digit sums,
+    so clearly above chance when graded right), then a finished run's weights, served again from its state."""
+    flags = ["--dataset", "arithmetic", "--max-operand", "9", "--eval-size", "6", "--max-tokens", "8",
+             "--base-url", server.url]
+    proc = run_rlcli("eval", *flags, "-o", str(tmp_path / "base.json"), env=server.env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    base = json.loads(proc.stdout)
+    assert base == json.loads((tmp_path / "base.json").read_text())
+    assert base["problems"] == 6 and base["samples"] == 1 and base["temperature"] == 0
+    assert base["correct"] >= 0.5, base  # greedy one-digit sums: the build scored 0.9 on all 100 of them
+    assert "0..9" in base["dataset"] and f"{base['correct']:.3f} correct on 6 held-out problems" in proc.stderr
+
+    run = tmp_path / "run"
+    train(server, run, "--loss", "ppo", "--dataset", "arithmetic", "--max-operand", "9", "--max-steps", "1",
+          "--eval-size", "6", "--eval-every", "1")
+    proc = run_rlcli("eval", *flags, "--checkpoint", str(run), "--temperature", "1", "--samples", "2",
+                     env=server.env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    after = json.loads(proc.stdout)
+    assert after["source"] == rows(run / "checkpoints.jsonl")[-1]["sampler_path"]
+    assert len(after["correct_per_round"]) == 2 and 0 <= after["correct"] <= 1
+    assert "serving it again" in proc.stderr  # the run unloaded its model; eval loaded it back and freed it
+    assert rows(run / "metrics.jsonl")[0]["test/env/all/total_episodes"] == 6  # the same 6 problems

@@ -1,0 +1,140 @@
+"""`rlcli eval`: score a checkpoint, a run's final weights, or the base model on held-out problems.
+
+Launch:  rlcli eval --dataset arithmetic                               (the server's base model)
+         rlcli eval --dataset arithmetic --checkpoint RUN_FOLDER       (the run's last sampler weights)
+         rlcli eval --dataset gsm8k --eval-size 1319 --checkpoint tinker://RUN/sampler_weights/ID
+
+The problems are exactly the ones `rlcli train rl` holds out for the same --dataset, --eval-size and
+--max-operand (rlcli.train.rl_eval): never in a training batch of such a run, so a score before and a
+score after training compare the same unseen problems. They are graded by the same env code as in
+training (the cookbook's; rlcli's for plain files). --temperature 0 (the default) scores the greedy
+answer; --temperature 1 --samples K scores K sampled answers per problem, as training samples them.
+The result is one line on stderr and a JSON object on stdout (and in --output).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rlcli.errors import UsageError
+
+CORRECT, REWARD = "test/env/all/correct", "test/env/all/reward/total"  # the cookbook evaluator's keys
+
+
+def sampler_path(checkpoint: str) -> str:
+    """A tinker:// sampler path as given, or the newest one a run folder's checkpoints.jsonl lists."""
+    if checkpoint.startswith("tinker://"):
+        return checkpoint
+    from rlcli.train import read_jsonl
+
+    folder = Path(checkpoint).expanduser()
+    if not folder.is_dir():
+        raise UsageError(f"--checkpoint {checkpoint}: neither a tinker:// path nor a run folder")
+    paths = [c["sampler_path"] for c in read_jsonl(folder / "checkpoints.jsonl") if c.get("sampler_path")]
+    if not paths:
+        raise UsageError(f"--checkpoint {checkpoint}: its checkpoints.jsonl lists no sampler weights "
+                         "(a run saves them at its end; was it finished?)")
+    return paths[-1]
+
+
+def check_numbers(samples: int, temperature: float, max_tokens: int, eval_size: int | None) -> None:
+    if samples < 1 or max_tokens < 1:
+        raise UsageError("--samples and --max-tokens must be at least 1")
+    if temperature < 0:
+        raise UsageError(f"--temperature must be 0 (greedy) or more, got {temperature}")
+    if samples > 1 and temperature == 0:
+        raise UsageError("--samples N needs --temperature above 0: greedy answers are the same every time")
+    if eval_size is not None and eval_size < 1:
+        raise UsageError(f"--eval-size must be at least 1, got {eval_size}")
+
+
+def summarize(rounds: list[dict[str, float]]) -> dict[str, Any]:
+    """Mean correct share and reward over the rounds (each round scores every problem once)."""
+    correct = [r[CORRECT] for r in rounds]
+    reward = [r[REWARD] for r in rounds if REWARD in r]
+    return {"correct": sum(correct) / len(correct), "reward": sum(reward) / len(reward) if reward else None,
+            "correct_per_round": correct}
+
+
+def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_path: str | None = None,
+             eval_size: int | None = None, max_operand: int | None = None, grader: str = "auto",
+             samples: int = 1, temperature: float = 0.0, max_tokens: int = 256,
+             base_url: str | None = None, renderer: str | None = None, output: str | None = None) -> int:
+    """Score a checkpoint (or the base model) on the problems `rlcli train rl` holds out.
+
+    Args:
+        dataset: arithmetic, gsm8k, or a JSONL file of {"question", "answer"} (as for train rl)
+        checkpoint: sampler weights tinker://RUN/sampler_weights/ID, or a run folder (its last ones);
+            default: the server's base model
+        dataset_path: with --dataset gsm8k: read it from this JSONL file (offline) instead of the hub
+        eval_size: held-out problems, as train rl's --eval-size (default 32; gsm8k: its first N test problems)
+        max_operand: with --dataset arithmetic: x and y in 0..N, as train rl's --max-operand (default 100)
+        grader: for files, as train rl's --grader
+        samples: answers per problem (needs --temperature above 0)
+        temperature: sampling temperature (0: the greedy answer)
+        max_tokens: longest answer in tokens
+        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
+        renderer: chat renderer (default: from the model name, or the tokenizer of a local folder)
+        output: also write the JSON result to this file
+    """
+    from rlcli.train.rl import choose_dataset
+
+    name, path, grader = choose_dataset(dataset, dataset_path, grader, max_operand)
+    check_numbers(samples, temperature, max_tokens, eval_size)
+    source = sampler_path(checkpoint) if checkpoint else None
+    started = time.monotonic()
+    result = _evaluate(name, path, grader, source, eval_size, max_operand, samples, temperature, max_tokens,
+                       base_url, renderer)
+    result["seconds"] = round(time.monotonic() - started, 2)
+    line = json.dumps(result)
+    if output:
+        Path(output).expanduser().write_text(json.dumps(result, indent=1) + "\n")
+    print(f"rlcli: {result['source']}: {result['correct']:.3f} correct on {result['problems']} held-out problems of "
+          f"{result['dataset']} ({samples} answer{'s' * (samples > 1)} each, temperature {temperature:g}) "
+          f"in {result['seconds']:.1f} s", file=sys.stderr)
+    print(line)
+    return 0
+
+
+def _evaluate(name: str, path: str | None, grader: str, source: str | None, eval_size: int | None,
+              max_operand: int | None, samples: int, temperature: float, max_tokens: int,
+              base_url: str | None, renderer: str | None) -> dict[str, Any]:
+    import asyncio
+
+    from rlcli import sample
+    from rlcli.config import resolve_base_url
+    from rlcli.train import renderers, rl_eval
+
+    url = resolve_base_url(base_url)
+    s = sample.open_sampler(source, None, url, None, max_tokens, temperature, 0)
+    try:
+        if source:  # a finished run's weights are served again from its training state if need be
+            sample.complete(s, [{"role": "user", "content": "1 + 1"}])
+        model = s.base_model
+        if renderers.is_local_model(model):
+            renderers.go_offline()
+            renderers.register_local_tokenizer(model)
+        renderer = renderers.choose_renderer(model, renderer)
+        from tinker_cookbook.completers import TinkerTokenCompleter
+        from tinker_cookbook.rl.metric_util import RLTestSetEvaluator
+
+        from rlcli.train import envs
+
+        data = envs.load_data(name, path, 1, None, grader, eval_size, max_operand or rl_eval.ARITHMETIC_MAX)
+        _, test = asyncio.run(envs.dataset_builder(data, model, renderer, 1, 1)())
+        evaluator = RLTestSetEvaluator(test, max_tokens=max_tokens, name="test", num_groups_to_log=0)
+        rounds = []
+        for r in range(samples):
+            policy = TinkerTokenCompleter(s.client, max_tokens=max_tokens, temperature=temperature)
+            rounds.append(asyncio.run(evaluator.eval_token_completer(policy)))
+            if samples > 1:
+                print(f"rlcli: eval round {r + 1}/{samples}: {rounds[-1][CORRECT]:.3f} correct", file=sys.stderr)
+    finally:
+        sample.close(s)
+    return {"source": source or model, "dataset": data.label, "problems": data.held_out, "samples": samples,
+            "temperature": temperature, "max_tokens": max_tokens, "renderer": renderer, "base_model": model,
+            **summarize(rounds)}
