@@ -7,6 +7,7 @@ built by `make server-venv`) under a private RLCLI_HOME in a temp folder, on a f
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +17,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 RLCLI = [sys.executable, "-m", "rlcli.cli"]
+
+
+def ctrl_c_works() -> None:
+    """preexec_fn for a child the test will Ctrl-C: a shell without job control (a CI script running
+    `make test &`) starts its background jobs with SIGINT ignored, and children inherit that. A command
+    in a terminal's foreground has it at the default; give the child that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def free_port() -> int:

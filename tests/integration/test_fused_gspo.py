@@ -271,7 +271,10 @@ def test_fused_and_two_pass_gspo_take_the_same_step(server, service):
               f"{ {k: round(v[3], 2) for k, v in results.items()} }")
         assert diffs["step moved logprobs"] > 1e-3  # the comparison below means something
         assert diffs["loss fused-2pass"] < 1e-5 and diffs["loss fused-reference"] < 1e-5
-        assert diffs["grad_norm rel"] < 1e-4 and diffs["post-step logprobs"] < 1e-5
+        # float32 rounding after the step grows with how far the step moved the logprobs (~15 nats here on
+        # the pretrained model: 1.0e-5 apart, 7e-7 of the move).
+        assert diffs["grad_norm rel"] < 1e-4
+        assert diffs["post-step logprobs"] < max(1e-5, 2e-6 * diffs["step moved logprobs"])
     finally:
         for client in clients.values():
             unload_model(server.url, client.model_id)

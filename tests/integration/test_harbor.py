@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, RLCLI
+from tests.conftest import REPO, RLCLI, ctrl_c_works
 
 FIXTURES = REPO / "tests" / "fixtures" / "harbor"
 ORACLE = {"hello-file": 1.0, "sum-numbers": 1.0, "network-allowed": 1.0, "partial-credit": 0.5, "always-fails": 0.0,
@@ -198,7 +198,8 @@ def test_sigint_mid_rollout_leaves_no_container(docker_client, env, tmp_path):
     # The hangs fixture's solve.sh never ends; --sandbox-timeout lets it run long past the SIGINT.
     proc = subprocess.Popen([*RLCLI, "harbor", "run", str(FIXTURES / "hangs"), "--policy", "oracle",
                              "--sandbox-timeout", "300", "--output", str(tmp_path / "out")], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_works)
     owner = f"{socket.gethostname()}:{proc.pid}"
     try:
         deadline = time.monotonic() + 120

@@ -1,8 +1,8 @@
 """`rlcli train rl` against the real SkyRL server on CPU: each loss route runs, logs, and frees its slot.
 
 Sizes are the smallest that still exercise a group: 2 problems x 4 samples, 8 sampled tokens, 4
-held-out problems. A random-weight model never answers in format, so rewards are flat here (and with
-them advantages, loss and clip fraction: 0); learning is not asserted, only that every figure is logged.
+held-out problems. Three steps are too few for learning to show through sampling noise, so it is not
+asserted here, only that every figure is logged (notebooks/gsm8k.ipynb shows a run that learns).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from rlcli.train import MODELS_FILE
 from rlcli.train.losses import served_losses
-from tests.conftest import REPO, RLCLI, run_rlcli
+from tests.conftest import REPO, RLCLI, ctrl_c_works, run_rlcli
 
 pytestmark = pytest.mark.server
 
@@ -110,7 +110,8 @@ def test_interrupt_frees_the_slot(server, tmp_path):
     run = tmp_path / "run"
     args = [*RLCLI, "train", "rl", *TINY, "--loss", "ppo", "--dataset", "arithmetic", "--max-steps", "50",
             "--base-url", server.url, "--log-path", str(run)]
-    proc = subprocess.Popen(args, env=server.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, env=server.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_works)
     try:
         deadline = time.monotonic() + 120
         while not ((run / MODELS_FILE).is_file() and (run / MODELS_FILE).read_text().strip()):
@@ -144,21 +145,22 @@ def test_resume_continues_from_the_final_checkpoint_and_another_run_starts_from_
 
 
 def test_eval_scores_the_base_model_and_a_finished_run_on_the_held_out_problems(server, tmp_path):
-    """`rlcli eval` on train rl's held-out one-digit sums: the base model (pretrained on one-digit sums,
-    so clearly above chance when graded right), then a finished run's weights, served again from its state."""
-    flags = ["--dataset", "arithmetic", "--max-operand", "9", "--eval-size", "6", "--max-tokens", "8",
+    """`rlcli eval` on train rl's held-out one-digit sums: the base model (pretrained on one-digit sums; with
+    room for its wordy answers to finish, graded right it scores well above 0), then a finished run's
+    weights, served again from its saved state."""
+    flags = ["--dataset", "arithmetic", "--max-operand", "9", "--eval-size", "18", "--max-tokens", "40",
              "--base-url", server.url]
     proc = run_rlcli("eval", *flags, "-o", str(tmp_path / "base.json"), env=server.env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     base = json.loads(proc.stdout)
     assert base == json.loads((tmp_path / "base.json").read_text())
-    assert base["problems"] == 6 and base["samples"] == 1 and base["temperature"] == 0
-    assert base["correct"] >= 0.5, base  # greedy one-digit sums: the build scored 0.9 on all 100 of them
-    assert "0..9" in base["dataset"] and f"{base['correct']:.3f} correct on 6 held-out problems" in proc.stderr
+    assert base["problems"] == 18 and base["samples"] == 1 and base["temperature"] == 0
+    assert base["correct"] >= 0.2, base  # greedy, 40 tokens: the build scored 0.53 on all 100 one-digit sums
+    assert "0..9" in base["dataset"] and f"{base['correct']:.3f} correct on 18 held-out problems" in proc.stderr
 
     run = tmp_path / "run"
     train(server, run, "--loss", "ppo", "--dataset", "arithmetic", "--max-operand", "9", "--max-steps", "1",
-          "--eval-size", "6", "--eval-every", "1")
+          "--eval-size", "18", "--eval-every", "1")
     proc = run_rlcli("eval", *flags, "--checkpoint", str(run), "--temperature", "1", "--samples", "2",
                      env=server.env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -166,4 +168,4 @@ def test_eval_scores_the_base_model_and_a_finished_run_on_the_held_out_problems(
     assert after["source"] == rows(run / "checkpoints.jsonl")[-1]["sampler_path"]
     assert len(after["correct_per_round"]) == 2 and 0 <= after["correct"] <= 1
     assert "serving it again" in proc.stderr  # the run unloaded its model; eval loaded it back and freed it
-    assert rows(run / "metrics.jsonl")[0]["test/env/all/total_episodes"] == 6  # the same 6 problems
+    assert rows(run / "metrics.jsonl")[0]["test/env/all/total_episodes"] == 18  # the same 18 problems
