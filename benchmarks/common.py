@@ -12,7 +12,10 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from rlcli.config import portable
+
 RECEIPTS = Path(__file__).resolve().parent / "receipts"
+REPO = RECEIPTS.parent.parent
 
 
 def hardware() -> dict:
@@ -52,5 +55,6 @@ def write_receipt(name: str, body: dict) -> Path:
     receipt = {"benchmark": name, "created_utc": stamp, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                "hardware": hardware(), **body}
     path = RECEIPTS / f"{name}-{stamp}.json"
-    path.write_text(json.dumps(receipt, indent=2) + "\n")
+    # Receipts are committed: no paths of this machine in them (the repo becomes relative, home `~`).
+    path.write_text(portable(json.dumps(receipt, indent=2), REPO) + "\n")
     return path

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import fire
 
+from rlcli.config import portable
+
 ROOT = Path(__file__).resolve().parent.parent
 # The naive importer: what a person writes first. Run in-process and as a child, same code.
 BASELINE = """
@@ -256,7 +258,7 @@ def main(size_mb: float = 100, runs: int = 3, seed: int = 0, receipt_dir: str = 
         shutil.rmtree(work)
     out = Path(receipt_dir) / f"import-{dt.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(receipt, indent=2) + "\n")
+    out.write_text(portable(json.dumps(receipt, indent=2), ROOT) + "\n")
     print(json.dumps({"receipt": str(out), **receipt["ratio"], "peak_rss_mb": receipt["peak_rss_mb"]}))
 
 

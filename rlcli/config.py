@@ -72,3 +72,12 @@ def private_dir(path: Path) -> Path:
     """Create a folder only its owner can read: user data and server state go there."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     return path
+
+
+def portable(text: str, root: Path | None = None) -> str:
+    """text with this machine's paths made portable, for files meant to be committed or shared
+    (benchmark receipts, notebook results): `root/` becomes relative, the home folder `~`."""
+    if root is not None:
+        text = text.replace(str(root) + os.sep, "").replace(str(root), ".")
+    home = str(Path.home())
+    return text.replace(home + os.sep, "~" + os.sep) if home != os.sep else text

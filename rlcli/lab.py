@@ -1,0 +1,214 @@
+"""What the notebooks do, so that a notebook holds only its parameters, calls into here, and plots.
+
+Each step is an rlcli command run as a person would run it (`rlcli train rl ...`, `rlcli eval ...`),
+and every figure comes from what those commands write: a run folder's metrics.jsonl, `rlcli eval`'s
+JSON, a benchmark receipt. The fused-vs-2-pass notebook runs benchmarks/fused_vs_2pass.py, the same
+code `make bench` runs; this module puts benchmarks/ on the path for it (notebooks run from a checkout).
+
+Results: each notebook records its result as notebooks/results/<notebook>.json (`record`), and
+`make notebooks` writes the executed copy, outputs and plots included, beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rlcli.config import portable
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "notebooks" / "results"
+REWARD, CORRECT, TEST_CORRECT = "env/all/reward/total", "env/all/correct", "test/env/all/correct"
+
+
+def benchmarks() -> Any:
+    """benchmarks/fused_vs_2pass.py as a module (benchmarks/*.py import each other by bare name)."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fused_vs_2pass
+
+    return fused_vs_2pass
+
+
+@contextlib.contextmanager
+def server(base_url: str | None, model: str | None = None, size: str = "tiny") -> Iterator[str]:
+    """base_url as given; else a private server of our own for `model` (a folder or hub id; default the
+    benchmark model of `size`, "tiny" being the embedded one), stopped when the block ends."""
+    if base_url:
+        yield base_url
+        return
+    benchmarks()
+    from models import bench_server, model_dir  # benchmarks/, on the path now
+
+    with bench_server(model or model_dir(size)) as srv:
+        yield srv.url
+
+
+def rlcli(*args: str, timeout: float = 3600) -> str:
+    """Run an rlcli command; its output's last lines are shown; a failure raises with its last lines."""
+    proc = subprocess.run([sys.executable, "-m", "rlcli.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout)
+    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+    if proc.returncode != 0:
+        raise RuntimeError(f"rlcli {' '.join(args)} exited {proc.returncode}:\n{tail}")
+    print(tail)
+    return proc.stdout
+
+
+def dataset_flags(dataset: str, max_operand: int | None) -> list[str]:
+    flags = ["--dataset", dataset]
+    if dataset == "arithmetic" and max_operand is not None:
+        flags += ["--max-operand", str(max_operand)]
+    return flags
+
+
+def evaluate(url: str, dataset: str, checkpoint: str | None = None, max_operand: int | None = None,
+             eval_size: int = 32, samples: int = 1, temperature: float = 0.0, max_tokens: int = 256) -> dict:
+    """`rlcli eval` on train rl's held-out problems for these flags; its JSON result."""
+    args = ["eval", *dataset_flags(dataset, max_operand), "--eval-size", str(eval_size), "--samples", str(samples),
+            "--temperature", str(temperature), "--max-tokens", str(max_tokens), "--base-url", url]
+    if checkpoint:
+        args += ["--checkpoint", str(checkpoint)]
+    return json.loads(rlcli(*args).strip().splitlines()[-1])
+
+
+def train_rl(url: str, folder: Path, dataset: str, loss: str, steps: int, max_operand: int | None = None,
+             **flags: Any) -> list[dict]:
+    """`rlcli train rl` into `folder`; flags are its options (batch_size=8 -> --batch-size 8). Its metrics rows."""
+    args = ["train", "rl", "--loss", loss, *dataset_flags(dataset, max_operand), "--max-steps", str(steps),
+            "--base-url", url, "--log-path", str(folder)]
+    for name, value in flags.items():
+        if value is not None:
+            args += ["--" + name.replace("_", "-"), str(value)]
+    rlcli(*args)
+    return read_metrics(folder)
+
+
+def read_metrics(run_folder: Path) -> list[dict]:
+    """metrics.jsonl of a run folder: the contract every training command writes."""
+    path = Path(run_folder) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of one metric; a resumed run logs some steps twice: the last one wins."""
+    by_step = {row["step"]: row[key] for row in rows if key in row}
+    steps = sorted(by_step)
+    return steps, [by_step[s] for s in steps]
+
+
+def finite(values: dict) -> bool:
+    return all(isinstance(v, int | float) and math.isfinite(v) for v in values.values())
+
+
+def record(name: str, result: dict, results_dir: str | Path | None = None) -> Path:
+    """Write a notebook's result as <results_dir>/<name>.json (default notebooks/results/), and print it."""
+    folder = Path(results_dir) if results_dir else RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    text = portable(json.dumps(result, indent=1), ROOT)  # committed: no paths of this machine
+    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as tmp:
+        tmp.write(text + "\n")
+    Path(tmp.name).chmod(0o644)  # a result is meant to be read (it holds figures, no user data)
+    Path(tmp.name).replace(path)
+    print(json.dumps(json.loads(text)))
+    return path
+
+
+def make_portable(*paths: str) -> None:
+    """Rewrite files (executed notebooks) with this machine's paths made portable (`make notebooks`)."""
+    for path in map(Path, paths):
+        text = path.read_text()
+        if (new := portable(text, ROOT)) != text:
+            path.write_text(new)
+
+
+def rl_result(before: dict, after: dict, rows: list[dict], params: dict) -> dict:
+    """What the RL notebook records: held-out scores before and after, the reward curve's ends, the settings."""
+    _, reward = series(rows, REWARD)
+    head, tail = reward[: max(1, len(reward) // 5)], reward[-max(1, len(reward) // 5):]
+    return {
+        "heldout_correct_before": before["correct"], "heldout_correct_after": after["correct"],
+        "heldout_gain": after["correct"] - before["correct"], "heldout_problems": after["problems"],
+        "eval_samples": after["samples"], "eval_temperature": after["temperature"],
+        "reward_first_fifth": sum(head) / len(head), "reward_last_fifth": sum(tail) / len(tail),
+        "steps": len(reward), "dataset": after["dataset"], "base_model": after["base_model"],
+        "checkpoint": after["source"], "params": params,
+    }
+
+
+def plot_fused(run: dict, title: str):
+    """Per-step times of both paths, pair by pair, and the fused/2-pass ratio with its median and floor."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (steps_ax, ratio_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
+    pairs = range(1, len(run["raw_s"]["fused"]) + 1)
+    for path, label in (("fused", "fused (1 request)"), ("two_pass", "2-pass (2 requests)")):
+        steps_ax.plot(pairs, run["raw_s"][path], "o-", label=label)
+    steps_ax.set(xlabel="pair", ylabel="step seconds (forward_backward + optim_step)", title=title)
+    steps_ax.legend()
+    ratio = run["summary"]["ratio"]
+    ratio_ax.plot(pairs, run["pair_ratio_fused_over_two_pass"], "o-", color="C2", label="fused / 2-pass")
+    ratio_ax.axhline(ratio["median"], color="C2", linestyle="--", label=f"median {ratio['median']:.2f}")
+    floor = run["floor"]["floor_fb_over_fwd_plus_fb"]
+    ratio_ax.axhline(floor, color="grey", linestyle=":", label=f"compute floor fb/(fwd+fb) {floor:.2f}")
+    ratio_ax.set(xlabel="pair", ylabel="ratio", title="fused / 2-pass, per pair")
+    ratio_ax.legend()
+    for ax in (steps_ax, ratio_ax):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    return fig
+
+
+def plot_learning(sl_rows: list[dict], rl_rows: list[dict]):
+    """SFT loss (train_mean_nll) and RL reward/correct per step, from the two runs' metrics.jsonl."""
+    import matplotlib.pyplot as plt
+
+    fig, (sl_ax, rl_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
+    sl_ax.plot(*series(sl_rows, "train_mean_nll"), "o-")
+    sl_ax.set(xlabel="step", ylabel="train_mean_nll", title="SFT: loss")
+    for key in (REWARD, CORRECT):
+        rl_ax.plot(*series(rl_rows, key), "o-", label=key)
+    rl_ax.set(xlabel="step", ylabel="mean over the batch", title="RL (gspo): reward")
+    rl_ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_rl(rows: list[dict], before: dict, after: dict, loss: str):
+    """Training reward per step, held-out accuracy at each evaluation during the run, and before/after."""
+    import matplotlib.pyplot as plt
+
+    fig, (reward_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
+    steps, reward = series(rows, REWARD)
+    reward_ax.plot(steps, reward, ".-", alpha=0.5, label="reward (batch mean)")
+    window = max(1, len(reward) // 10)
+    smooth = [sum(reward[max(0, i - window + 1): i + 1]) / len(reward[max(0, i - window + 1): i + 1])
+              for i in range(len(reward))]
+    reward_ax.plot(steps, smooth, "-", color="C3", label=f"moving mean of {window}")
+    reward_ax.set(xlabel="step", ylabel="reward", title=f"training reward ({loss})")
+    reward_ax.legend()
+    eval_steps, during = series(rows, TEST_CORRECT)
+    if during:
+        acc_ax.plot(eval_steps, during, "o-", label="during the run (1 sample each, temperature of training)")
+    last = steps[-1] + 1 if steps else 1
+    label = f"rlcli eval ({after['samples']} x {after['problems']} answers, temperature {after['temperature']:g})"
+    acc_ax.plot([0, last], [before["correct"], after["correct"]], "s--", color="C3", markersize=9, label=label)
+    acc_ax.set(xlabel="step", ylabel="correct share", title="held-out accuracy", ylim=(0, 1.02))
+    acc_ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+if __name__ == "__main__":  # python -m rlcli.lab portable FILE...
+    if sys.argv[1:2] != ["portable"]:
+        sys.exit("usage: python -m rlcli.lab portable FILE...")
+    make_portable(*sys.argv[2:])
