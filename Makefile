@@ -1,7 +1,7 @@
 # rlcli: two commands do all set-up on a fresh machine (offline):
 #   make demo   client venv + server venv + embedded model, start the server, a short real job, stop it
 #   make test   the whole test suite against a real SkyRL server on CPU (CI runs this)
-# Faster loops: make test-fast (no server, < 1 min), make lint.
+# Faster loops: make test-fast (no server, < 1 min), make lint. Notebooks: make notebooks, make lab.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
@@ -28,10 +28,11 @@ FINAL_SAMPLER = $(BIN)/python -c 'import json,sys; rows=[json.loads(l) for l in 
 help:
 	@sed -n '1,6p' Makefile
 
-# The client venv: rlcli (editable), tinker, tinker-cookbook, CPU torch, test tools.
-$(STAMP): env/client.txt env/dev.txt pyproject.toml
+# The client venv: rlcli (editable), tinker, tinker-cookbook, CPU torch, test tools, the notebook tools.
+$(STAMP): env/client.txt env/dev.txt env/notebooks.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --progress-bar off -r env/client.txt -r env/dev.txt 2> >(grep -v '^WARNING: Location' >&2)
+	$(BIN)/python -m pip install --quiet --progress-bar off -r env/client.txt -r env/dev.txt -r env/notebooks.txt \
+	  2> >(grep -v '^WARNING: Location' >&2)
 	$(BIN)/python -m pip install --quiet --no-deps -e . 2> >(grep -v '^WARNING: Location' >&2)
 	@touch $@
 
@@ -101,9 +102,19 @@ bench: venv server-venv model
 	$(BIN)/python benchmarks/overhead.py --pairs 20
 	$(BIN)/python benchmarks/report.py
 
-# The notebooks at laptop size through papermill (installs env/notebooks.txt into .venv); executed copies go to runs/notebooks/.
+# The notebooks at laptop size through papermill (each starts and stops its own server); the executed copies,
+# outputs and plots included, go to notebooks/results/ beside the results they record.
+NOTEBOOKS = fused_vs_2pass learning_curve gsm8k
 notebooks: venv server-venv model
-	$(BIN)/python -m pip install --quiet --progress-bar off -r env/notebooks.txt 2> >(grep -v '^WARNING: Location' >&2)
-	@mkdir -p runs/notebooks
-	$(BIN)/papermill --cwd notebooks notebooks/fused_vs_2pass.ipynb runs/notebooks/fused_vs_2pass.ipynb
-	$(BIN)/papermill --cwd notebooks notebooks/learning_curve.ipynb runs/notebooks/learning_curve.ipynb
+	@mkdir -p notebooks/results; for nb in $(NOTEBOOKS); do \
+	  echo "papermill notebooks/$$nb.ipynb -> notebooks/results/$$nb.ipynb"; \
+	  $(BIN)/papermill --cwd notebooks --no-progress-bar notebooks/$$nb.ipynb notebooks/results/$$nb.ipynb || exit 1; \
+	done; $(BIN)/python -m rlcli.lab portable notebooks/results/*.ipynb notebooks/results/*.json
+
+# JupyterLab on the notebooks, bound to loopback (the URL with its token is printed; LAB_PORT picks the port).
+# Jupyter refuses root unless told, and containers often run as root.
+LAB_PORT ?= 8888
+.PHONY: lab
+lab: venv server-venv model
+	$(BIN)/jupyter lab --ip 127.0.0.1 --port $(LAB_PORT) --no-browser --notebook-dir notebooks \
+	  $$(test "$$(id -u)" = 0 && echo --allow-root)

@@ -5,8 +5,9 @@
 
 Reads benchmarks/receipts/*.json: the newest fused-vs-2pass receipt for each (model, loss) that a benchmark
 script wrote (receipts a notebook recorded carry an "origin" and stay out of the table), and the newest
-server-start (per model size), overhead, import and cli-startup receipts. Everything here is pure except
-`main`, so tests render fixture receipts.
+server-start (per model size), overhead, import and cli-startup receipts; and what the notebooks recorded
+in notebooks/results/ (`make notebooks`). Everything here is pure except `main`, so tests render fixture
+receipts.
 """
 
 from __future__ import annotations
@@ -131,6 +132,23 @@ def other_rows(receipts: list[dict]) -> list[str]:
     return rows
 
 
+def notebook_rows(results: dict[str, dict]) -> list[str]:
+    """What notebooks/results/*.json recorded (`make notebooks`), as rows of the measure table."""
+    rows = []
+    if rl := results.get("gsm8k"):
+        rows.append(f"| RL on held-out problems (`notebooks/gsm8k.ipynb`): {rl['dataset']}, {rl['params']['loss']}, "
+                    f"{rl['steps']} steps | held-out correct {rl['heldout_correct_before']:.2f} → "
+                    f"{rl['heldout_correct_after']:.2f} ({rl['heldout_problems']} problems × {rl['eval_samples']} "
+                    f"answers, temperature {rl['eval_temperature']:g}); reward {rl['reward_first_fifth']:.2f} → "
+                    f"{rl['reward_last_fifth']:.2f} (first → last fifth of the steps); {rl['minutes']:.1f} min "
+                    f"| - | `notebooks/results/gsm8k.json` |")
+    return rows
+
+
+def load_results(folder: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+
+
 def hardware_line(receipts: list[dict]) -> str:
     found = next((r["hardware"] for r in newest(receipts, "fused-vs-2pass") if "hardware" in r), None)
     if not found:
@@ -139,8 +157,8 @@ def hardware_line(receipts: list[dict]) -> str:
     return f"Machine: {found.get('cpu')} × {found.get('cpu_count')} CPUs, {found.get('memory_gb')} GB, {gpu}."
 
 
-def render(receipts: list[dict]) -> str:
-    """The markdown that goes between the bench markers."""
+def render(receipts: list[dict], results: dict[str, dict] | None = None) -> str:
+    """The markdown that goes between the bench markers (results: the notebooks' recorded ones)."""
     lines = [PREAMBLE, ""]
     hw = hardware_line(receipts)
     if hw:
@@ -152,7 +170,7 @@ def render(receipts: list[dict]) -> str:
         lines += [f"| {' | '.join(header)} |", "|---" * len(header) + "|", *fused, ""]
     else:
         lines += ["No fused-vs-2pass receipt yet: run `make bench`.", ""]
-    other = other_rows(receipts)
+    other = other_rows(receipts) + notebook_rows(results or {})
     if other:
         lines += ["| measure | result (medians) | load | receipt |", "|---|---|---|---|", *other, ""]
     lines.append("*load*: the 1-minute load average before → after the run (2 cores; other work was running). "
@@ -176,7 +194,7 @@ def main() -> None:
     parser.add_argument("--readme", default=str(ROOT / "README.md"))
     parser.add_argument("--print", action="store_true", help="print the section; leave README.md alone")
     args = parser.parse_args()
-    body = render(load_receipts(Path(args.receipts)))
+    body = render(load_receipts(Path(args.receipts)), load_results(ROOT / "notebooks" / "results"))
     if args.print:
         print(body)
         return

@@ -1,7 +1,8 @@
-"""Each notebook runs end to end with papermill at its smallest size, against the session's server.
+"""Each notebook runs end to end with papermill at its smallest size, against the session's server, and
+records a sane result; the results `make notebooks` recorded at full size are there and sane too.
 
-The notebooks' own dependencies (env/notebooks.txt: papermill, ipykernel, matplotlib) are installed by
-`make notebooks`, not by `make venv`; without them these tests skip and say so.
+The notebooks' own dependencies (env/notebooks.txt: papermill, ipykernel, matplotlib) are part of the
+client venv `make venv` builds; a venv without them fails here with the line that says how to get them.
 """
 
 from __future__ import annotations
@@ -15,16 +16,19 @@ from tests.conftest import REPO
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 NOTEBOOKS = REPO / "notebooks"
-NO_DEPS = "notebook deps not installed: run `make notebooks` (or pip install -r env/notebooks.txt into .venv)"
-# At collection, so that a venv without them skips before the session's server is started for nothing.
-papermill = pytest.importorskip("papermill", reason=NO_DEPS)
-pytest.importorskip("matplotlib", reason=NO_DEPS)
-pytest.importorskip("ipykernel", reason=NO_DEPS)
+try:  # at collection, so that a venv without them fails before the session's server is started for nothing
+    import ipykernel  # noqa: F401
+    import matplotlib  # noqa: F401
+    import papermill
+except ImportError as e:
+    raise ImportError(f"{e.name} is missing: the notebook tests need env/notebooks.txt in .venv (make venv)") from e
 
 
 def execute(name: str, tmp_path, parameters: dict) -> dict:
-    """Run notebooks/<name>.ipynb and return the JSON its last cell printed."""
+    """Run notebooks/<name>.ipynb (results into tmp_path) and return the JSON its last cell printed, after
+    checking it is the result the notebook recorded."""
     out = tmp_path / f"{name}.ipynb"
+    parameters = {**parameters, "results_dir": str(tmp_path / "results")}
     papermill.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(out), parameters=parameters,
                                cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False,
                                execution_timeout=900)
@@ -34,7 +38,9 @@ def execute(name: str, tmp_path, parameters: dict) -> dict:
     text = "".join("".join(o.get("text", "")) for o in last["outputs"] if o.get("output_type") == "stream")
     images = [o for c in book["cells"] for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, "the notebook drew no plot"
-    return json.loads(text.strip().splitlines()[-1])
+    result = json.loads(text.strip().splitlines()[-1])
+    assert result == json.loads((tmp_path / "results" / f"{name}.json").read_text())
+    return result
 
 
 def assert_finite(result: dict, keys: tuple[str, ...]) -> None:
@@ -59,4 +65,15 @@ def test_learning_curve_notebook_plots_metrics_jsonl(server, tmp_path):
                                                       run_dir=str(tmp_path / "run")))
     assert_finite(result, ("sl_first_nll", "sl_last_nll", "rl_first_reward", "rl_last_reward"))
     assert result["sl_steps"] == 2 and result["rl_steps"] == 1
-    assert (tmp_path / "run" / "result.json").exists()
+    assert result["run_folder"] == str(tmp_path / "run")
+
+
+@pytest.mark.timeout(900)
+def test_gsm8k_notebook_evaluates_before_and_after_training(server, tmp_path):
+    result = execute("gsm8k", tmp_path, dict(steps=2, batch_size=2, group_size=2, eval_size=4, eval_samples=1,
+                                             eval_every=0, base_url=server.url, run_dir=str(tmp_path / "run")))
+    assert_finite(result, ("heldout_correct_before", "heldout_correct_after", "reward_first_fifth", "minutes"))
+    assert result["steps"] == 2 and result["heldout_problems"] == 4 and result["eval_temperature"] == 1.0
+    assert result["checkpoint"].startswith("tinker://") and "0..9" in result["dataset"]
+    assert all(0 <= result[k] <= 1 for k in ("heldout_correct_before", "heldout_correct_after"))
+

@@ -82,3 +82,13 @@ def test_the_readme_has_the_markers():
     text = (REPO / "README.md").read_text()
     assert text.count(report.START) == 1 and text.count(report.END) == 1
     assert text.index(report.START) < text.index(report.END) < text.index("License:")
+
+
+def test_render_adds_the_rl_notebooks_recorded_result():
+    rl = {"dataset": "arithmetic (x and y in 0..9)", "params": {"loss": "gspo"}, "steps": 60,
+          "heldout_correct_before": 0.215, "heldout_correct_after": 0.424, "heldout_problems": 18, "eval_samples": 8,
+          "eval_temperature": 1.0, "reward_first_fifth": 0.19, "reward_last_fifth": 0.51, "minutes": 3.7}
+    text = report.render([], {"gsm8k": rl})
+    assert "held-out correct 0.21 → 0.42 (18 problems × 8 answers, temperature 1)" in text
+    assert "`notebooks/results/gsm8k.json`" in text and "60 steps" in text
+    assert "held-out correct" not in report.render([])

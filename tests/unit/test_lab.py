@@ -1,0 +1,57 @@
+"""rlcli.lab's pure parts: metric series, the recorded result, the flags it hands rlcli."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+
+from rlcli import lab
+
+
+def test_series_keeps_the_last_row_of_a_step():
+    rows = [{"step": 0, "a": 1.0}, {"step": 1, "a": 2.0}, {"step": 1, "a": 3.0}, {"step": 2, "b": 9.0}]
+    assert lab.series(rows, "a") == ([0, 1], [1.0, 3.0])
+
+
+def test_dataset_flags_only_give_arithmetic_a_range():
+    assert lab.dataset_flags("arithmetic", 9) == ["--dataset", "arithmetic", "--max-operand", "9"]
+    assert lab.dataset_flags("arithmetic", None) == ["--dataset", "arithmetic"]
+    assert lab.dataset_flags("gsm8k", 9) == ["--dataset", "gsm8k"]
+
+
+def test_record_writes_readable_json_atomically(tmp_path, capsys):
+    path = lab.record("nb", {"x": 1.5}, tmp_path / "results")
+    assert json.loads(path.read_text()) == {"x": 1.5} and path.name == "nb.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert list((tmp_path / "results").iterdir()) == [path]  # no temporary file left behind
+    assert json.loads(capsys.readouterr().out) == {"x": 1.5}
+
+
+def test_rl_result_compares_the_two_evaluations():
+    before = {"correct": 0.2, "problems": 18, "samples": 4, "temperature": 1.0}
+    after = {**before, "correct": 0.6, "dataset": "d", "base_model": "m", "source": "tinker://r/final"}
+    rows = [{"step": i, lab.REWARD: r} for i, r in enumerate([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9])]
+    result = lab.rl_result(before, after, rows, {"steps": 10})
+    assert result["heldout_gain"] == pytest.approx(0.4) and result["steps"] == 10
+    assert result["reward_first_fifth"] == pytest.approx(0.05) and result["reward_last_fifth"] == pytest.approx(0.85)
+    assert result["checkpoint"] == "tinker://r/final"
+
+
+def test_a_failed_command_raises_with_its_last_lines():
+    with pytest.raises(RuntimeError, match="exited 2"):
+        lab.rlcli("eval", "--dataset", "gsm8k", "--max-operand", "3")
+
+
+def test_results_carry_no_paths_of_this_machine(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    result = {"run": str(lab.ROOT / "runs" / "x"), "model": str(Path.home() / ".rlcli" / "models" / "m"), "n": 1}
+    text = (lab.record("nb", result, tmp_path / "results")).read_text()
+    assert json.loads(text) == {"run": "runs/x", "model": "~/.rlcli/models/m", "n": 1}
+    book = tmp_path / "book.ipynb"
+    book.write_text(json.dumps({"text": f"saved to {lab.ROOT}/runs and {Path.home()}/.rlcli"}))
+    lab.make_portable(str(book))
+    assert json.loads(book.read_text()) == {"text": "saved to runs and ~/.rlcli"}

@@ -1,0 +1,26 @@
+"""The results `make notebooks` recorded at full size (committed beside the executed notebooks) read back sane."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import REPO
+
+NOTEBOOKS = REPO / "notebooks"
+
+
+def test_recorded_results_are_there_and_sane():
+    results = {p.stem: json.loads(p.read_text()) for p in (NOTEBOOKS / "results").glob("*.json")}
+    assert set(results) == {"fused_vs_2pass", "learning_curve", "gsm8k"}, sorted(results)
+    for name in results:
+        assert (NOTEBOOKS / "results" / f"{name}.ipynb").is_file(), f"no executed copy of {name}"
+    fused = results["fused_vs_2pass"]
+    assert 0 < fused["ratio_median"] < 1.5 and fused["fused_median_s"] > 0 and fused["pairs"] >= 10
+    rl = results["gsm8k"]
+    assert 0 <= rl["heldout_correct_before"] <= 1 and 0 <= rl["heldout_correct_after"] <= 1
+    assert rl["heldout_gain"] == pytest.approx(rl["heldout_correct_after"] - rl["heldout_correct_before"])
+    assert rl["minutes"] > 0 and rl["steps"] == rl["params"]["steps"]
+    curve = results["learning_curve"]
+    assert curve["sl_last_nll"] < curve["sl_first_nll"]
