@@ -16,10 +16,11 @@ URL = http://127.0.0.1:$(PORT)
 # The demo pipeline: logged OpenAI traffic -> rlcli import -> rlcli train sl (stdin, nothing left in /tmp).
 SL_DEMO = $(RLCLI) import rlcli/data/demo/demo-traces.openai.jsonl -f openai \
 	| $(RLCLI) train sl --dataset - --base-url $(URL) --epochs 2 --batch-size 8 --lr 5e-3 --save-every 8
-# RL on the synthetic x + y task, sized for 2 CPU cores: the loss route (fused GSPO with rlcli's server
-# extension), one line per step, held-out problems scored every 4 steps. Targets add --max-steps.
-RL_DEMO = $(RLCLI) train rl --loss gspo --dataset arithmetic --base-url $(URL) --batch-size 4 --group-size 4 \
-	--max-tokens 8 --eval-every 4 --eval-size 8 --save-every 0
+# RL on the synthetic x + y task with one-digit operands (the embedded model knows those sums), sized for 2
+# CPU cores: the loss route (fused GSPO with rlcli's server extension), one line per step, held-out
+# problems scored every 4 steps. Targets add --max-steps.
+RL_DEMO = $(RLCLI) train rl --loss gspo --dataset arithmetic --max-operand 9 --base-url $(URL) --batch-size 4 \
+	--group-size 8 --lr 1e-3 --max-tokens 8 --eval-every 4 --eval-size 18 --save-every 0
 # The last sampler checkpoint a run folder recorded (checkpoints.jsonl is the contract; no log scraping).
 FINAL_SAMPLER = $(BIN)/python -c 'import json,sys; rows=[json.loads(l) for l in open(sys.argv[1]+"/checkpoints.jsonl") if l.strip()]; print([r for r in rows if r.get("sampler_path")][-1]["sampler_path"])'
 
