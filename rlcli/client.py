@@ -9,7 +9,9 @@ import urllib.request
 from rlcli.errors import RlcliError, UsageError
 
 
-def _request(url: str, payload: dict | None = None, timeout: float = 30.0) -> dict:
+def request_json(url: str, payload: dict | None = None, timeout: float = 30.0) -> dict:
+    """GET url (payload None) or POST payload as JSON; the JSON answer ({} when empty). HTTP errors raise
+    urllib.error.HTTPError, network ones OSError: callers decide what each means to them."""
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -18,19 +20,19 @@ def _request(url: str, payload: dict | None = None, timeout: float = 30.0) -> di
 
 def server_base_model(base_url: str) -> str:
     """The model the server was started with (get_server_capabilities)."""
-    caps = _request(f"{base_url}/api/v1/get_server_capabilities")
+    caps = request_json(f"{base_url}/api/v1/get_server_capabilities")
     return caps["supported_models"][0]["model_name"]
 
 
 def unload_model(base_url: str, model_id: str) -> None:
     """Free a model's LoRA slot now; SkyRL's jax backend has a fixed number of them."""
-    _request(f"{base_url}/api/v1/unload_model", {"model_id": model_id})
+    request_json(f"{base_url}/api/v1/unload_model", {"model_id": model_id})
 
 
 def training_run(base_url: str, run_id: str) -> dict:
     """The server's record of a training run (base_model, lora_rank, ...); a one-line error if it has none."""
     try:
-        return _request(f"{base_url}/api/v1/training_runs/{run_id}")
+        return request_json(f"{base_url}/api/v1/training_runs/{run_id}")
     except urllib.error.HTTPError as e:
         if e.code == 404:
             raise UsageError(f"the server at {base_url} has no training run {run_id!r}: "

@@ -13,28 +13,21 @@ zero gradients and a fresh optimizer.
 
 from __future__ import annotations
 
-import json
 import sys
 import urllib.error
-import urllib.request
 
+from rlcli.client import request_json
 from rlcli.errors import RlcliError
 
 CAPABILITIES_ROUTE = "/api/v1/rlcli/capabilities"
 SLOT_EXTENSION = "rlcli_slots"
 
 
-def _post(url: str, payload: dict, timeout: float = 60.0) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read() or b"{}")
-
-
 def _result(base_url: str, request_id: str, attempts: int = 20) -> dict:
     """Wait for a future (the server answers 408 while it is still pending)."""
     for _ in range(attempts):
         try:
-            return _post(f"{base_url}/api/v1/retrieve_future", {"request_id": request_id}, timeout=90)
+            return request_json(f"{base_url}/api/v1/retrieve_future", {"request_id": request_id}, timeout=90)
         except urllib.error.HTTPError as e:
             if e.code != 408:
                 raise RlcliError(f"the server failed a slot-scrub request: HTTP {e.code} "
@@ -45,8 +38,7 @@ def _result(base_url: str, request_id: str, attempts: int = 20) -> dict:
 def server_cleans_slots(base_url: str) -> bool:
     """True when the server runs rlcli's slot extension (asked, not assumed)."""
     try:
-        with urllib.request.urlopen(base_url + CAPABILITIES_ROUTE, timeout=10) as resp:
-            caps = json.loads(resp.read())
+        caps = request_json(base_url + CAPABILITIES_ROUTE, timeout=10)
     except (OSError, ValueError):
         return False
     return SLOT_EXTENSION in caps.get("extensions", [])
@@ -54,17 +46,17 @@ def server_cleans_slots(base_url: str) -> bool:
 
 def scrub_next_slot(base_url: str, base_model: str) -> float:
     """Consume whatever gradients sit in the next free slot; returns their norm (0.0: it was clean)."""
-    session = _post(f"{base_url}/api/v1/create_session", {"tags": ["rlcli-slot-scrub"], "sdk_version": "rlcli"})
-    created = _post(f"{base_url}/api/v1/create_model", {
+    session = request_json(f"{base_url}/api/v1/create_session", {"tags": ["rlcli-slot-scrub"], "sdk_version": "rlcli"})
+    created = request_json(f"{base_url}/api/v1/create_model", {
         "session_id": session["session_id"], "base_model": base_model, "lora_config": {"rank": 1, "seed": 0}})
     _result(base_url, created["request_id"])
     try:
-        step = _post(f"{base_url}/api/v1/optim_step", {
+        step = request_json(f"{base_url}/api/v1/optim_step", {
             "model_id": created["model_id"],
             "adam_params": {"learning_rate": 0.0, "beta1": 0.0, "beta2": 0.0}})
         metrics = _result(base_url, step["request_id"]).get("metrics") or {}
     finally:
-        unloaded = _post(f"{base_url}/api/v1/unload_model", {"model_id": created["model_id"]})
+        unloaded = request_json(f"{base_url}/api/v1/unload_model", {"model_id": created["model_id"]})
         _result(base_url, unloaded["request_id"])
     return float(next((v for k, v in metrics.items() if "grad_norm" in k), 0.0))
 

@@ -16,10 +16,10 @@ import socket
 import sys
 import time
 import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rlcli.client import request_json
 from rlcli.errors import RlcliError, UsageError
 
 STATE_FILE = "state.json"
@@ -163,16 +163,9 @@ def _signal_group(pgid: int, sig: int) -> None:
 # --- readiness: a real round trip through the engine -----------------------------------------
 
 
-def _http(url: str, payload: dict | None = None, timeout: float = 10.0) -> dict:
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read() or b"{}")
-
-
 def healthz(url: str, timeout: float = 2.0) -> bool:
     try:
-        return _http(f"{url}/api/v1/healthz", timeout=timeout).get("status") == "ok"
+        return request_json(f"{url}/api/v1/healthz", timeout=timeout).get("status") == "ok"
     except (OSError, ValueError):
         return False
 
@@ -180,7 +173,7 @@ def healthz(url: str, timeout: float = 2.0) -> bool:
 def _await_future(url: str, request_id: str, deadline: float) -> dict:
     while time.monotonic() < deadline:
         try:
-            return _http(f"{url}/api/v1/retrieve_future", {"request_id": request_id}, timeout=60)
+            return request_json(f"{url}/api/v1/retrieve_future", {"request_id": request_id}, timeout=60)
         except urllib.error.HTTPError as e:
             if e.code != 408:  # 408: not done yet, ask again
                 detail = e.read().decode(errors="replace")[:300]
@@ -192,13 +185,14 @@ def _await_future(url: str, request_id: str, deadline: float) -> dict:
 
 def engine_round_trip(url: str, base_model: str, deadline: float) -> None:
     """Create a LoRA model and unload it: proves the engine, not just uvicorn, serves requests."""
-    session = _http(f"{url}/api/v1/create_session", {"tags": ["rlcli-readiness"], "sdk_version": "rlcli"})
-    created = _http(
+    session = request_json(f"{url}/api/v1/create_session", {"tags": ["rlcli-readiness"], "sdk_version": "rlcli"},
+                           timeout=10)
+    created = request_json(
         f"{url}/api/v1/create_model",
         {"session_id": session["session_id"], "base_model": base_model, "lora_config": {"rank": 1, "seed": 0}},
     )
     _await_future(url, created["request_id"], deadline)
-    unloaded = _http(f"{url}/api/v1/unload_model", {"model_id": created["model_id"]})
+    unloaded = request_json(f"{url}/api/v1/unload_model", {"model_id": created["model_id"]}, timeout=10)
     _await_future(url, unloaded["request_id"], deadline)
 
 

@@ -14,14 +14,14 @@ No file of the cookbook or of tinker is changed; each shim wraps one attribute f
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sys
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
+
+from rlcli.client import request_json
 
 
 @contextlib.contextmanager
@@ -130,13 +130,6 @@ def progress_logging(progress: ProgressLine) -> Iterator[None]:
         root.setLevel(saved_level)
 
 
-def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as resp:
-        return json.loads(resp.read() or b"{}")
-
-
 def unload_models(base_url: str, model_ids: list[str], wait_s: float = 30.0) -> list[str]:
     """Free the server's LoRA slots of these models; return the ids that could not be unloaded.
 
@@ -146,8 +139,9 @@ def unload_models(base_url: str, model_ids: list[str], wait_s: float = 30.0) -> 
     failed = []
     for model_id in model_ids:
         try:
-            queued = _post(f"{base_url}/api/v1/unload_model", {"model_id": model_id}, timeout=10)
-            _post(f"{base_url}/api/v1/retrieve_future", {"request_id": queued["request_id"]}, timeout=wait_s)
+            queued = request_json(f"{base_url}/api/v1/unload_model", {"model_id": model_id}, timeout=10)
+            request_json(f"{base_url}/api/v1/retrieve_future", {"request_id": queued["request_id"]},
+                         timeout=wait_s)
         except urllib.error.HTTPError as e:
             if e.code != 404:
                 failed.append(model_id)
