@@ -29,16 +29,16 @@ def sampler_path(checkpoint: str) -> str:
     """A tinker:// sampler path as given, or the newest one a run folder's checkpoints.jsonl lists."""
     if checkpoint.startswith("tinker://"):
         return checkpoint
-    from rlcli.train import read_jsonl
+    from rlcli.train import last_checkpoint
 
     folder = Path(checkpoint).expanduser()
     if not folder.is_dir():
         raise UsageError(f"--checkpoint {checkpoint}: neither a tinker:// path nor a run folder")
-    paths = [c["sampler_path"] for c in read_jsonl(folder / "checkpoints.jsonl") if c.get("sampler_path")]
-    if not paths:
+    last = last_checkpoint(folder, "sampler_path")
+    if not last:
         raise UsageError(f"--checkpoint {checkpoint}: its checkpoints.jsonl lists no sampler weights "
                          "(a run saves them at its end; was it finished?)")
-    return paths[-1]
+    return last["sampler_path"]
 
 
 def check_numbers(samples: int, temperature: float, max_tokens: int, eval_size: int | None) -> None:

@@ -191,8 +191,8 @@ def plot_rl(rows: list[dict], before: dict, after: dict, loss: str):
     steps, reward = series(rows, REWARD)
     reward_ax.plot(steps, reward, ".-", alpha=0.5, label="reward (batch mean)")
     window = max(1, len(reward) // 10)
-    smooth = [sum(reward[max(0, i - window + 1): i + 1]) / len(reward[max(0, i - window + 1): i + 1])
-              for i in range(len(reward))]
+    recent = [reward[max(0, i - window + 1): i + 1] for i in range(len(reward))]
+    smooth = [sum(r) / len(r) for r in recent]
     reward_ax.plot(steps, smooth, "-", color="C3", label=f"moving mean of {window}")
     reward_ax.set(xlabel="step", ylabel="reward", title=f"training reward ({loss})")
     reward_ax.legend()

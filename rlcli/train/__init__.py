@@ -80,6 +80,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def last_checkpoint(folder: Path, key: str) -> dict[str, Any] | None:
+    """The newest row of a run folder's checkpoints.jsonl that has `key` (state_path, sampler_path)."""
+    return next((c for c in reversed(read_jsonl(folder / "checkpoints.jsonl")) if c.get(key)), None)
+
+
 def note_models(folder: Path, model_ids: list[str], append: bool = True) -> None:
     """Record (or, with append=False, replace) the models this run holds on the server."""
     with open(folder / MODELS_FILE, "a" if append else "w") as f:
@@ -113,8 +118,8 @@ def check_resume_info(folder: Path, url: str, digest: tuple[str, str], current: 
             raise UsageError(f"{folder} was run with {key} {info[key]!r}: resume with the same --"
                              f"{key.replace('_', '-')}, or start a new --log-path")
     unload_leftovers(folder, url)
-    last = [c for c in read_jsonl(folder / "checkpoints.jsonl") if c.get("state_path")]
-    where = f"checkpoint {last[-1]['name']}" if last else "the start (no checkpoint was saved yet)"
+    last = last_checkpoint(folder, "state_path")
+    where = f"checkpoint {last['name']}" if last else "the start (no checkpoint was saved yet)"
     print(f"resuming {folder} from {where}", file=sys.stderr)
 
 

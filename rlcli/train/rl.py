@@ -29,7 +29,7 @@ from rlcli.errors import UsageError
 from rlcli.train import (
     check_resume_info,
     claim,
-    read_jsonl,
+    last_checkpoint,
     renderers,
     rl_eval,
     run_folder,
@@ -104,11 +104,11 @@ def checkpoint_state(load_checkpoint: str | None) -> str | None:
     path = load_checkpoint
     if not path.startswith("tinker://"):
         folder = Path(path).expanduser()
-        states = [c["state_path"] for c in read_jsonl(folder / "checkpoints.jsonl") if c.get("state_path")]
-        if not states:
+        last = last_checkpoint(folder, "state_path")
+        if not last:
             raise UsageError(f"--load-checkpoint {path}: not a tinker:// path, nor a run folder whose "
                              "checkpoints.jsonl lists a saved state")
-        path = states[-1]
+        path = last["state_path"]
     if "/weights/" not in path:  # tinker://<model>/<name> is a sampler export: it holds no training state
         raise UsageError(f"--load-checkpoint {path}: give a training state, tinker://<model>/weights/<name>")
     return path

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from rlcli.train import read_jsonl
+from rlcli.train import last_checkpoint, read_jsonl
 from rlcli.train.compat import ProgressLine
 
 EVAL_SIZE = 32  # held-out problems by default
@@ -309,7 +309,7 @@ def format_rl_progress(metrics: dict[str, Any], step: int, total_steps: int, rou
 def final_report(folder: Path) -> str:
     rows = read_jsonl(folder / "metrics.jsonl")
     trained, tested = [m for m in rows if REWARD in m], [m for m in rows if TEST_CORRECT in m]
-    final = next((c for c in reversed(read_jsonl(folder / "checkpoints.jsonl")) if c.get("sampler_path")), None)
+    final = last_checkpoint(folder, "sampler_path")
     lines = []
     if trained:
         lines.append(f"reward {trained[0][REWARD]:+.3f} -> {trained[-1][REWARD]:+.3f} over {len(trained)} steps")

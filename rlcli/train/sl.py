@@ -28,6 +28,7 @@ from rlcli.train import (
     RUN_INFO,
     check_resume_info,
     claim,
+    last_checkpoint,
     private_copy,
     read_jsonl,
     renderers,
@@ -156,7 +157,7 @@ def prepare_resume(folder: Path, url: str, sha256: str, settings: Settings) -> N
 
 def final_report(folder: Path, base_url: str | None) -> str:
     losses = [m["train_mean_nll"] for m in read_jsonl(folder / "metrics.jsonl") if "train_mean_nll" in m]
-    final = next((c for c in reversed(read_jsonl(folder / "checkpoints.jsonl")) if c.get("sampler_path")), None)
+    final = last_checkpoint(folder, "sampler_path")
     lines = [f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps"] if losses else []
     lines += [f"metrics: {folder / 'metrics.jsonl'}", f"checkpoints: {folder / 'checkpoints.jsonl'}"]
     if final:
