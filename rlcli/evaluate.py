@@ -71,7 +71,8 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
         checkpoint: sampler weights tinker://RUN/sampler_weights/ID, or a run folder (its last ones);
             default: the server's base model
         dataset_path: with --dataset gsm8k: read it from this JSONL file (offline) instead of the hub
-        eval_size: held-out problems, as train rl's --eval-size (default 32; gsm8k: its first N test problems)
+        eval_size: held-out problems, as train rl's --eval-size (default 32, fewer for a
+            small --max-operand; gsm8k: its first N test problems)
         max_operand: with --dataset arithmetic: x and y in 0..N, as train rl's --max-operand (default 100)
         grader: for files, as train rl's --grader
         samples: answers per problem (needs --temperature above 0)
@@ -83,8 +84,8 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
     """
     from rlcli.train.rl import choose_dataset
 
-    name, path, grader = choose_dataset(dataset, dataset_path, grader, max_operand)
     check_numbers(samples, temperature, max_tokens, eval_size)
+    name, path, grader = choose_dataset(dataset, dataset_path, grader, max_operand, eval_size)
     source = sampler_path(checkpoint) if checkpoint else None
     started = time.monotonic()
     result = _evaluate(name, path, grader, source, eval_size, max_operand, samples, temperature, max_tokens,

@@ -188,8 +188,8 @@ def load_data(name: str, path: str | None, batch_size: int, max_steps: int | Non
                     problems.grader)
     held_out = rl_eval.EVAL_SIZE if eval_size is None else eval_size
     if name == "arithmetic":
+        held_out = rl_eval.arithmetic_eval_size(eval_size, max_operand)
         batches = max_steps or ARITHMETIC_BATCHES
-        rl_eval.check_arithmetic(held_out, max_operand)
         default = max_operand == rl_eval.ARITHMETIC_MAX
         narrowed = "" if default else f", x and y in 0..{max_operand}"
         return Data(f"arithmetic (the cookbook's synthetic x + y problems{narrowed})", None, None, batches,

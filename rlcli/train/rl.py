@@ -75,8 +75,9 @@ class Settings:
 
 
 def choose_dataset(dataset: str | None, dataset_path: str | None, grader: str = "auto",
-                   max_operand: int | None = None) -> tuple[str, str | None, str]:
-    """(arithmetic | gsm8k | file, path or None, grader) from the flags; no file is read here."""
+                   max_operand: int | None = None, eval_size: int | None = None) -> tuple[str, str | None, str]:
+    """(arithmetic | gsm8k | file, path or None, grader) from the flags; no file is read, no server asked:
+    a bad flag fails before either."""
     if not dataset:
         raise UsageError("pass --dataset arithmetic, --dataset gsm8k [--dataset-path FILE.jsonl], or "
                          "--dataset FILE.jsonl ({question, answer} lines)")
@@ -92,6 +93,8 @@ def choose_dataset(dataset: str | None, dataset_path: str | None, grader: str = 
         raise UsageError(f"--dataset-path is for gsm8k data; {dataset} is synthetic: drop --dataset-path")
     if dataset == "arithmetic" and grader != "auto":
         raise UsageError("arithmetic grades its own integer answers: drop --grader")
+    if dataset == "arithmetic":
+        rl_eval.arithmetic_eval_size(eval_size, rl_eval.ARITHMETIC_MAX if max_operand is None else max_operand)
     if dataset == "gsm8k" and not dataset_path and grader not in ("auto", "gsm8k"):
         raise UsageError(f"--grader {grader} is for JSONL files; the hub's gsm8k is graded the cookbook's way")
     return dataset, dataset_path, "gsm8k" if dataset == "gsm8k" and grader == "auto" else grader
@@ -239,7 +242,8 @@ def train_rl(loss: str = "gspo", dataset: str | None = None, dataset_path: str |
         temperature: sampling temperature
         lora_rank: LoRA rank (the server caps it; SkyRL's jax backend at 32 by default)
         eval_every: score the held-out problems every N steps, from step 0 (0: off, and none held out)
-        eval_size: problems held out of training for that (default 32; a file: at most a tenth of it)
+        eval_size: problems held out of training for that (default 32; a file: at most a tenth
+            of it; arithmetic: at most a third of its pairs)
         grader: auto (a file whose answers end '#### N': gsm8k, else numeric), gsm8k (the cookbook's sympy
             grader), numeric (numbers compared as numbers, other answers as text) or exact (as text)
         save_every: save a resumable checkpoint every N steps (0: only the final one)
@@ -251,7 +255,8 @@ def train_rl(loss: str = "gspo", dataset: str | None = None, dataset_path: str |
         dry_run: plan the loss, check the data, print the plan; create no model
         max_operand: with --dataset arithmetic: draw x and y from 0..N (default 100, the cookbook's range)
     """
-    name, path, grader = choose_dataset(dataset, dataset_path, grader, max_operand)
+    name, path, grader = choose_dataset(dataset, dataset_path, grader, max_operand,
+                                        0 if eval_every == 0 else eval_size)
     check_numbers(batch_size=batch_size, group_size=group_size, max_tokens=max_tokens, lora_rank=lora_rank,
                   max_steps=max_steps, save_every=save_every, eval_every=eval_every, eval_size=eval_size, lr=lr,
                   temperature=temperature)

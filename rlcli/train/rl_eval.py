@@ -86,6 +86,12 @@ def arithmetic_eval_max(max_operand: int = ARITHMETIC_MAX) -> int:
     return min(ARITHMETIC_EVAL_MAX, distinct // 3)
 
 
+def arithmetic_eval_size(eval_size: int | None, max_operand: int = ARITHMETIC_MAX) -> int:
+    """The held-out count for the synthetic set: as asked (checked), or EVAL_SIZE capped by the range."""
+    check_arithmetic(0 if eval_size is None else eval_size, max_operand)
+    return min(EVAL_SIZE, arithmetic_eval_max(max_operand)) if eval_size is None else eval_size
+
+
 def check_arithmetic(eval_size: int, max_operand: int = ARITHMETIC_MAX) -> None:
     from rlcli.errors import UsageError
 

@@ -73,3 +73,11 @@ def test_cli_refuses_bad_flags_in_one_line():
     proc = run_rlcli("eval", "--dataset", "gsm8k", "--max-operand", "9")
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
     assert "--max-operand is for --dataset arithmetic" in proc.stderr
+
+
+@pytest.mark.parametrize("command", [("eval",), ("train", "rl")])
+@pytest.mark.parametrize("flags, message", [(("--max-operand", "2"), "--max-operand 2"),
+                                            (("--max-operand", "9", "--eval-size", "40"), "holds out at most 18")])
+def test_arithmetic_flags_fail_before_any_server_is_asked(command, flags, message):
+    proc = run_rlcli(*command, "--dataset", "arithmetic", *flags, "--base-url", "http://127.0.0.1:9")
+    assert proc.returncode == 2 and message in proc.stderr and "cannot reach" not in proc.stderr, proc.stderr
