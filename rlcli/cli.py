@@ -63,7 +63,9 @@ COMMANDS: dict[str, Any] = {
     "model": (
         "the embedded tiny model",
         {
-            "build": ("build (or find) the embedded model and print its folder", "rlcli.model:build"),
+            "install": ("put the shipped model in RLCLI_HOME (no build) and print its folder", "rlcli.model:install"),
+            "build": ("run the recipe that made the shipped model; say whether the bytes match",
+                      "rlcli.model:build"),
         },
     ),
 }

@@ -7,12 +7,16 @@ ChatML chats this module writes itself teach the turn structure (`<|im_start|>as
 signal for RL, and most of two-digit addition still left for it to learn.
 
 Reproducibility: data from `random.Random(seed)`, weights from `torch.manual_seed(seed)` (the caller)
-and a generator seeded the same way here, deterministic kernels, and a pinned thread count (THREADS).
+and a generator seeded the same way here, deterministic kernels, and a pinned thread count (THREADS). That makes
+the bytes repeat on one machine, not across processors (float kernels differ between CPU models), which is why
+rlcli ships the bytes this recipe made (rlcli/assets/) and serves those everywhere.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 import random
 import re
@@ -128,6 +132,14 @@ def heldout_pairs() -> list[tuple[int, int]]:
     return [(x, y) for x in range(100) for y in range(100) if _scored_heldout(x, y)]
 
 
+def kept_away() -> dict[str, Any]:
+    """The sums no pretraining chat shows (is_heldout), as the model's record names them: how many, the first
+    few, and a digest of the whole set. A model built against another set must not be served as this one."""
+    pairs = [(x, y) for x in range(100) for y in range(100) if is_heldout(x, y)]
+    digest = hashlib.sha256(json.dumps(pairs, separators=(",", ":")).encode()).hexdigest()
+    return {"problems": len(pairs), "first": [list(p) for p in pairs[:5]], "sha256": digest}
+
+
 def cookbook_chat(x: int, y: int, fewshot: bool = True) -> Chat:
     """An ArithmeticEnv episode (render it with think=True), answered with the bare sum."""
     return [*(FEWSHOT if fewshot else []), {"role": "user", "content": f"What is {x} + {y}?"},
@@ -235,10 +247,10 @@ def _rows(tokenizer: Any, rng: random.Random) -> Iterator[tuple[list[int], list[
         tokens, weights = tokens[ROW_LEN:], weights[ROW_LEN:]
 
 
-def _lr(step: int) -> float:
+def _lr(step: int, steps: int) -> float:
     if step < WARMUP:
         return PEAK_LR * (step + 1) / WARMUP
-    progress = (step - WARMUP) / max(1, STEPS - WARMUP)
+    progress = (step - WARMUP) / max(1, steps - WARMUP)
     return MIN_LR + 0.5 * (PEAK_LR - MIN_LR) * (1 + math.cos(math.pi * progress))
 
 
@@ -303,8 +315,10 @@ def reply_loss(model: Any, tokenizer: Any, chats: list[tuple[Chat, bool]]) -> fl
     return total / count
 
 
-def pretrain(model: Any, tokenizer: Any, seed: int, quiet: bool = False) -> dict[str, Any]:
-    """Train every weight of `model` in place on the synthetic chats; return what the marker records."""
+def pretrain(model: Any, tokenizer: Any, seed: int, quiet: bool = False, steps: int = STEPS) -> dict[str, Any]:
+    """Train every weight of `model` in place on the synthetic chats; return what the marker records.
+
+    `steps` below STEPS only serves tests of the recipe (same code path, a fraction of the time)."""
     import torch
     import torch.nn.functional as F
 
@@ -325,7 +339,7 @@ def pretrain(model: Any, tokenizer: Any, seed: int, quiet: bool = False) -> dict
         rows = _rows(tokenizer, random.Random(seed))
         model.train()
         recent: list[float] = []
-        for step in range(STEPS):
+        for step in range(steps):
             batch = [next(rows) for _ in range(ROWS)]
             tokens = torch.tensor([t for t, _ in batch])
             weights = torch.tensor([w[1:] for _, w in batch])
@@ -335,12 +349,12 @@ def pretrain(model: Any, tokenizer: Any, seed: int, quiet: bool = False) -> dict
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             for group in opt.param_groups:
-                group["lr"] = _lr(step)
+                group["lr"] = _lr(step, steps)
             opt.step()
             opt.zero_grad(set_to_none=True)
             recent = [*recent[-19:], loss.item()]
-            if not quiet and ((step + 1) % LOG_EVERY == 0 or step + 1 == STEPS):
-                print(f"rlcli: pretraining step {step + 1}/{STEPS}  loss {loss.item():.3f}  "
+            if not quiet and ((step + 1) % LOG_EVERY == 0 or step + 1 == steps):
+                print(f"rlcli: pretraining step {step + 1}/{steps}  loss {loss.item():.3f}  "
                       f"({time.monotonic() - start:.1f} s)", file=sys.stderr, flush=True)
         model.eval()
         seconds = time.monotonic() - start
@@ -350,8 +364,8 @@ def pretrain(model: Any, tokenizer: Any, seed: int, quiet: bool = False) -> dict
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
     return {
-        "steps": STEPS,
-        "tokens": STEPS * ROWS * ROW_LEN,
+        "steps": steps,
+        "tokens": steps * ROWS * ROW_LEN,
         "threads": THREADS,
         "seconds": round(seconds, 1),
         "final_loss": round(sum(recent) / len(recent), 4),  # weighted training loss, mean of the last 20 steps

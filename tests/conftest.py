@@ -37,7 +37,7 @@ def shared_server_venv() -> Path:
 
 
 def shared_model_home() -> Path:
-    """Where the embedded model is built once and reused by every test session."""
+    """Where the shipped embedded model is installed once and reused by every test session."""
     return Path(os.environ.get("RLCLI_TEST_MODEL_HOME", Path.home() / ".rlcli"))
 
 
@@ -59,7 +59,7 @@ class Server:
 @pytest.fixture(scope="session")
 def embedded_model() -> str:
     env = dict(os.environ, RLCLI_HOME=str(shared_model_home()))
-    proc = run_rlcli("model", "build", env=env, check=True, timeout=300)
+    proc = run_rlcli("model", "install", env=env, check=True, timeout=120)
     return proc.stdout.splitlines()[0].strip()
 
 
