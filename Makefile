@@ -1,7 +1,8 @@
 # rlcli: two commands do all set-up on a fresh machine (offline):
-#   make demo   client venv + server venv + embedded model, start the server, a short real job, stop it
+#   make demo   client venv + server venv (both from locks) + the shipped model, start the server, a real job, stop
 #   make test   the whole test suite against a real SkyRL server on CPU (CI runs this)
 # Faster loops: make test-fast (no server, < 1 min), make lint. Notebooks: make notebooks, make lab.
+# Environments: make lock (re-lock from env/*.in), make lock-check, make wheel-check (the pip install path).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
@@ -27,13 +28,19 @@ FINAL_SAMPLER = $(BIN)/python -c 'import json,sys; rows=[json.loads(l) for l in 
 .PHONY: help venv server-venv model demo sl test test-fast test-server lint clean-venv
 
 help:
-	@sed -n '1,6p' Makefile
+	@sed -n '1,7p' Makefile
 
-# The client venv: rlcli (editable), tinker, tinker-cookbook, CPU torch, test tools, the notebook tools.
-$(STAMP): env/client.txt env/dev.txt env/notebooks.txt pyproject.toml
+# The client venv: rlcli (editable) over the locks (every package pinned with its hashes: env/README.md).
+# torch is the CPU build from PyTorch's CPU index (TORCH_INDEX); pip also finds it in any local folder its
+# config names. The locks are for CPython 3.11 on x86_64 Linux.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+PIP_LOCKED = $(BIN)/python -m pip install --quiet --progress-bar off --require-hashes --no-deps
+$(STAMP): env/client.lock env/torch-cpu.lock pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo "make venv: the locks are \
+	for CPython 3.11; run make with PYTHON=python3.11 (or pip install polygramme-rlcli, unlocked)" >&2; exit 2; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --progress-bar off -r env/client.txt -r env/dev.txt -r env/notebooks.txt \
-	  2> >(grep -v '^WARNING: Location' >&2)
+	$(PIP_LOCKED) --retries 0 --extra-index-url $(TORCH_INDEX) -r env/torch-cpu.lock 2> >(grep -v '^WARNING: Location' >&2)
+	$(PIP_LOCKED) -r env/client.lock 2> >(grep -v '^WARNING: Location' >&2)
 	$(BIN)/python -m pip install --quiet --no-deps -e . 2> >(grep -v '^WARNING: Location' >&2)
 	@touch $@
 
@@ -43,8 +50,21 @@ venv: $(STAMP)
 server-venv: venv
 	$(RLCLI) serve install
 
+# The embedded model's shipped bytes (rlcli/assets/), copied to RLCLI_HOME and checked; nothing is built.
 model: venv
-	$(RLCLI) model build
+	$(RLCLI) model install
+
+# Locks: re-lock what changed (uv pip compile), or check that every lock matches its inputs (offline).
+.PHONY: lock lock-check wheel-check
+lock: venv
+	$(BIN)/python -m rlcli.locks
+
+lock-check: venv
+	$(BIN)/python -m rlcli.locks check
+
+# The install a user makes: the wheel into a fresh venv from the locks, then --version, doctor, serve start/stop.
+wheel-check: venv server-venv
+	TORCH_INDEX=$(TORCH_INDEX) bash scripts/wheel_check.sh
 
 # Start the server; demo, import -> SFT -> RL, export the final weights and sample them; stop the server
 # whether the jobs passed or not. The SFT run goes to a known folder so that RL starts from its final
@@ -119,3 +139,19 @@ LAB_PORT ?= 8888
 lab: venv server-venv model
 	$(BIN)/jupyter lab --ip 127.0.0.1 --port $(LAB_PORT) --no-browser --notebook-dir notebooks \
 	  $$(test "$$(id -u)" = 0 && echo --allow-root)
+
+# The wheels the GPU check carries to a machine without a package registry (benchmarks/gpu/README.md): the
+# pinned list for Python 3.12 on x86-64 Linux into benchmarks/gpu/wheels/ (ignored by git; fallbacks in its
+# fallback/ folder), then checked against the GPU image's package list.
+GPU_WHEELS = benchmarks/gpu/wheels
+GPU_PIP_DOWNLOAD = $(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+	--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+	--platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+.PHONY: gpu-wheels
+gpu-wheels: venv
+	rm -rf $(GPU_WHEELS)/*.whl $(GPU_WHEELS)/fallback
+	$(GPU_PIP_DOWNLOAD) -d $(GPU_WHEELS) -r <(grep -v '#[[:space:]]*fallback$$' benchmarks/gpu/wheels.txt) \
+	  2> >(grep -v '^WARNING: Location' >&2)
+	$(GPU_PIP_DOWNLOAD) -d $(GPU_WHEELS)/fallback -r <(grep '#[[:space:]]*fallback$$' benchmarks/gpu/wheels.txt) \
+	  2> >(grep -v '^WARNING: Location' >&2)
+	$(BIN)/python benchmarks/gpu/wheelset.py check $(GPU_WHEELS)

@@ -11,9 +11,6 @@ DEFAULT_PORT = 8000
 # The tinker client insists on a key that starts with `tml-`; SkyRL checks none.
 PLACEHOLDER_API_KEY = "tml-self-hosted"
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-ENV_DIR = REPO_ROOT / "env"
-
 
 def rlcli_home() -> Path:
     """All of rlcli's state: RLCLI_HOME, else ~/.rlcli."""

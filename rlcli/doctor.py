@@ -75,7 +75,7 @@ def installed_version(site_packages: Path, package: str) -> str | None:
 
 def compare_pins(client: str | None, server: str | None) -> tuple[str, str]:
     if client is None:
-        return "fail", "tinker is not installed in this venv: `pip install -r env/client.txt`"
+        return "fail", "tinker is not installed in this venv: `make venv` (or pip install polygramme-rlcli)"
     if server is None:
         return "warn", f"client tinker {client}; no server venv to compare with (`rlcli serve install`)"
     if client == server:
@@ -106,7 +106,7 @@ def check_server_venv() -> Check:
     state = process.read_state(config.server_state_dir())
     backend = state.backend if state else "jax"
     if server_venv.is_complete(venv, backend):
-        return Check("server-venv", "ok", f"{venv} matches env/server-{backend}.txt")
+        return Check("server-venv", "ok", f"{venv} matches {server_venv.pins_file(backend).name}")
     what = "is missing" if not (venv / "bin" / "python").exists() else "is incomplete or from older pins"
     return Check("server-venv", "warn", f"{venv} {what}: `rlcli serve install --backend {backend}` builds it "
                  "(~7 min; `serve start` does it too)")

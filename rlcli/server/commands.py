@@ -283,7 +283,7 @@ def restart(wait: float = 600.0, name: str = "default") -> int:
 
 
 def install(backend: str = "jax", python: str | None = None, venv: str | None = None) -> int:
-    """Build (or verify) the server venv from the pins in env/, without starting a server.
+    """Build (or verify) the server venv from the lock in rlcli/server/env/, without starting a server.
 
     Args:
         backend: jax, fsdp or megatron

@@ -1,4 +1,4 @@
-"""The server's own virtual environment: found, built from env/ pins, verified.
+"""The server's own virtual environment: found, built from the lock that ships in rlcli/server/env/, verified.
 
 SkyRL needs Python 3.12 while rlcli's client side runs on 3.11+, and SkyRL's
 dependencies (jax, a CUDA torch pulled by peft) would bloat the client: the
@@ -14,9 +14,10 @@ import shutil
 import subprocess
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 
-from rlcli.config import ENV_DIR, server_venv_dir
+from rlcli.config import server_venv_dir
 from rlcli.errors import RlcliError, UsageError
 
 BACKENDS = ("jax", "fsdp", "megatron")
@@ -25,26 +26,34 @@ MARKER = ".rlcli-complete"
 
 
 def pins_file(backend: str) -> Path:
-    return ENV_DIR / f"server-{backend}.txt"
+    """The backend's lock (every package pinned with hashes), else its input file where no lock can be made.
+
+    Found in the installed package, so a plain `pip install` of rlcli builds the server venv too."""
+    folder = Path(str(resources.files("rlcli.server") / "env"))
+    lock = folder / f"server-{backend}.lock"
+    return lock if lock.exists() else folder / f"server-{backend}.in"
 
 
 def pinned_versions(backend: str = "jax") -> dict[str, str]:
-    """{package: version} for the `==` pins of a backend's requirement file."""
-    out: dict[str, str] = {}
+    """{package: version} for the packages the backend's input names, at the versions its lock pins."""
+    locked: dict[str, str] = {}
     for line in _requirement_lines(pins_file(backend)):
-        m = re.match(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\s;]+)", line)
+        m = re.match(r"^([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==([^\s;\\]+)", line)
         if m:
-            out[m.group(1)] = m.group(2)
-    return out
+            locked[_norm(m.group(1))] = m.group(2)
+    named = [re.match(r"^[A-Za-z0-9_.\-]+", line) for line in _requirement_lines(pins_file(backend).with_suffix(".in"))]
+    return {m.group(0): locked[_norm(m.group(0))] for m in named if m and _norm(m.group(0)) in locked}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _requirement_lines(path: Path) -> list[str]:
     lines = []
     for raw in path.read_text().splitlines():
         line = raw.split("#", 1)[0].strip()
-        if line.startswith("-r "):
-            lines += _requirement_lines(path.parent / line[3:].strip())
-        elif line:
+        if line and not line.startswith("-"):
             lines.append(line)
     return lines
 
@@ -134,7 +143,9 @@ def _run_checked(cmd: list[str], what: str) -> None:
 
 def _pip_install(venv: Path, requirements: Path) -> None:
     """pip install -r, showing one live progress line (packages seen, elapsed time)."""
-    cmd = [str(venv / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off",
+    # A lock holds every package with its hashes: nothing is resolved, nothing unchecked is installed.
+    locked = ["--require-hashes", "--no-deps"] if requirements.suffix == ".lock" else []
+    cmd = [str(venv / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off", *locked,
            "-r", str(requirements)]
     log_path = venv / "rlcli-install.log"
     start = time.monotonic()

@@ -36,7 +36,7 @@ def apply_api_shims() -> None:
     if not callable(getattr(api, "_build_uv_run_cmd_engine", None)):
         raise RuntimeError(
             "rlcli shim: skyrl.tinker.api._build_uv_run_cmd_engine is gone; this SkyRL version "
-            "is not the one rlcli pins (env/server-*.txt)"
+            "is not the one rlcli pins (rlcli/server/env/server-*.lock)"
         )
 
     def _engine_cmd(parent_cmd: list[str], engine_config) -> list[str]:
