@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlcli.client import unload_model
+from rlcli.client import request_json, unload_model
 from rlcli.errors import UsageError
 from rlcli.train.losses import (
     GSPO_DEFAULTS,
@@ -287,19 +287,20 @@ def test_stock_server_refuses_fused_gspo_fast_and_clearly(stock_server, embedded
     import tinker
 
     url, env = stock_server
-    start = time.monotonic()
+    runs_before = request_json(f"{url}/api/v1/training_runs")
     description, served = served_losses(url)
     with pytest.raises(UsageError) as caught:
         plan_loss("gspo", None, "1", served)
-    elapsed = time.monotonic() - start
-    print(f"\nstock server: asked and refused in {elapsed:.3f}s: {caught.value}")
-    assert elapsed < 2.0 and "stock SkyRL jax assumed" in description
+    print(f"\nstock server: asked and refused: {caught.value}")
+    assert "stock SkyRL jax assumed" in description
     assert "--passes 2" in str(caught.value) and "rlcli's extension" in str(caught.value)
     assert plan_loss("gspo", None, "auto", served).passes == 2
     # The same through the command, before any data is read or model made.
     cli = run_rlcli("train", "rl", "--loss", "gspo", "--passes", "1", "--dataset", "arithmetic",
                     "--base-url", url, env=env, timeout=120)
     assert cli.returncode == 2 and "--passes 2" in cli.stderr and len(cli.stderr.strip().splitlines()) == 1, cli
+    # Refused before any model was made: the server holds the runs it held before.
+    assert request_json(f"{url}/api/v1/training_runs") == runs_before
     # What the route saves users from: the stock engine refuses gspo only once a model exists.
     monkeypatch.setenv("TINKER_API_KEY", "tml-test")
     client = tinker.ServiceClient(base_url=url).create_lora_training_client(base_model=embedded_model, rank=4)

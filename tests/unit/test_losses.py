@@ -6,7 +6,6 @@ import asyncio
 import http.server
 import json
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -45,10 +44,8 @@ def test_auto_picks_two_passes_on_stock_jax_and_says_so():
 
 
 def test_passes_1_for_unserved_gspo_fails_fast_in_one_line():
-    start = time.monotonic()
     with pytest.raises(UsageError) as caught:
         plan_loss("gspo", None, "1", STOCK)
-    assert time.monotonic() - start < 1.0
     message = str(caught.value)
     assert "\n" not in message
     for word in ("fsdp", "megatron", "rlcli's extension", "--passes 2"):

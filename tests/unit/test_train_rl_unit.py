@@ -373,8 +373,7 @@ def test_unservable_loss_fails_before_anything_heavy(flags, message):
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["code"] == 2 and message in proc.stderr, proc.stderr
     assert result["heavy"] == []  # no tinker client, cookbook or data library: no model could have been made
-    print(f"{flags}: failed in {result['elapsed'] * 1000:.0f} ms")
-    assert result["elapsed"] < 1.0
+    print(f"{flags}: failed in {result['elapsed'] * 1000:.0f} ms")  # speed: benchmarks/cli_startup.py
 
 
 def test_help_is_fast():
