@@ -1,0 +1,711 @@
+"""The GPU check: rlcli's jax route on one NVIDIA GPU, with a 1.7B-shaped model, in one command and one receipt.
+
+    bash benchmarks/gpu/run.sh OUT_DIR                                  # on the GPU machine (README.md)
+    .venv/bin/python benchmarks/gpu/gpu_check.py --size tiny --out DIR  # dry run on CPU, against the server venv
+
+Phases; the receipt OUT_DIR/gpu-check-<UTC time>.json is rewritten as each ends, so a run cut short still
+leaves one:
+  preflight  the server's Python imports SkyRL's API, engine and jax backend and names jax's devices
+             (a 1.7B check whose jax sees no GPU stops here, in seconds)
+  model      a random-weight Qwen3-1.7B-shaped model with rlcli's embedded tokenizer (vocab = its size)
+  server     `rlcli serve start` on it (rlcli's launcher with its extensions: fused gspo on the jax backend),
+             through benchmarks/models.bench_server
+  batch      one frozen batch of sampled rollouts (benchmarks/fused_vs_2pass.rollouts)
+  pairs      fused vs 2-pass GSPO steps on that batch, alternating pairs, and the floor
+             (fused_vs_2pass.bench_loss: same weights on both paths, every raw time, engine times from the log)
+  exactness  one fused and one 2-pass GSPO step from the same weights, each against the float64 reference
+             (rlcli.train.losses.gspo_reference)
+  run        a short on-policy fused GSPO run: sample from the policy, one step, again
+  slots      forward_backward of one rank-8 LoRA (SFT, 8 x 64 tokens) with max_lora_adapters = each of --slots,
+             on the main server and on one more server per count, while the time budget lasts
+
+dtype: bfloat16. Qwen3-1.7B ships in bf16, and SkyRL's jax backend computes in the checkpoint's dtype
+(weights, activations and logprobs), so bf16 is what a user's GPU server runs: tensor-core matmuls and half
+the bytes of float32. The exactness phase is built for it: the fused loss is checked against the float64
+reference evaluated on the logprobs of the same pass (the loss itself is float32 arithmetic on them), and
+the gap between a forward pass's logprobs and a forward_backward's (which the 2-pass route relies on being
+zero) is measured and reported rather than assumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "benchmarks"), str(REPO)]
+import common  # noqa: E402
+from fused_vs_2pass import Config, bench_loss, headline, loss_config, rollouts  # noqa: E402
+from models import MARKER, TOKENIZER_FILES, LogCursor, bench_server, describe_model  # noqa: E402
+
+from rlcli.config import portable, server_venv_dir  # noqa: E402
+
+EMBEDDED = "rlcli-tiny-qwen3-v1"
+DEFAULT_TOKENIZER = REPO / "rlcli" / "assets" / EMBEDDED
+EXTRA_TOKENIZER_FILES = ("special_tokens_map.json", "chat_template.jinja")
+QWEN3_1_7B = dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                  head_dim=128, intermediate_size=6144, max_position_embeddings=40960, tie_word_embeddings=True,
+                  rms_norm_eps=1e-6)
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            intermediate_size=128, max_position_embeddings=2048, tie_word_embeddings=True, rms_norm_eps=1e-6)
+WIDE_CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}  # most sequences unclipped: a real gradient
+SERVER_PACKAGES = ("skyrl", "tinker", "jax", "jaxlib", "jax-cuda13-plugin", "flax", "optax", "transformers", "peft",
+                   "torch", "numpy", "safetensors", "fastapi", "pydantic", "uvicorn", "sqlalchemy")
+
+
+@dataclass
+class Plan:
+    size: str
+    arch: dict
+    dtype: str
+    bench: Config  # fused_vs_2pass's workload: batch shape, warm-up, pairs, floor, LoRA rank, lr
+    main_slots: int = 4  # the main server: bench_loss holds three LoRA slots at once (slot 0 is SkyRL's)
+    run_steps: int = 4
+    slots: tuple[int, ...] = (32, 8, 2)  # the sweep, most wanted first; the main server's count is free
+    slot_reps: int = 5
+    slot_batch: tuple[int, int] = (8, 64)  # sequences x tokens of the sweep's SFT batch
+    budget_s: float = 470.0  # optional phases start only while they fit in it (leave a margin under any limit)
+    notes: list[str] = field(default_factory=list)
+
+
+PLANS = {
+    # 64 sequences of ~92 tokens: the step does real work on the GPU; sampling compiles one shape (8 x 64)
+    "1.7b": Plan("1.7b", QWEN3_1_7B, "bfloat16",
+                 Config(size="1.7b", prompts=8, samples=8, fewshot=1, max_tokens=32, warmup=2, pairs=10,
+                        floor_reps=4, lr=1e-4, rank=32, seed=0),
+                 run_steps=3, budget_s=470.0),
+    "tiny": Plan("tiny", TINY, "bfloat16",
+                 Config(size="tiny", prompts=2, samples=4, fewshot=1, max_tokens=16, warmup=1, pairs=3,
+                        floor_reps=2, lr=1e-4, rank=32, seed=0),
+                 run_steps=2, slots=(8, 2), slot_reps=2, budget_s=900.0),
+}
+
+
+def plan_from_args(args: argparse.Namespace) -> Plan:
+    """The size's plan with the command line's overrides applied."""
+    plan = PLANS[args.size]
+    bench = plan.bench
+    if args.pairs is not None:
+        bench = replace(bench, pairs=args.pairs)
+    changes: dict[str, Any] = {"bench": bench}
+    if args.slots is not None:
+        changes["slots"] = parse_slots(args.slots)
+    for name in ("run_steps", "budget_s", "dtype"):
+        if getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
+    return replace(plan, **changes)
+
+
+def parse_slots(text: str) -> tuple[int, ...]:
+    """'32,8,2' -> (32, 8, 2); '' -> none. A server needs slot 0 (SkyRL's) and one LoRA: at least 2."""
+    counts = tuple(int(s) for s in text.split(",") if s.strip())
+    if any(c < 2 for c in counts):
+        raise SystemExit(f"--slots {text!r}: each count must be at least 2 (slot 0 is SkyRL's own)")
+    return counts
+
+
+def find_tokenizer(given: str | None) -> Path:
+    """--tokenizer, else the shipped embedded model's folder in this working tree; one line if neither."""
+    folder = Path(given) if given else DEFAULT_TOKENIZER
+    if not all((folder / name).is_file() for name in TOKENIZER_FILES):
+        where = f"--tokenizer {given}" if given else f"{DEFAULT_TOKENIZER.relative_to(REPO)}/ (the shipped model)"
+        raise SystemExit(f"gpu-check: no tokenizer at {where}: pass --tokenizer DIR, a folder with "
+                         f"{' and '.join(TOKENIZER_FILES)} (e.g. what `rlcli model build` wrote)")
+    return folder
+
+
+class Clock:
+    def __init__(self, budget_s: float):
+        self.start, self.budget_s = time.monotonic(), budget_s
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def left(self) -> float:
+        return self.budget_s - self.elapsed()
+
+
+CLOCK = Clock(0)
+
+
+def say(message: str) -> None:
+    print(f"[gpu-check {CLOCK.elapsed():6.1f}s] {message}", flush=True)
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+# --- the machine ----------------------------------------------------------------------------------
+
+
+def gpu_snapshot() -> dict | None:
+    """Memory in use and utilisation of GPU 0 now (None without nvidia-smi)."""
+    query = "name,memory.used,memory.total,utilization.gpu,driver_version,compute_cap"
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    line = out.stdout.strip().splitlines()[:1]
+    if out.returncode != 0 or not line:
+        return None
+    keys = ("name", "memory_used_mib", "memory_total_mib", "utilization_pct", "driver", "compute_capability")
+    return dict(zip(keys, (v.strip() for v in line[0].split(",")), strict=False))
+
+
+def image_venv(python: str, folder: Path) -> Path:
+    """A server 'venv' that is the given interpreter (the GPU image's, with PYTHONPATH holding the wheels).
+
+    `rlcli serve start` runs <venv>/bin/python and skips building a venv marked complete for the current
+    env/server-jax.txt, so a wrapper script plus that marker make rlcli's own start path use the image.
+    """
+    from rlcli.server import server_venv
+
+    exe = shutil.which(python) or python
+    exe = str(Path(exe).absolute())  # not resolved: a venv's interpreter must keep its own path
+    (folder / "bin").mkdir(parents=True, exist_ok=True)
+    wrapper = folder / "bin" / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec "{exe}" "$@"\n')
+    wrapper.chmod(0o755)
+    digest = __import__("hashlib").sha256(server_venv.pins_file("jax").read_bytes()).hexdigest()[:16]
+    (folder / server_venv.MARKER).write_text(f"jax:{digest}\n")
+    if not server_venv.is_complete(folder, "jax"):
+        raise RuntimeError("rlcli does not take the image's interpreter as a complete server venv")
+    return folder
+
+
+PREFLIGHT = """
+import importlib, json, sys
+from importlib import metadata
+out = {"python": sys.version.split()[0], "executable": sys.executable, "versions": {}}
+for name in PACKAGES:
+    try:
+        out["versions"][name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        out["versions"][name] = None
+for module in ("skyrl.tinker.api", "skyrl.tinker.engine", "skyrl.backends.jax", "tinker"):
+    importlib.import_module(module)
+import jax
+devices = jax.devices()
+out["jax_backend"] = jax.default_backend()
+out["jax_devices"] = [{"platform": d.platform, "kind": d.device_kind, "id": d.id} for d in devices]
+print("PREFLIGHT " + json.dumps(out))
+"""
+
+
+def preflight(venv: Path, size: str) -> dict:
+    """Import the server's stack in the server's Python and ask jax for its devices."""
+    script = PREFLIGHT.replace("PACKAGES", repr(list(SERVER_PACKAGES)))
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=300,
+                          env=env)
+    found = [ln for ln in proc.stdout.splitlines() if ln.startswith("PREFLIGHT ")]
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"the server's Python cannot import SkyRL's stack:\n{proc.stderr[-3000:]}")
+    info = json.loads(found[-1].split(" ", 1)[1])
+    if size != "tiny" and info["jax_backend"] != "gpu":
+        raise RuntimeError(f"jax's backend is {info['jax_backend']!r}, not gpu: the {size} check would run on CPU")
+    return info
+
+
+# --- the model ------------------------------------------------------------------------------------
+
+
+def build_model(folder: Path, tokenizer_dir: Path, arch: dict, dtype: str, seed: int) -> dict:
+    """A random-weight Qwen3 of shape `arch` with the given tokenizer, saved in Hugging Face format."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in (*TOKENIZER_FILES, *EXTRA_TOKENIZER_FILES):
+        if (tokenizer_dir / name).is_file():
+            shutil.copy2(tokenizer_dir / name, folder / name)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    eos, bos = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    config = Qwen3Config(vocab_size=len(tokenizer), bos_token_id=bos, eos_token_id=eos, **arch)
+    torch_dtype = getattr(torch, dtype)
+    config.dtype = torch_dtype
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the GPU makes 1.7B random weights in a second
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(config).to(torch_dtype).eval()
+    params = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(folder)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the engine's jax takes the GPU's memory next
+    info = {"name": f"gpu-check-qwen3-{dtype}", "seed": seed, "arch": arch, "dtype": dtype, "params": params,
+            "vocab": len(tokenizer), "initialised_on": device,
+            "safetensors_bytes": sum(p.stat().st_size for p in folder.glob("*.safetensors"))}
+    (folder / MARKER).write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+# --- what the phases measure ----------------------------------------------------------------------
+
+
+def per_sequence(data: list) -> tuple[list, list, list]:
+    """(old logprobs, advantages, 0/1 weights) of each datum, as float64 arrays."""
+    import numpy as np
+
+    def arr(d, key):
+        return np.asarray(d.loss_fn_inputs[key].tolist(), dtype=np.float64)
+
+    return [arr(d, "logprobs") for d in data], [arr(d, "advantages") for d in data], [arr(d, "weights") for d in data]
+
+
+def padded(rows: list) -> Any:
+    import numpy as np
+
+    out = np.zeros((len(rows), max(len(r) for r in rows)))
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return out
+
+
+def outputs(result, key: str) -> list:
+    import numpy as np
+
+    return [np.asarray(o[key].tolist(), dtype=np.float64) for o in result.loss_fn_outputs]
+
+
+def sequence_mean_loss(result, weights: list) -> float:
+    """The jax backend's reduction of the per-token losses it returned: per-sequence mean, then the mean."""
+    losses = outputs(result, "elementwise_loss")
+    return float(statistics.fmean(float((lo * w).sum() / max(w.sum(), 1e-9)) for lo, w in zip(losses, weights,
+                                                                                                  strict=True)))
+
+
+def forward_logprobs(client, data: list) -> list:
+    from fused_vs_2pass import forward_only
+
+    return outputs(client.forward(forward_only(data), "cross_entropy").result(), "logprobs")
+
+
+def max_abs(a: list, b: list) -> float:
+    return max(float(abs(x - y).max()) for x, y in zip(a, b, strict=True))
+
+
+def clipped_fraction(lp: list, old: list, weights: list, low: float, high: float) -> float:
+    """Share of sequences whose ratio s_i lies outside [low, high]."""
+    from rlcli.train.losses import log_sequence_ratio
+
+    ratios = [math.exp(log_sequence_ratio(a, o, w)) for a, o, w in zip(lp, old, weights, strict=True)]
+    return sum(not low <= s <= high for s in ratios) / len(ratios)
+
+
+def per_token_reference(lp: list, old: list, adv: list, weights: list, low: float, high: float) -> list:
+    """GSPO's per-token loss in float64: -w min(s_i A_t, clip(s_i) A_t), s_i from rlcli's float64 log s_i."""
+    import numpy as np
+
+    from rlcli.train.losses import log_sequence_ratio
+
+    out = []
+    for a, o, v, w in zip(lp, old, adv, weights, strict=True):
+        s = math.exp(log_sequence_ratio(a, o, w))
+        out.append(-w * np.minimum(s * v, min(max(s, low), high) * v))
+    return out
+
+
+def drifted(data: list, seed: int) -> list:
+    """The batch with its old logprobs moved per sequence (and a little per token), so that sequence ratios
+    fall inside and outside the clip range: on the sampler's own logprobs every s_i is ~1 and GSPO's loss
+    is ~0 by symmetry, which would check little."""
+    import numpy as np
+    import tinker
+
+    drifts = (0.0, 0.1, -0.15, 0.3, -0.3, 0.05)
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, d in enumerate(data):
+        old = np.asarray(d.loss_fn_inputs["logprobs"].tolist(), dtype=np.float64)
+        w = np.asarray(d.loss_fn_inputs["weights"].tolist(), dtype=np.float64)
+        moved = np.where(w != 0, old - drifts[i % len(drifts)] - rng.normal(0.0, 0.02, old.shape), old)
+        out.append(tinker.Datum(model_input=d.model_input,
+                                loss_fn_inputs={**d.loss_fn_inputs, "logprobs": moved.astype(np.float32)}))
+    return out
+
+
+def exactness(service, model: str, url: str, batch: dict, cfg: Config) -> dict:
+    """One fused and one 2-pass GSPO step from identical weights on the frozen batch, against float64."""
+    import tinker
+
+    from rlcli.client import unload_model
+    from rlcli.train.losses import gspo_reference, two_pass_forward_backward
+
+    data = drifted(batch["data"], cfg.seed)
+    old, adv, weights = per_sequence(data)
+    low, high = WIDE_CLIP["clip_low_threshold"], WIDE_CLIP["clip_high_threshold"]
+    adam = tinker.AdamParams(learning_rate=1e-3, beta1=0.0, beta2=0.0, eps=1e-8)
+    clients = {p: service.create_lora_training_client(base_model=model, rank=cfg.rank, seed=cfg.seed + 100)
+               for p in ("fused", "two_pass")}
+    try:
+        before = {p: forward_logprobs(c, data) for p, c in clients.items()}
+        fused = clients["fused"].forward_backward(data, "gspo", WIDE_CLIP).result()
+        fused_metrics = clients["fused"].optim_step(adam).result().metrics
+        two = two_pass_forward_backward(clients["two_pass"], data, WIDE_CLIP).result()
+        two_metrics = clients["two_pass"].optim_step(adam).result().metrics
+        after = {p: forward_logprobs(c, data) for p, c in clients.items()}
+    finally:
+        for client in clients.values():
+            unload_model(url, client.model_id)
+
+    def reference(lp: list) -> float:
+        return gspo_reference(padded(lp), padded(old), padded(adv), padded(weights), 1 - low, high - 1)[0]
+
+    def token_diff(result, lp: list) -> float:
+        return max_abs([t * w for t, w in zip(outputs(result, "elementwise_loss"), weights, strict=True)],
+                       per_token_reference(lp, old, adv, weights, low, high))
+
+    lp_fwd, lp_fused = before["fused"], outputs(fused, "logprobs")
+    fused_loss, two_loss = sequence_mean_loss(fused, weights), sequence_mean_loss(two, weights)
+    grad = {p: m.get("skyrl.ai/grad_norm") for p, m in (("fused", fused_metrics), ("two_pass", two_metrics))}
+    result = {
+        "loss_config": WIDE_CLIP, "adam": {"learning_rate": 1e-3, "beta1": 0.0, "beta2": 0.0, "eps": 1e-8},
+        "old_logprobs": "the sampler's, moved per sequence by (0, 0.1, -0.15, 0.3, -0.3, 0.05) nats and per token "
+                        "by N(0, 0.02)",
+        "fused": {"loss": fused_loss, "reference_loss": reference(lp_fused),
+                  "reference_on": "the logprobs this forward_backward returned",
+                  "per_token_max_abs_diff": token_diff(fused, lp_fused)},
+        "two_pass": {"loss": two_loss, "reference_loss": reference(lp_fwd),
+                     "reference_on": "the logprobs of the forward pass the route shifted by",
+                     "per_token_max_abs_diff": token_diff(two, lp_fwd)},
+        "fused_minus_two_pass": abs(fused_loss - two_loss),
+        "start_logprobs_fused_vs_two_pass_client": max_abs(before["fused"], before["two_pass"]),
+        "logprob_gap_forward_vs_forward_backward": max_abs(lp_fwd, lp_fused),
+        "logprob_gap_two_forward_backwards": max_abs(lp_fused, outputs(two, "logprobs")),
+        "grad_norm": grad,
+        "grad_norm_rel_diff": (abs(grad["fused"] / grad["two_pass"] - 1) if grad["fused"] and grad["two_pass"]
+                               else None),
+        "post_step_logprobs_fused_vs_two_pass": max_abs(after["fused"], after["two_pass"]),
+        "step_moved_logprobs": max_abs(after["fused"], lp_fwd),
+        "clipped_sequence_fraction": clipped_fraction(lp_fwd, old, weights, low, high),
+    }
+    for path in ("fused", "two_pass"):
+        result[path]["loss_abs_diff"] = abs(result[path]["loss"] - result[path]["reference_loss"])
+    tolerance = 1e-5 * max(1.0, abs(result["fused"]["reference_loss"]))
+    result["check"] = {"what": "fused GSPO's loss and per-token losses vs float64 on the same pass's logprobs",
+                       "tolerance": tolerance,
+                       "ok": max(result["fused"]["loss_abs_diff"], result["fused"]["per_token_max_abs_diff"])
+                       <= tolerance}
+    return result
+
+
+class _PolicySampler:
+    """What rollouts() asks of a service client, answered with the policy's current sampler."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def create_sampling_client(self, base_model: str):
+        return self.sampler
+
+
+def short_run(service, model: str, url: str, cfg: Config, steps: int) -> dict:
+    """Sample from the policy, one fused GSPO step (rlcli's default clip range), repeat."""
+    import tinker
+
+    from rlcli.client import unload_model
+    from rlcli.train.losses import GSPO_DEFAULTS
+
+    client = service.create_lora_training_client(base_model=model, rank=cfg.rank, seed=cfg.seed + 200)
+    adam = tinker.AdamParams(learning_rate=cfg.lr)
+    rows = []
+    try:
+        for step in range(steps):
+            t0 = time.perf_counter()
+            sampler = client.save_weights_and_get_sampling_client()
+            batch = rollouts(_PolicySampler(sampler), model, replace(cfg, seed=cfg.seed + 1 + step))
+            t1 = time.perf_counter()
+            fb = client.forward_backward(batch["data"], "gspo", loss_config("gspo"))
+            optim = client.optim_step(adam)
+            result, metrics = fb.result(), optim.result().metrics
+            t2 = time.perf_counter()
+            old, _, weights = per_sequence(batch["data"])
+            low, high = GSPO_DEFAULTS["clip_low_threshold"], GSPO_DEFAULTS["clip_high_threshold"]
+            rows.append({"step": step, "reward_mean": statistics.fmean(batch["rewards"]),
+                         "loss": sequence_mean_loss(result, weights), "grad_norm": metrics.get("skyrl.ai/grad_norm"),
+                         "clipped_sequence_fraction": clipped_fraction(outputs(result, "logprobs"), old, weights,
+                                                                       low, high),
+                         "tokens": batch["shape"]["tokens_per_step"], "sample_s": t1 - t0, "step_s": t2 - t1})
+            say(f"run: step {step}  reward {rows[-1]['reward_mean']:.3f}  loss {rows[-1]['loss']:+.5f}  "
+                f"sample {t1 - t0:.2f}s  step {t2 - t1:.2f}s")
+    finally:
+        unload_model(url, client.model_id)
+    return {"loss_config": loss_config("gspo"), "lr": cfg.lr, "steps": rows,
+            "step_s_median": median([r["step_s"] for r in rows[1:]] or [r["step_s"] for r in rows]),
+            "sample_s_median": median([r["sample_s"] for r in rows[1:]] or [r["sample_s"] for r in rows])}
+
+
+def sft_batch(vocab: int, sequences: int, tokens: int, seed: int = 0) -> list:
+    import numpy as np
+    import tinker
+
+    rows = np.random.default_rng(seed).integers(5, vocab - 1, (sequences, tokens + 1))
+    return [tinker.Datum(model_input=tinker.ModelInput.from_ints(row[:-1].tolist()),
+                         loss_fn_inputs={"target_tokens": row[1:].astype(np.int64),
+                                         "weights": np.ones(tokens, dtype=np.float32)}) for row in rows]
+
+
+def slot_point(service, model: str, url: str, log: Path, plan: Plan, slots: int, vocab: int) -> dict:
+    """forward_backward + optim_step of one rank-8 LoRA on a server holding `slots` LoRA slots."""
+    import tinker
+
+    from rlcli.client import unload_model
+
+    data = sft_batch(vocab, *plan.slot_batch)
+    client = service.create_lora_training_client(base_model=model, rank=8, seed=0)
+    adam = tinker.AdamParams(learning_rate=1e-4)
+    fb_s, optim_s = [], []
+    try:
+        start = time.perf_counter()
+        client.forward_backward(data, "cross_entropy").result()
+        client.optim_step(adam).result()
+        first = time.perf_counter() - start  # compiles this shape
+        cursor = LogCursor(log)
+        for _ in range(plan.slot_reps):
+            t0 = time.perf_counter()
+            client.forward_backward(data, "cross_entropy").result()
+            t1 = time.perf_counter()
+            client.optim_step(adam).result()
+            fb_s.append(t1 - t0)
+            optim_s.append(time.perf_counter() - t1)
+        engine = cursor.take(["forward_backward", "optim_step"] * plan.slot_reps)
+    finally:
+        unload_model(url, client.model_id)
+    point = {"max_lora_adapters": slots, "lora_rank": 8, "batch": list(plan.slot_batch), "first_step_s": first,
+             "fb_client_s": fb_s, "optim_client_s": optim_s,
+             "fb_engine_s": engine[0::2] if engine else None, "optim_engine_s": engine[1::2] if engine else None}
+    point["fb_client_median_s"] = median(fb_s)
+    point["fb_engine_median_s"] = median(point["fb_engine_s"] or [])
+    say(f"slots {slots}: forward_backward median {point['fb_client_median_s']:.3f}s client, "
+        f"{point['fb_engine_median_s'] or float('nan'):.3f}s engine (first step {first:.1f}s)")
+    return point
+
+
+_JIT = re.compile(r"JIT compilation for (train|sample) seq_len=(\d+) took ([\d.]+)s")
+
+
+def compile_times(log: Path) -> list[dict]:
+    """The engine's own 'JIT compilation ... took' lines (lines its handler wrapped are joined first)."""
+    try:
+        text = " ".join(line.strip() for line in log.read_text(errors="replace").splitlines())
+    except OSError:
+        return []
+    return [{"mode": m, "seq_len": int(n), "s": float(s)} for m, n, s in _JIT.findall(text)]
+
+
+def keep_log(log: Path, out: Path, name: str, max_bytes: int = 2 * 2**20) -> None:
+    """The end of a server's log, next to the receipt (the server's own folder is removed when it stops)."""
+    try:
+        data = log.read_bytes()
+    except OSError:
+        return
+    (out / name).write_bytes(data[-max_bytes:])
+
+
+# --- the check ------------------------------------------------------------------------------------
+
+
+class Receipt:
+    def __init__(self, out: Path, body: dict):
+        self.stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        self.path = out / f"gpu-check-{self.stamp}.json"
+        self.body = {"benchmark": "gpu-check", "created_utc": self.stamp,
+                     "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "hardware": common.hardware(),
+                     "gpu": gpu_snapshot(), **body, "phases": {}}
+
+    def save(self) -> None:
+        self.body["elapsed_s"] = CLOCK.elapsed()
+        text = json.dumps(self.body, indent=2, default=str)
+        self.path.write_text(portable(text, REPO) + "\n")
+
+    def phase(self, name: str, fn, critical: bool = True) -> Any:
+        """Run one phase, record its result or its error, and rewrite the receipt."""
+        say(f"{name} ...")
+        start = time.monotonic()
+        try:
+            result = fn()
+            entry = {"status": "ok", "seconds": time.monotonic() - start, "gpu": gpu_snapshot()}
+            if isinstance(result, dict):
+                entry["result"] = result
+        except Exception as e:  # the receipt says what failed; the traceback goes to the log
+            traceback.print_exc()
+            entry = {"status": "failed", "seconds": time.monotonic() - start, "error": f"{type(e).__name__}: {e}"}
+            result = None
+        self.body["phases"][name] = entry
+        self.save()
+        say(f"{name}: {entry['status']} in {entry['seconds']:.1f}s")
+        if entry["status"] == "failed" and critical:
+            raise SystemExit(f"gpu-check: phase {name} failed: {entry['error']} (receipt: {self.path})")
+        return result
+
+
+def skip(receipt: Receipt, name: str, why: str) -> None:
+    receipt.body["phases"][name] = {"status": "skipped", "why": why}
+    receipt.save()
+    say(f"{name}: skipped ({why})")
+
+
+def main_server(receipt: Receipt, plan: Plan, folder: Path, out: Path, vocab: int, sweep: dict) -> None:
+    """Every phase that runs on the main server: batch, pairs, exactness, run, its own slot count."""
+    import tinker
+
+    cfg = plan.bench
+    with bench_server(folder, max_lora_adapters=plan.main_slots) as srv:
+        try:
+            receipt.body["server"] = {"start_s": srv.start_s, "start_command": " ".join(srv.start_command[1:]),
+                                      "max_lora_adapters": plan.main_slots}
+            receipt.body["phases"]["server"] = {"status": "ok", "seconds": srv.start_s, "gpu": gpu_snapshot()}
+            say(f"server ready in {srv.start_s:.1f}s at {srv.url}")
+            service = tinker.ServiceClient(base_url=srv.url)
+            batch = receipt.phase("batch", lambda: rollouts(service, srv.model, cfg))
+            receipt.body["batch"] = {"shape": batch["shape"], "rewards": batch["rewards"]}
+            pairs = receipt.phase("pairs", lambda: bench_loss(service, srv.model, srv.url, srv.log, batch, "gspo", cfg),
+                                  critical=False)
+            if pairs:
+                receipt.body["headline"] = {"pairs": headline({"runs": {"gspo": pairs}})["gspo"]}
+            receipt.phase("exactness", lambda: exactness(service, srv.model, srv.url, batch, cfg), critical=False)
+            if plan.run_steps and CLOCK.left() > 60:
+                receipt.phase("run", lambda: short_run(service, srv.model, srv.url, cfg, plan.run_steps),
+                              critical=False)
+            elif plan.run_steps:
+                skip(receipt, "run", f"{CLOCK.left():.0f}s of the budget left")
+            if CLOCK.left() > 45:
+                point = receipt.phase(f"slots-{plan.main_slots}", lambda: slot_point(
+                    service, srv.model, srv.url, srv.log, plan, plan.main_slots, vocab), critical=False)
+                if point:
+                    sweep[plan.main_slots] = point
+            else:
+                skip(receipt, f"slots-{plan.main_slots}", f"{CLOCK.left():.0f}s of the budget left")
+        finally:
+            receipt.body["compile_s"] = compile_times(srv.log)
+            receipt.save()
+            keep_log(srv.log, out, "server-main.log")
+
+
+def run_check(plan: Plan, out: Path, tokenizer: Path, python: str | None) -> Receipt:
+    import tinker
+
+    from rlcli.config import ensure_api_key
+
+    ensure_api_key()
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="rlcli-gpu-check-"))
+    receipt = Receipt(out, {"plan": asdict(plan), "versions": common.versions("tinker", "transformers", "torch",
+                                                                               "numpy")})
+    receipt.save()
+    venv = image_venv(python, work / "server-venv") if python else server_venv_dir()
+    os.environ["RLCLI_SERVER_VENV"] = str(venv)
+    receipt.body["server_python"] = "the image's interpreter (--python)" if python else "the server venv"
+    info = receipt.phase("preflight", lambda: preflight(venv, plan.size))
+    receipt.body["versions"]["server"] = info["versions"]
+    receipt.body["jax_devices"] = info["jax_devices"]
+    folder = (work / "model").resolve()
+    receipt.phase("model", lambda: build_model(folder, tokenizer, plan.arch, plan.dtype, plan.bench.seed))
+    receipt.body["model"] = {**describe_model(folder), "path": "(temporary)"}
+    vocab = receipt.body["model"]["vocab_size"]
+    sweep: dict[int, dict] = {}
+    try:
+        main_server(receipt, plan, folder, out, vocab, sweep)
+    except SystemExit as e:  # `rlcli serve start` failed: bench_server says why in one message
+        if "server" not in receipt.body["phases"]:
+            receipt.body["phases"]["server"] = {"status": "failed", "error": str(e)[-4000:]}
+            receipt.save()
+        raise
+    main_start = receipt.body["server"]["start_s"]
+    first_step = sweep.get(plan.main_slots, {}).get("first_step_s", 60.0)
+    for slots in plan.slots:
+        if slots == plan.main_slots:
+            continue
+        need = 1.3 * (main_start + first_step) + plan.slot_reps * 2 + 15
+        if CLOCK.left() < need:
+            skip(receipt, f"slots-{slots}", f"needs ~{need:.0f}s, {CLOCK.left():.0f}s of the budget left")
+            continue
+
+        def one_server(slots: int = slots) -> dict:
+            with bench_server(folder, max_lora_adapters=slots) as other:
+                try:
+                    point = slot_point(tinker.ServiceClient(base_url=other.url), other.model, other.url, other.log,
+                                       plan, slots, vocab)
+                    return {**point, "server_start_s": other.start_s}
+                finally:
+                    keep_log(other.log, out, f"server-slots-{slots}.log", max_bytes=2**20)
+
+        point = receipt.phase(f"slots-{slots}", one_server, critical=False)
+        if point:
+            sweep[slots] = point
+    receipt.body.setdefault("headline", {})["slots"] = {
+        str(k): {"fb_client_median_s": v["fb_client_median_s"], "fb_engine_median_s": v["fb_engine_median_s"]}
+        for k, v in sorted(sweep.items())}
+    exact = receipt.body["phases"].get("exactness", {}).get("result")
+    if exact:
+        receipt.body["headline"]["exactness"] = {
+            "fused_loss_vs_float64": exact["fused"]["loss_abs_diff"],
+            "fused_per_token_vs_float64": exact["fused"]["per_token_max_abs_diff"],
+            "two_pass_loss_vs_float64": exact["two_pass"]["loss_abs_diff"],
+            "fused_minus_two_pass": exact["fused_minus_two_pass"],
+            "logprob_gap_forward_vs_forward_backward": exact["logprob_gap_forward_vs_forward_backward"],
+            "grad_norm_rel_diff": exact["grad_norm_rel_diff"], "ok": exact["check"]["ok"]}
+    run = receipt.body["phases"].get("run", {}).get("result")
+    if run:
+        receipt.body["headline"]["run"] = {"step_s_median": run["step_s_median"],
+                                           "reward_mean": [r["reward_mean"] for r in run["steps"]]}
+    receipt.save()
+    shutil.rmtree(work, ignore_errors=True)
+    return receipt
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=sorted(PLANS), default="1.7b",
+                        help="1.7b: the GPU check; tiny: a 2-layer model, the dry run on CPU")
+    parser.add_argument("--out", type=Path, help="folder for the receipt and the server logs (required to run)")
+    parser.add_argument("--tokenizer", help=f"folder with the tokenizer files (default: rlcli/assets/{EMBEDDED}/)")
+    parser.add_argument("--python", help="run the server with this interpreter (the GPU image's) instead of "
+                                         "rlcli's server venv; its PYTHONPATH must hold the carried wheels")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None)
+    parser.add_argument("--pairs", type=int, default=None, help="fused/2-pass pairs timed")
+    parser.add_argument("--run-steps", type=int, default=None, help="steps of the short GSPO run (0: none)")
+    parser.add_argument("--slots", default=None, help="max_lora_adapters of the sweep, comma-separated ('': none)")
+    parser.add_argument("--budget-s", type=float, default=None, help="optional phases start only within it")
+    parser.add_argument("--plan", action="store_true", help="print the plan as JSON and exit")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    global CLOCK
+    args = parse_args(argv)
+    plan = plan_from_args(args)
+    if args.plan:
+        print(json.dumps(asdict(plan), indent=1))
+        return 0
+    if args.out is None:
+        raise SystemExit("gpu-check: --out DIR is required (the receipt goes there)")
+    tokenizer = find_tokenizer(args.tokenizer)
+    CLOCK = Clock(plan.budget_s)
+    say(f"size {plan.size}, {plan.dtype}, budget {plan.budget_s:.0f}s, tokenizer {tokenizer.name}")
+    receipt = run_check(plan, args.out, tokenizer, args.python)
+    head = receipt.body.get("headline", {})
+    print(json.dumps(head, indent=1))
+    print(f"receipt: {receipt.path}")
+    failed = [k for k, v in receipt.body["phases"].items() if v.get("status") == "failed"]
+    return 1 if failed or not head.get("exactness", {}).get("ok", False) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
