@@ -278,3 +278,17 @@ def test_every_command_has_help():
     for path in leaves(COMMANDS):
         proc = rlcli(*path, "--help")
         assert proc.returncode == 0 and "usage: rlcli" in proc.stdout, (path, proc.stderr)
+
+
+def test_server_venv_installs_its_lock_with_uv_hash_checked(tmp_path, monkeypatch):
+    lock = server_venv.pins_file("jax")
+    cmd = server_venv._install_command(tmp_path, lock)
+    assert Path(cmd[0]).name == "uv" and Path(cmd[0]).exists() and cmd[1:3] == ["pip", "install"]
+    assert cmd[cmd.index("--python") + 1] == str(tmp_path / "bin" / "python")
+    assert {"--require-hashes", "--no-deps"} <= set(cmd) and cmd[-2:] == ["-r", str(lock)]
+    monkeypatch.setenv("RLCLI_INSTALLER", "pip")
+    cmd = server_venv._install_command(tmp_path, lock)
+    assert cmd[:4] == [str(tmp_path / "bin" / "python"), "-m", "pip", "install"] and "--require-hashes" in cmd
+    # An input file (fsdp, megatron: no lock can be made from PyPI) is resolved, so neither flag applies.
+    cmd = server_venv._install_command(tmp_path, server_venv.pins_file("fsdp"))
+    assert "--require-hashes" not in cmd and "--no-deps" not in cmd

@@ -1,0 +1,37 @@
+"""The server venv, built for real as `rlcli serve install` builds it: from the lock that ships in the package,
+with uv, hash-checked. Downloads ~5 GB the first time on a machine (uv's cache makes later builds seconds)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from rlcli import locks
+from rlcli.server import server_venv
+from tests.conftest import run_rlcli
+
+pytestmark = pytest.mark.slow
+
+
+def test_serve_install_builds_exactly_the_lock_and_it_runs(tmp_path):
+    venv = tmp_path / "server-venv"
+    env = {**os.environ, "RLCLI_HOME": str(tmp_path / "home")}
+    proc = run_rlcli("serve", "install", "--venv", str(venv), env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(venv) and "server venv ready" in proc.stderr
+    assert server_venv.is_complete(venv, "jax")
+    python = str(venv / "bin" / "python")
+    freeze = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
+                            check=True).stdout
+    installed = {locks._norm(line.split("==")[0]): line.split("==")[1] for line in freeze.splitlines()
+                 if "==" in line}
+    installed.pop("pip", None)  # the venv's own pip, from `python -m venv`
+    assert installed == locks.pins(server_venv.pins_file("jax"))  # every package, at its locked version, no other
+    check = subprocess.run([python, "-c", "import skyrl.tinker.api, skyrl.tinker.engine, jax; print(jax.devices())"],
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0 and "Cpu" in check.stdout, check.stderr
+    # A second install finds the venv complete and touches nothing.
+    again = run_rlcli("serve", "install", "--venv", str(venv), env=env, timeout=120)
+    assert again.returncode == 0 and "building the server venv" not in again.stderr
