@@ -181,7 +181,7 @@ def bench_loss(service, model: str, url: str, log: Path | None, batch: dict, los
                for p in ("fused", "two_pass", "floor")}
     data = batch["data"]
     try:
-        for client in clients.values():  # lr 0 zeroes any gradient a slot's earlier tenant left (FACTS)
+        for client in clients.values():  # lr 0 zeroes any gradient a slot's earlier tenant left (docs/decisions.md)
             client.optim_step(tinker.AdamParams(learning_rate=0.0)).result()
         start = {p: logprobs(clients[p], data) for p in ("fused", "two_pass")}
         warmup = {p: [step(p, clients[p], data, loss, adam) for _ in range(cfg.warmup)] for p in ("fused", "two_pass")}
