@@ -40,11 +40,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith
 from rlcli.data.messages import Conversation, Options, finalize
 from rlcli.errors import RlcliError, UsageError
+from rlcli.files import staged_file
 
 # run_id -> [(where the feedback record was read, its entry)]
 FeedbackTable = dict[str, list[tuple[str, dict[str, Any]]]]
@@ -285,12 +287,6 @@ def _no_cycle_collector() -> Iterator[None]:
             gc.enable()
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 @contextmanager
 def _output(path: str) -> Iterator[IO[bytes]]:
     if path == "-":
@@ -300,15 +296,8 @@ def _output(path: str) -> Iterator[IO[bytes]]:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UsageError(f"output folder {folder} does not exist; create it or choose another -o path")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".rlcli-import-", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
-            yield f
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it private; the finished file is the user's
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with staged_file(Path(os.path.abspath(path)), buffering=1 << 20) as f:
+        yield f
 
 
 def import_cmd(
