@@ -39,7 +39,7 @@ from tinker_cookbook.rl import train as rl_train
 from tinker_cookbook.utils import ml_log
 
 from rlcli.errors import RlcliError
-from rlcli.train import metrics
+from rlcli.train import metrics as keys
 
 # The versions the hooks were written against: the same specifiers as pyproject.toml's dependencies.
 PINS = {"tinker": ">=0.25,<0.26", "tinker-cookbook": "==0.5.5"}
@@ -60,9 +60,9 @@ PATCHES = (
     Patch("tinker_cookbook.rl.train", "tqdm", "quiet_rl_sampling",
           ("tqdm(total=",)),
     Patch("tinker_cookbook.rl.train", "main", "the RL loop submits through forward_backward_async and logs one "
-          "row per step with progress/batch", ("training_client.forward_backward_async(", f'"{metrics.BATCH}"')),
+          "row per step with progress/batch", ("training_client.forward_backward_async(", f'"{keys.BATCH}"')),
     Patch("tinker_cookbook.supervised.train", "main", "the SL loop logs train_mean_nll per step",
-          (f"{metrics.TRAIN_NLL}=",)),
+          (f"{keys.TRAIN_NLL}=",)),
     Patch("tinker_cookbook.utils.ml_log", "setup_logging", "cookbook_logging: joins its MultiplexLogger",
           ("configure_logging_module(",)),
     Patch("tinker_cookbook.utils.ml_log", "MultiplexLogger", "cookbook_logging appends to its loggers",
@@ -208,14 +208,17 @@ def cookbook_logging(progress: Any) -> Iterator[None]:
 
     def setup_logging(*args: Any, **kwargs: Any) -> Any:
         ml_logger = original_setup(*args, **kwargs)
-        log_metrics = ml_logger.log_metrics
+        step_metrics = getattr(progress, "step_metrics", None)
+        if step_metrics is not None:
+            log_metrics = ml_logger.log_metrics
 
-        def with_step_metrics(row: dict[str, Any], step: int | None = None) -> None:
-            if metrics.BATCH in row and getattr(progress, "step_metrics", None):  # an RL step's row
-                row = {**row, **progress.step_metrics()}
-            log_metrics(row, step)
+            # The recipes call it by keyword: the parameters keep ml_log's names.
+            def with_step_metrics(metrics: dict[str, Any], step: int | None = None) -> None:
+                if keys.BATCH in metrics:  # a training step's row (the RL recipe logs one per step)
+                    metrics = {**metrics, **step_metrics()}
+                log_metrics(metrics, step)
 
-        ml_logger.log_metrics = with_step_metrics
+            ml_logger.log_metrics = with_step_metrics
         ml_logger.loggers.append(progress)
         return ml_logger
 
