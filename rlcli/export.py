@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from rlcli.client import parse_tinker_path, training_run
+from rlcli.client import open_url, parse_tinker_path, training_run
 from rlcli.config import resolve_base_url
 from rlcli.errors import RlcliError, UsageError
 from rlcli.files import staged_folder
@@ -36,7 +36,7 @@ def download_archive(base_url: str, run_id: str, checkpoint_id: str, dest: Path)
     """Stream the sampler checkpoint's tar.gz to dest (the archive route redirects to the bytes)."""
     url = f"{base_url}/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}/archive"
     try:
-        with urllib.request.urlopen(url, timeout=300) as resp, dest.open("wb") as out:
+        with open_url(url, timeout=300) as resp, dest.open("wb") as out:
             shutil.copyfileobj(resp, out, _CHUNK)
     except urllib.error.HTTPError as e:
         if e.code == 404:

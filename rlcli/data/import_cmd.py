@@ -4,8 +4,8 @@
     zcat runs.jsonl.gz | rlcli import - -f langsmith --min-score 0.5 --redact > train.jsonl
 
 Streaming: the input is read line by line and each conversation is written as soon as
-it is converted, so memory stays flat on a multi-gigabyte dump. orjson is used when it
-is installed (the tinker client depends on it), the json module otherwise.
+it is converted, so memory stays flat on a multi-gigabyte dump. orjson (a dependency of the
+tinker client) parses and writes; the json module takes what orjson refuses.
 
 Accounting: every non-blank line (of INPUT and of --feedback) is a record, and every
 record ends in exactly one place: written, dropped under a named reason, or (LangSmith
@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
+
 from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith
 from rlcli.data.messages import Conversation, Options, finalize
 from rlcli.errors import RlcliError, UsageError
@@ -52,24 +54,13 @@ from rlcli.files import staged_file
 FeedbackTable = dict[str, list[tuple[str, dict[str, Any]]]]
 Write = Callable[[bytes], Any]
 
-try:
-    import orjson
-
-    _fast_loads: Callable[[bytes], Any] = orjson.loads
-
-    def _fast_dumps(value: Any) -> bytes:
-        return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
-
-except ImportError:  # pragma: no cover - the client venv has orjson
-    _fast_loads = json.loads
-
-    def _fast_dumps(value: Any) -> bytes:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+def _fast_dumps(value: Any) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def parse_line(raw: bytes) -> Any:
     try:
-        return _fast_loads(raw)
+        return orjson.loads(raw)
     except ValueError:  # orjson refuses NaN and integers past 64 bits, which json accepts
         return json.loads(raw)
 
