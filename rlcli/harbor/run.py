@@ -21,8 +21,8 @@ from typing import Any
 
 from rlcli.config import ensure_api_key, resolve_base_url
 from rlcli.errors import EXIT_FAILED, UsageError
-from rlcli.harbor.tasks import Task
-from rlcli.harbor.train import load_tasks, prepare_images
+from rlcli.harbor.images import prepare_images
+from rlcli.harbor.tasks import Task, load_tasks
 from rlcli.train import run as trainer
 from rlcli.train.folder import run_folder
 

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 import urllib.request
 from dataclasses import dataclass
@@ -296,3 +297,10 @@ def download_dataset(spec: str, dest: Path) -> Path:
 
 def _git(*args: str) -> None:
     subprocess.run(["git", *args], check=True, capture_output=True, text=True, timeout=600)
+
+
+def load_tasks(dataset: str, task_filter: str | None, limit: int | None, label: str = "--dataset") -> list[Task]:
+    tasks, skipped = find_tasks(resolve_dataset(dataset))
+    for folder, why in skipped:
+        print(f"rlcli: warning: {label}: skipped {folder}: {why}", file=sys.stderr)
+    return select_tasks(tasks, task_filter, limit)

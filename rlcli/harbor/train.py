@@ -18,8 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +25,8 @@ from typing import Any
 
 from rlcli.config import resolve_base_url
 from rlcli.errors import UsageError
-from rlcli.harbor.tasks import Task, find_tasks, resolve_dataset, select_tasks, split_tasks, tasks_hash
+from rlcli.harbor.images import prepare_images
+from rlcli.harbor.tasks import Task, load_tasks, split_tasks, tasks_hash
 from rlcli.train import rl_loop, run
 from rlcli.train.rl_loop import RlProgress, RlSettings
 
@@ -45,29 +44,6 @@ class Settings(RlSettings):
     command_timeout: float = 120.0
     sandbox_timeout: float | None = None
     max_sandboxes: int = 4
-
-
-def load_tasks(dataset: str, task_filter: str | None, limit: int | None, label: str = "--dataset") -> list[Task]:
-    tasks, skipped = find_tasks(resolve_dataset(dataset))
-    for folder, why in skipped:
-        run.warn(f"{label}: skipped {folder}: {why}")
-    return select_tasks(tasks, task_filter, limit)
-
-
-def prepare_images(tasks: list[Task]) -> Any:
-    """Connect to Docker, sweep dead runs' sandboxes, build each task image once; return the client."""
-    from rlcli.harbor.images import ensure_image
-    from rlcli.harbor.sandbox import connect, sweep
-
-    client = connect()
-    if removed := sweep(client):
-        print(f"removed {removed} sandbox(es) left by earlier runs that died", file=sys.stderr)
-    for task in {t.path: t for t in tasks}.values():
-        started = time.monotonic()
-        image, built = ensure_image(client, task)
-        if built:
-            print(f"image {image} for {task.name}: built in {time.monotonic() - started:.1f}s", file=sys.stderr)
-    return client
 
 
 @contextlib.contextmanager
