@@ -314,3 +314,11 @@ def test_dry_run_prints_the_plan_without_a_server(embedded_model, home, monkeypa
     with pytest.raises(UsageError, match="renderer 'nope' is unknown"):
         sl.train_sl(dataset=str(FIXTURE), model=embedded_model, base_url="http://127.0.0.1:9", renderer="nope",
                     dry_run=True)
+
+
+def test_default_lr_is_measured_for_the_embedded_model_and_the_cookbooks_elsewhere(embedded_model):
+    from tinker_cookbook.hyperparam_utils import get_lr
+
+    assert run.default_lr(embedded_model) == (run.EMBEDDED_LR, "measured for the embedded model")
+    assert run.default_lr("Qwen/Qwen3-4B-Instruct-2507")[0] == get_lr("Qwen/Qwen3-4B-Instruct-2507", is_lora=True)
+    assert run.default_lr("openai/gpt-oss-20b")[0] == run.UNCALIBRATED_LR  # a family get_lr does not calibrate
