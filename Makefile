@@ -22,8 +22,9 @@ SL_DEMO = $(RLCLI) import rlcli/data/demo/demo-traces.openai.jsonl -f openai \
 # problems scored every 4 steps. Targets add --max-steps.
 RL_DEMO = $(RLCLI) train rl --loss gspo --dataset arithmetic --max-operand 9 --base-url $(URL) --batch-size 4 \
 	--group-size 8 --lr 1e-3 --max-tokens 8 --eval-every 4 --eval-size 18 --save-every 0
-# The last sampler checkpoint a run folder recorded (checkpoints.jsonl is the contract; no log scraping).
-FINAL_SAMPLER = $(BIN)/python -c 'import json,sys; rows=[json.loads(l) for l in open(sys.argv[1]+"/checkpoints.jsonl") if l.strip()]; print([r for r in rows if r.get("sampler_path")][-1]["sampler_path"])'
+# The last sampler checkpoint a run folder recorded (rlcli's one lookup of checkpoints.jsonl; no log scraping).
+FINAL_SAMPLER = $(BIN)/python -c 'import sys, pathlib; from rlcli.train.folder import last_checkpoint; \
+	print(last_checkpoint(pathlib.Path(sys.argv[1]), "sampler_path")["sampler_path"])'
 
 .PHONY: help venv server-venv model demo sl test test-fast test-server lint clean-venv
 

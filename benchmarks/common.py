@@ -49,12 +49,14 @@ def summary(values: list[float]) -> dict:
             "stdev": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
 
 
-def write_receipt(name: str, body: dict) -> Path:
-    RECEIPTS.mkdir(parents=True, exist_ok=True)
+def write_receipt(name: str, body: dict, folder: Path | None = None) -> Path:
+    """The receipt, in benchmarks/receipts/ or `folder` (tests and smoke runs keep theirs out of git)."""
+    folder = folder or RECEIPTS
+    folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     receipt = {"benchmark": name, "created_utc": stamp, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                "hardware": hardware(), **body}
-    path = RECEIPTS / f"{name}-{stamp}.json"
+    path = folder / f"{name}-{stamp}.json"
     # Receipts are committed: no paths of this machine in them (the repo becomes relative, home `~`).
     path.write_text(portable(json.dumps(receipt, indent=2), REPO) + "\n")
     return path

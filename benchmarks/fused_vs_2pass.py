@@ -21,7 +21,6 @@ Every raw time goes in the receipt, with the engine's own per-request times read
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -29,7 +28,6 @@ import re
 import statistics
 import sys
 import time
-import unittest.mock
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -181,7 +179,7 @@ def bench_loss(service, model: str, url: str, log: Path | None, batch: dict, los
                for p in ("fused", "two_pass", "floor")}
     data = batch["data"]
     try:
-        for client in clients.values():  # lr 0 zeroes any gradient a slot's earlier tenant left (FACTS)
+        for client in clients.values():  # lr 0 zeroes any gradient a slot's earlier tenant left (docs/decisions.md)
             client.optim_step(tinker.AdamParams(learning_rate=0.0)).result()
         start = {p: logprobs(clients[p], data) for p in ("fused", "two_pass")}
         warmup = {p: [step(p, clients[p], data, loss, adam) for _ in range(cfg.warmup)] for p in ("fused", "two_pass")}
@@ -306,10 +304,7 @@ def headline(body: dict) -> dict:
 
 def save(body: dict, folder: str | None = None) -> Path:
     """common.write_receipt, into `folder` when given (tests and notebook smoke runs keep receipts out of git)."""
-    with contextlib.ExitStack() as stack:
-        if folder:
-            stack.enter_context(unittest.mock.patch.object(common, "RECEIPTS", Path(folder)))
-        return common.write_receipt("fused-vs-2pass", body)
+    return common.write_receipt("fused-vs-2pass", body, Path(folder) if folder else None)
 
 
 def main() -> None:

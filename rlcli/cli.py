@@ -137,8 +137,6 @@ def _add_function_args(parser: argparse.ArgumentParser, fn: Callable[..., Any]) 
         if kind is bool:
             parser.add_argument(*flags, dest=name, default=param.default, help=help_text,
                                 action=argparse.BooleanOptionalAction)
-        elif typing.get_origin(kind) is list:
-            parser.add_argument(*flags, dest=name, default=param.default, help=help_text, nargs="*")
         else:
             typ = kind if kind in (int, float) else str
             shown = "" if param.default is None else f" (default: {param.default})"

@@ -1,4 +1,10 @@
-"""Small direct calls to a Tinker API server that the tinker client does not offer."""
+"""The direct HTTP calls to a Tinker API server that the tinker client does not offer, and what SkyRL says.
+
+Every request rlcli makes outside the tinker client goes through `request_json` (or `open_url` for a
+download); every wait on a server future through `wait_future`, with one rule: HTTP 408 means "not done
+yet", anything else is the answer. The SkyRL 0.4.0 message texts rlcli recognises are named here once
+(tests/integration/test_slots.py and test_weights_out.py meet them on the real server).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,12 @@ import urllib.error
 import urllib.request
 
 from rlcli.errors import RlcliError, UsageError
+
+# SkyRL 0.4.0's messages, as the tinker client passes them on inside its exceptions' text.
+NO_FREE_SLOT = "Maximum number of LoRA adapters"  # create_model when every jax LoRA slot is taken
+NOT_LOADED = "not loaded"  # sampling from a sampler checkpoint whose model was unloaded
+CAPABILITIES_ROUTE = "/api/v1/rlcli/capabilities"  # rlcli's server extension: losses and slot hygiene it serves
+FUTURE_PENDING = 408  # retrieve_future's status while the request is still queued or running
 
 
 def request_json(url: str, payload: dict | None = None, timeout: float = 30.0) -> dict:
@@ -18,6 +30,24 @@ def request_json(url: str, payload: dict | None = None, timeout: float = 30.0) -
         return json.loads(resp.read() or b"{}")
 
 
+def open_url(url: str, timeout: float = 30.0):
+    """A GET whose body the caller reads itself (a download); errors as for request_json."""
+    return urllib.request.urlopen(urllib.request.Request(url), timeout=timeout)
+
+
+def wait_future(base_url: str, request_id: str, timeout: float = 90.0, attempts: int = 20) -> dict:
+    """The result of a queued request. SkyRL holds retrieve_future open up to its own limit and then answers
+    408 while the request is not done: that is asked again (up to `attempts` times); any other HTTP error is
+    the request's failure and raises urllib.error.HTTPError."""
+    for _ in range(attempts):
+        try:
+            return request_json(f"{base_url}/api/v1/retrieve_future", {"request_id": request_id}, timeout=timeout)
+        except urllib.error.HTTPError as e:
+            if e.code != FUTURE_PENDING:
+                raise
+    raise TimeoutError(f"request {request_id} was not done after {attempts} waits")
+
+
 def server_base_model(base_url: str) -> str:
     """The model the server was started with (get_server_capabilities)."""
     caps = request_json(f"{base_url}/api/v1/get_server_capabilities")
@@ -27,6 +57,23 @@ def server_base_model(base_url: str) -> str:
 def unload_model(base_url: str, model_id: str) -> None:
     """Free a model's LoRA slot now; SkyRL's jax backend has a fixed number of them."""
     request_json(f"{base_url}/api/v1/unload_model", {"model_id": model_id})
+
+
+def unload_models(base_url: str, model_ids: list[str], wait_s: float = 30.0) -> list[str]:
+    """Free the server's LoRA slots of these models, waiting for each unload to finish (so the next run on
+    the same server finds the slot free); return the ids that could not be unloaded. A model the server no
+    longer knows (404) counts as freed."""
+    failed = []
+    for model_id in model_ids:
+        try:
+            queued = request_json(f"{base_url}/api/v1/unload_model", {"model_id": model_id}, timeout=10)
+            wait_future(base_url, queued["request_id"], timeout=wait_s)
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                failed.append(model_id)
+        except (OSError, ValueError, KeyError):  # TimeoutError is an OSError
+            failed.append(model_id)
+    return failed
 
 
 def training_run(base_url: str, run_id: str) -> dict:

@@ -9,12 +9,9 @@ is cheap: no torch, jax or tinker import, a few subprocesses and HTTP calls; the
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,8 +110,9 @@ def check_server_venv() -> Check:
 
 
 def _get_json(url: str, timeout: float = 3.0) -> dict:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return json.loads(resp.read() or b"{}")
+    from rlcli.client import request_json
+
+    return request_json(url, timeout=timeout)
 
 
 def check_server(srv: Server) -> Check:

@@ -5,7 +5,7 @@ Launch:  rlcli eval --dataset arithmetic                               (the serv
          rlcli eval --dataset gsm8k --eval-size 1319 --checkpoint tinker://RUN/sampler_weights/ID
 
 The problems are exactly the ones `rlcli train rl` holds out for the same --dataset, --eval-size and
---max-operand (rlcli.train.rl_eval): never in a training batch of such a run, so a score before and a
+--max-operand (rlcli.train.heldout): never in a training batch of such a run, so a score before and a
 score after training compare the same unseen problems. They are graded by the same env code as in
 training (the cookbook's; rlcli's for plain files). --temperature 0 (the default) scores the greedy
 answer; --temperature 1 --samples K scores K sampled answers per problem, as training samples them.
@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.errors import UsageError
-
-CORRECT, REWARD = "test/env/all/correct", "test/env/all/reward/total"  # the cookbook evaluator's keys
+from rlcli.train.metrics import TEST_CORRECT as CORRECT
+from rlcli.train.metrics import TEST_REWARD as REWARD
 
 
 def sampler_path(checkpoint: str) -> str:
     """A tinker:// sampler path as given, or the newest one a run folder's checkpoints.jsonl lists."""
     if checkpoint.startswith("tinker://"):
         return checkpoint
-    from rlcli.train import last_checkpoint
+    from rlcli.train.folder import last_checkpoint
 
     folder = Path(checkpoint).expanduser()
     if not folder.is_dir():
@@ -42,13 +42,14 @@ def sampler_path(checkpoint: str) -> str:
 
 
 def check_numbers(samples: int, temperature: float, max_tokens: int, eval_size: int | None) -> None:
-    if samples < 1 or max_tokens < 1:
-        raise UsageError("--samples and --max-tokens must be at least 1")
+    from rlcli.train.run import check_numbers as at_least
+
+    at_least(samples=samples, max_tokens=max_tokens)
     if temperature < 0:
         raise UsageError(f"--temperature must be 0 (greedy) or more, got {temperature}")
     if samples > 1 and temperature == 0:
         raise UsageError("--samples N needs --temperature above 0: greedy answers are the same every time")
-    if eval_size is not None and eval_size < 1:
+    if eval_size is not None and eval_size < 1:  # unlike train rl's, 0 would score nothing
         raise UsageError(f"--eval-size must be at least 1, got {eval_size}")
 
 
@@ -82,7 +83,7 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
         renderer: chat renderer (default: from the model name, or the tokenizer of a local folder)
         output: also write the JSON result to this file
     """
-    from rlcli.train.rl import choose_dataset
+    from rlcli.train.heldout import choose_dataset
 
     check_numbers(samples, temperature, max_tokens, eval_size)
     name, path, grader = choose_dataset(dataset, dataset_path, grader, max_operand, eval_size)
@@ -108,7 +109,7 @@ def _evaluate(name: str, path: str | None, grader: str, source: str | None, eval
 
     from rlcli import sample
     from rlcli.config import resolve_base_url
-    from rlcli.train import renderers, rl_eval
+    from rlcli.train import heldout, run
 
     url = resolve_base_url(base_url)
     s = sample.open_sampler(source, None, url, None, max_tokens, temperature, 0)
@@ -116,16 +117,13 @@ def _evaluate(name: str, path: str | None, grader: str, source: str | None, eval
         if source:  # a finished run's weights are served again from its training state if need be
             sample.complete(s, [{"role": "user", "content": "1 + 1"}])
         model = s.base_model
-        if renderers.is_local_model(model):
-            renderers.go_offline()
-            renderers.register_local_tokenizer(model)
-        renderer = renderers.choose_renderer(model, renderer)
+        renderer = run.prepare_model(model, renderer)
         from tinker_cookbook.completers import TinkerTokenCompleter
         from tinker_cookbook.rl.metric_util import RLTestSetEvaluator
 
         from rlcli.train import envs
 
-        data = envs.load_data(name, path, 1, None, grader, eval_size, max_operand or rl_eval.ARITHMETIC_MAX)
+        data = envs.load_data(name, path, 1, None, grader, eval_size, max_operand or heldout.ARITHMETIC_MAX)
         _, test = asyncio.run(envs.dataset_builder(data, model, renderer, 1, 1)())
         evaluator = RLTestSetEvaluator(test, max_tokens=max_tokens, name="test", num_groups_to_log=0)
         rounds = []

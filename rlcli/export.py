@@ -13,7 +13,6 @@ the base model: both are rewritten from the weights themselves and from the trai
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tarfile
 import tempfile
@@ -21,9 +20,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from rlcli.client import parse_tinker_path, training_run
+from rlcli.client import open_url, parse_tinker_path, training_run
 from rlcli.config import resolve_base_url
 from rlcli.errors import RlcliError, UsageError
+from rlcli.files import staged_folder
 
 FORMATS = ("peft", "merged")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -36,7 +36,7 @@ def download_archive(base_url: str, run_id: str, checkpoint_id: str, dest: Path)
     """Stream the sampler checkpoint's tar.gz to dest (the archive route redirects to the bytes)."""
     url = f"{base_url}/api/v1/training_runs/{run_id}/checkpoints/{checkpoint_id}/archive"
     try:
-        with urllib.request.urlopen(url, timeout=300) as resp, dest.open("wb") as out:
+        with open_url(url, timeout=300) as resp, dest.open("wb") as out:
             shutil.copyfileobj(resp, out, _CHUNK)
     except urllib.error.HTTPError as e:
         if e.code == 404:
@@ -159,23 +159,10 @@ def export(checkpoint: str, format: str = "peft", output: str | None = None, for
     out = _check_output(output, force)
     url = resolve_base_url(base_url)
     base = base_model or training_run(url, run_id)["base_model"]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Built in a private folder beside the target and moved in whole: a failed export leaves nothing half-written.
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        with tempfile.TemporaryDirectory(prefix="rlcli-export-") as tmp:
-            download_archive(url, run_id, ckpt, Path(tmp) / "archive.tar.gz")
-            adapter = extract_adapter(Path(tmp) / "archive.tar.gz", Path(tmp))
-            (write_peft if format == "peft" else write_merged)(adapter, staging, base)
-        mask = os.umask(0)
-        os.umask(mask)
-        staging.chmod(0o777 & ~mask)  # mkdtemp made it private; the export is an ordinary folder
-        for path in staging.iterdir():
-            path.chmod(0o666 & ~mask)
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    # A failed export leaves nothing half-written; the finished one is an ordinary folder of the user's.
+    with staged_folder(out, shared=True) as staging, tempfile.TemporaryDirectory(prefix="rlcli-export-") as tmp:
+        download_archive(url, run_id, ckpt, Path(tmp) / "archive.tar.gz")
+        adapter = extract_adapter(Path(tmp) / "archive.tar.gz", Path(tmp))
+        (write_peft if format == "peft" else write_merged)(adapter, staging, base)
     print(out)
     return 0

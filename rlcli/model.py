@@ -18,9 +18,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from importlib import resources
@@ -30,6 +28,7 @@ from typing import Any
 
 from rlcli.config import private_dir, rlcli_home
 from rlcli.errors import RlcliError, UsageError
+from rlcli.files import staged_folder
 
 EMBEDDED_MODEL_NAME = "rlcli-tiny-qwen3-v1"  # a new version of the bytes gets a new name
 MARKER = "rlcli-model.json"  # the model's record (rlcli/model_recipe.py writes it)
@@ -83,14 +82,8 @@ def _stage(parent: Path, target: Path, fill: Any) -> None:
     """Fill a private staging folder beside target, then put it in target's place whole (never patched)."""
     if target.exists() and any(target.iterdir()) and not (target / MARKER).exists():
         raise UsageError(f"{target} exists and is not an rlcli model folder: pick another --output")
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=parent))  # mode 0700
-    try:
+    with staged_folder(target) as staging:  # mode 0700
         fill(staging)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _copy_shipped(staging: Path) -> None:

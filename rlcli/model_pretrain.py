@@ -123,9 +123,9 @@ def _scored_heldout(x: int, y: int) -> bool:
 def _rl_heldout() -> frozenset[tuple[int, int]]:
     """The pairs train rl's held-out draw can reach on its default range (unordered, as it compares them),
     so that its evaluation is on sums the model never saw."""
-    from rlcli.train.rl_eval import ARITHMETIC_EVAL_MAX, arithmetic_eval_pairs
+    from rlcli.train.heldout import ARITHMETIC_EVAL_MAX, arithmetic_eval_pairs, pair_key
 
-    return frozenset((min(x, y), max(x, y)) for x, y in arithmetic_eval_pairs(ARITHMETIC_EVAL_MAX))
+    return frozenset(pair_key(x, y) for x, y in arithmetic_eval_pairs(ARITHMETIC_EVAL_MAX))
 
 
 def heldout_pairs() -> list[tuple[int, int]]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlcli.client import parse_tinker_path, server_base_model, training_run, unload_model
+from rlcli.client import NOT_LOADED, parse_tinker_path, server_base_model, training_run, unload_model
 from rlcli.config import ensure_api_key, resolve_base_url
 from rlcli.errors import RlcliError, UsageError, debug_enabled
 
@@ -113,7 +113,7 @@ def complete(s: Sampler, messages: list[dict[str, str]], n: int = 1) -> list[str
             result = s.client.sample(prompt=prompt, num_samples=n, sampling_params=s.params).result()
             break
         except Exception as e:  # tinker raises its own classes; the server's reason is in the message
-            if attempt or "not loaded" not in str(e) or not _reload(s):
+            if attempt or NOT_LOADED not in str(e) or not _reload(s):
                 raise _sampling_error(s, e) from None
     return [s.tokenizer.decode(seq.tokens, skip_special_tokens=True).strip() for seq in result.sequences]
 
@@ -130,8 +130,10 @@ def _reload(s: Sampler) -> bool:
     service = tinker.ServiceClient(base_url=s.base_url)
     try:
         trainer = service.create_training_client_from_state(f"tinker://{run_id}/weights/{ckpt}")
-    except Exception:
-        return False  # no training state of that name: the error message says what to do
+    except tinker.APIStatusError as e:  # the server refused: no training state of that name
+        if e.status_code in (401, 403):  # not a missing state: say what really went wrong
+            raise
+        return False  # the "not loaded" message says what to do
     s.reloaded_model_id = trainer.model_id
     print(f"rlcli: {s.source} was no longer loaded; serving it again from tinker://{run_id}/weights/{ckpt}",
           file=sys.stderr)
@@ -146,7 +148,7 @@ def close(s: Sampler) -> None:
 
 
 def _sampling_error(s: Sampler, e: Exception) -> RlcliError:
-    if "not loaded" not in str(e):
+    if NOT_LOADED not in str(e):
         return RlcliError(f"sampling from {s.source} failed: {str(e).splitlines()[0]}")
     run_id = parse_tinker_path(s.source)[0]
     return RlcliError(

@@ -2,7 +2,7 @@
 
 SkyRL 0.4.0's jax backend clears a slot's gradient accumulator only in optim_step; a model
 unloaded after a forward_backward with no optim_step leaves its gradients to the next model
-that gets the slot (FACTS.md: grad_norm ~5.4 on a zero-weight step). Servers started by
+that gets the slot (grad_norm ~5.4 on a zero-weight step: docs/decisions.md). Servers started by
 rlcli load runtime/rlcli_slots.py, which zeroes the accumulator on create_model, and say
 so in GET /api/v1/rlcli/capabilities. For any other server, `ensure_clean_next_slot` scrubs
 the slot the next create_model will take (SkyRL hands out the lowest free index): it creates
@@ -16,23 +16,20 @@ from __future__ import annotations
 import sys
 import urllib.error
 
-from rlcli.client import request_json
+from rlcli.client import CAPABILITIES_ROUTE, request_json, wait_future
 from rlcli.errors import RlcliError
 
-CAPABILITIES_ROUTE = "/api/v1/rlcli/capabilities"
 SLOT_EXTENSION = "rlcli_slots"
 
 
-def _result(base_url: str, request_id: str, attempts: int = 20) -> dict:
-    """Wait for a future (the server answers 408 while it is still pending)."""
-    for _ in range(attempts):
-        try:
-            return request_json(f"{base_url}/api/v1/retrieve_future", {"request_id": request_id}, timeout=90)
-        except urllib.error.HTTPError as e:
-            if e.code != 408:
-                raise RlcliError(f"the server failed a slot-scrub request: HTTP {e.code} "
-                                 f"{e.read().decode(errors='replace')[:200]}") from None
-    raise RlcliError("the server did not finish a slot-scrub request in time; is its engine running?")
+def _result(base_url: str, request_id: str) -> dict:
+    try:
+        return wait_future(base_url, request_id)
+    except urllib.error.HTTPError as e:
+        raise RlcliError(f"the server failed a slot-scrub request: HTTP {e.code} "
+                         f"{e.read().decode(errors='replace')[:200]}") from None
+    except TimeoutError:
+        raise RlcliError("the server did not finish a slot-scrub request in time; is its engine running?") from None
 
 
 def server_cleans_slots(base_url: str) -> bool:

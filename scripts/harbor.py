@@ -2,8 +2,8 @@
 
     python scripts/harbor.py run tests/fixtures/harbor --policy oracle          # each task's own solution, graded
     python scripts/harbor.py run tests/fixtures/harbor --policy nop             # doing nothing scores 0
-    python scripts/harbor.py train --dataset tests/fixtures/harbor --max_steps 20 --group_size 4
-    python scripts/harbor.py train --dataset terminal-bench@2.0 --dry_run        # offline: how to download it
+    python scripts/harbor.py train --dataset tests/fixtures/harbor --max-steps 20 --group-size 4
+    python scripts/harbor.py train --dataset terminal-bench@2.0 --dry-run        # offline: how to download it
 """
 
 from rlcli.harbor.run import run

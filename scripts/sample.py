@@ -2,7 +2,7 @@
 
     python scripts/sample.py sample --checkpoint tinker://RUN/sampler_weights/ID --prompt "What is 2 + 3?" --n 2
     python scripts/sample.py chat --checkpoint tinker://RUN/sampler_weights/ID
-    printf 'hi\\nWhat is 2 + 3?\\n' | python scripts/sample.py chat --base_url http://127.0.0.1:8000
+    printf 'hi\\nWhat is 2 + 3?\\n' | python scripts/sample.py chat --base-url http://127.0.0.1:8000
 """
 
 from rlcli.sample import chat, sample

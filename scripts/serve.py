@@ -1,7 +1,7 @@
 """Run SkyRL's Tinker API server on this machine (the same functions as `rlcli serve`).
 
     python scripts/serve.py start                       # embedded tiny model, jax backend, CPU
-    python scripts/serve.py start --base_model Qwen/Qwen3-4B-Instruct-2507 --backend fsdp --gpus 8
+    python scripts/serve.py start --base-model Qwen/Qwen3-4B-Instruct-2507 --backend fsdp --gpus 8
     python scripts/serve.py status | logs | stop | restart | install
 """
 

@@ -4,8 +4,8 @@
     zcat runs.jsonl.gz | rlcli import - -f langsmith --min-score 0.5 --redact > train.jsonl
 
 Streaming: the input is read line by line and each conversation is written as soon as
-it is converted, so memory stays flat on a multi-gigabyte dump. orjson is used when it
-is installed (the tinker client depends on it), the json module otherwise.
+it is converted, so memory stays flat on a multi-gigabyte dump. orjson (a dependency of the
+tinker client) parses and writes; the json module takes what orjson refuses.
 
 Accounting: every non-blank line (of INPUT and of --feedback) is a record, and every
 record ends in exactly one place: written, dropped under a named reason, or (LangSmith
@@ -40,34 +40,27 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
+
+import orjson
 
 from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith
 from rlcli.data.messages import Conversation, Options, finalize
 from rlcli.errors import RlcliError, UsageError
+from rlcli.files import staged_file
 
 # run_id -> [(where the feedback record was read, its entry)]
 FeedbackTable = dict[str, list[tuple[str, dict[str, Any]]]]
 Write = Callable[[bytes], Any]
 
-try:
-    import orjson
-
-    _fast_loads: Callable[[bytes], Any] = orjson.loads
-
-    def _fast_dumps(value: Any) -> bytes:
-        return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
-
-except ImportError:  # pragma: no cover - the client venv has orjson
-    _fast_loads = json.loads
-
-    def _fast_dumps(value: Any) -> bytes:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+def _fast_dumps(value: Any) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def parse_line(raw: bytes) -> Any:
     try:
-        return _fast_loads(raw)
+        return orjson.loads(raw)
     except ValueError:  # orjson refuses NaN and integers past 64 bits, which json accepts
         return json.loads(raw)
 
@@ -285,12 +278,6 @@ def _no_cycle_collector() -> Iterator[None]:
             gc.enable()
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 @contextmanager
 def _output(path: str) -> Iterator[IO[bytes]]:
     if path == "-":
@@ -300,15 +287,8 @@ def _output(path: str) -> Iterator[IO[bytes]]:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UsageError(f"output folder {folder} does not exist; create it or choose another -o path")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".rlcli-import-", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
-            yield f
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it private; the finished file is the user's
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with staged_file(Path(os.path.abspath(path)), buffering=1 << 20) as f:
+        yield f
 
 
 def import_cmd(

@@ -183,13 +183,18 @@ def from_openai(record: Any, parts: Counter[str]) -> Conversation | str:
     return _guard(_openai, record, parts)
 
 
-def _openai(record: Any, parts: Counter[str]) -> Conversation:
+def _request_and_response(record: Any) -> tuple[dict[str, Any], Any]:
+    """A logged API record's request ({} when only the response was logged) and response (or None)."""
     if not isinstance(record, dict):
         raise Skip("unrecognized")
     request, response = _find_request(record), _find_response(record)
     if request is None and response is None:
         raise Skip("unrecognized")
-    request = request or {}
+    return request or {}, response
+
+
+def _openai(record: Any, parts: Counter[str]) -> Conversation:
+    request, response = _request_and_response(record)
     messages = _convert_all(request.get("messages", []), parts)
     if response is not None:
         messages = _with_reply(messages, _reply(response, parts), prefill=False)
@@ -202,12 +207,7 @@ def from_anthropic(record: Any, parts: Counter[str]) -> Conversation | str:
 
 
 def _anthropic(record: Any, parts: Counter[str]) -> Conversation:
-    if not isinstance(record, dict):
-        raise Skip("unrecognized")
-    request, response = _find_request(record), _find_response(record)
-    if request is None and response is None:
-        raise Skip("unrecognized")
-    request = request or {}
+    request, response = _request_and_response(record)
     messages = _system(request.get("system"), parts) + _convert_all(request.get("messages", []), parts)
     if response is not None:
         messages = _with_reply(messages, _reply(response, parts), prefill=True)

@@ -29,10 +29,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-try:
-    import orjson
-except ImportError:  # pragma: no cover - the client venv has it (a tinker dependency)
-    orjson = None
+import orjson  # a tinker dependency: always there
 
 Conversation = dict[str, Any]
 Message = dict[str, Any]
@@ -69,12 +66,10 @@ class Options:
 
 def to_json(value: Any) -> str:
     """Compact JSON text, the form tool call arguments take."""
-    if orjson is not None:
-        try:
-            return orjson.dumps(value).decode()
-        except TypeError:  # integers past 64 bits: json handles them
-            pass
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # integers past 64 bits: json handles them
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 @dataclass(slots=True)

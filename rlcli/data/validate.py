@@ -1,18 +1,14 @@
-"""Check a conversations file before `train sl` spends time loading a model for it.
+"""What a conversation line must hold before `train sl` spends time loading a model for it.
 
-    validate_conversations("train.jsonl") -> number of conversations
-
-The first bad line stops the check with a UsageError naming its line number and what
-is wrong with it, so a person can open the file at that line; an empty file is an
-error too. The shape checked is the one `rlcli import` writes (rlcli.data.messages).
+`conversation_problem` says what is wrong with one record (or nothing); `numbered_json_lines` reads a JSONL
+file's lines with their numbers, so the first bad line stops a command with a UsageError naming it and a
+person can open the file there. The shape checked is the one `rlcli import` writes (rlcli.data.messages).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from rlcli.errors import UsageError
@@ -51,39 +47,6 @@ def conversation_problem(record: Any) -> str | None:
     if not any(m["role"] == "assistant" for m in messages):
         return "no assistant message to train on"
     return None
-
-
-@contextmanager
-def _lines(source: str | os.PathLike[str] | Iterable[str | bytes]) -> Iterator[Iterable[str | bytes]]:
-    if not isinstance(source, (str, os.PathLike)):
-        yield source
-        return
-    if not os.path.isfile(source):
-        raise UsageError(f"dataset {source} is not a file; give a JSONL file of conversations")
-    with open(source, "rb") as f:
-        yield f
-
-
-def validate_conversations(source: str | os.PathLike[str] | Iterable[str | bytes]) -> int:
-    """Count the conversations in a JSONL file (or lines); raise UsageError at the first bad line."""
-    name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "the dataset"
-    count = 0
-    with _lines(source) as lines:
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                problem = f"not valid JSON ({e})"
-            else:
-                problem = conversation_problem(record)
-            if problem:
-                raise UsageError(f"{name} line {lineno}: {problem}; fix it, or rebuild with `rlcli import`")
-            count += 1
-    if count == 0:
-        raise UsageError(f"{name} holds no conversations; make some with `rlcli import LOGS -o FILE`")
-    return count
 
 
 def numbered_json_lines(lines: Iterable[str], source: str) -> Iterator[tuple[int, Any]]:

@@ -11,8 +11,10 @@ remove (`forcerm`: also after a failed build).
 from __future__ import annotations
 
 import contextlib
+import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -89,3 +91,18 @@ def ensure_image(client: Any, task: Task) -> tuple[str, bool]:
             return tag, False
         build_image(client, task, tag)
     return tag, True
+
+
+def prepare_images(tasks: list[Task]) -> Any:
+    """Connect to Docker, sweep dead runs' sandboxes, build each task image once; return the client."""
+    from rlcli.harbor.sandbox import connect, sweep
+
+    client = connect()
+    if removed := sweep(client):
+        print(f"removed {removed} sandbox(es) left by earlier runs that died", file=sys.stderr)
+    for task in {t.path: t for t in tasks}.values():
+        started = time.monotonic()
+        image, built = ensure_image(client, task)
+        if built:
+            print(f"image {image} for {task.name}: built in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    return client

@@ -21,9 +21,10 @@ from typing import Any
 
 from rlcli.config import ensure_api_key, resolve_base_url
 from rlcli.errors import EXIT_FAILED, UsageError
-from rlcli.harbor.tasks import Task
-from rlcli.harbor.train import load_tasks, prepare_images
-from rlcli.train import run_folder, sigterm_as_interrupt
+from rlcli.harbor.images import prepare_images
+from rlcli.harbor.tasks import Task, load_tasks
+from rlcli.train import run as trainer
+from rlcli.train.folder import run_folder
 
 POLICIES = ("oracle", "nop", "model")
 DEFAULT_COMMAND_TIMEOUT_S = 120.0
@@ -45,15 +46,9 @@ def sampling_policy(model: str | None, checkpoint: str | None, base_url: str | N
     from tinker_cookbook.renderers import get_renderer
     from tinker_cookbook.tokenizer_utils import get_tokenizer
 
-    from rlcli.train import renderers
-    from rlcli.train.sl import resolve_model
-
     url = resolve_base_url(base_url)
-    model = resolve_model(model, url, required=True)
-    if renderers.is_local_model(model):
-        renderers.go_offline()
-        renderers.register_local_tokenizer(model)
-    name = renderers.choose_renderer(model, renderer)
+    model = trainer.resolve_model(model, url, required=True)
+    name = trainer.prepare_model(model, renderer)
     ensure_api_key()
     service = tinker.ServiceClient(base_url=url)
     client = (service.create_sampling_client(model_path=checkpoint) if checkpoint
@@ -117,13 +112,11 @@ def run(task_dir: str, policy: str = "oracle", task_filter: str | None = None, l
     """
     from rlcli.harbor.agent import AgentSettings
     from rlcli.harbor.sandbox import remove_mine
-    from rlcli.train.rl import check_numbers
-
     if policy not in POLICIES:
         raise UsageError(f"unknown --policy {policy!r}: choose {', '.join(POLICIES)}")
     if policy != "model" and (model or checkpoint):
         raise UsageError(f"--model and --checkpoint choose the agent of --policy model, not {policy}")
-    check_numbers(max_turns=max_turns, max_tokens=max_tokens, temperature=temperature, limit=limit,
+    trainer.check_numbers(max_turns=max_turns, max_tokens=max_tokens, temperature=temperature, limit=limit,
                   command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, max_sandboxes=max_sandboxes)
     tasks = load_tasks(task_dir, task_filter, limit, "harbor run")
     folder = run_folder(output, False, kind="harbor-run")
@@ -134,7 +127,7 @@ def run(task_dir: str, policy: str = "oracle", task_filter: str | None = None, l
     client = prepare_images(tasks)
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        with sigterm_as_interrupt():
+        with trainer.sigterm_as_interrupt():
             records = asyncio.run(run_all(tasks, policy, client, settings, folder, max_sandboxes, sampler))
     finally:
         remove_mine(client)  # after Ctrl-C, whatever the rollouts could not remove themselves

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 import urllib.request
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from typing import Any
 
 from rlcli.config import rlcli_home
 from rlcli.errors import UsageError
+from rlcli.files import staged_folder
 
 # Harbor's registry of datasets (name, version, tasks with git_url, git_commit_id, path).
 REGISTRY_URL = "https://raw.githubusercontent.com/laude-institute/harbor/main/registry.json"
@@ -273,24 +275,20 @@ def download_dataset(spec: str, dest: Path) -> Path:
     entries = registry_tasks(fetch_registry(spec), spec)
     if shutil.which("git") is None:
         raise UsageError(f"downloading {spec} needs git: install it, or {_offline_hint(spec)}")
-    staging = dest.with_name(f".{dest.name}.{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
     by_repo: dict[tuple[str, str], list[dict[str, str]]] = {}
     for entry in entries:
         by_repo.setdefault((entry["git_url"], entry.get("git_commit_id") or "HEAD"), []).append(entry)
     try:
-        for n, ((git_url, commit), group) in enumerate(by_repo.items()):
-            checkout = staging / f".repo{n}"
-            _git("clone", "--quiet", "--no-checkout", git_url, str(checkout))
-            commit = "HEAD" if commit.lower() == "head" else commit
-            _git("-C", str(checkout), "checkout", "--quiet", commit, "--", *[e.get("path") or "." for e in group])
-            for entry in group:
-                shutil.move(str(checkout / (entry.get("path") or ".")), str(staging / entry["name"]))
-            shutil.rmtree(checkout)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        staging.rename(dest)
+        with staged_folder(dest) as staging:
+            for n, ((git_url, commit), group) in enumerate(by_repo.items()):
+                checkout = staging / f".repo{n}"
+                _git("clone", "--quiet", "--no-checkout", git_url, str(checkout))
+                commit = "HEAD" if commit.lower() == "head" else commit
+                _git("-C", str(checkout), "checkout", "--quiet", commit, "--", *[e.get("path") or "." for e in group])
+                for entry in group:
+                    shutil.move(str(checkout / (entry.get("path") or ".")), str(staging / entry["name"]))
+                shutil.rmtree(checkout)
     except (OSError, subprocess.CalledProcessError) as e:
-        shutil.rmtree(staging, ignore_errors=True)
         detail = (e.stderr or "").strip().splitlines()[-1:] if isinstance(e, subprocess.CalledProcessError) else [e]
         raise UsageError(f"downloading {spec} failed ({detail[0] if detail else e}): {_offline_hint(spec)}") \
             from None
@@ -299,3 +297,10 @@ def download_dataset(spec: str, dest: Path) -> Path:
 
 def _git(*args: str) -> None:
     subprocess.run(["git", *args], check=True, capture_output=True, text=True, timeout=600)
+
+
+def load_tasks(dataset: str, task_filter: str | None, limit: int | None, label: str = "--dataset") -> list[Task]:
+    tasks, skipped = find_tasks(resolve_dataset(dataset))
+    for folder, why in skipped:
+        print(f"rlcli: warning: {label}: skipped {folder}: {why}", file=sys.stderr)
+    return select_tasks(tasks, task_filter, limit)

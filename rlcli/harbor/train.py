@@ -15,116 +15,92 @@ under trajectories/eval/.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import sys
-import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlcli.config import ensure_api_key, resolve_base_url
+from rlcli.config import resolve_base_url
 from rlcli.errors import UsageError
-from rlcli.harbor.tasks import Task, find_tasks, resolve_dataset, select_tasks, split_tasks, tasks_hash
-from rlcli.train import (
-    check_resume_info,
-    claim,
-    renderers,
-    run_folder,
-    server_slots,
-    sigterm_as_interrupt,
-)
-from rlcli.train import warn as warn_line
-from rlcli.train.rl import ROUTES, RlProgress, check_numbers, cookbook_hooks, final_report, plan_losses
-from rlcli.train.sl import RUN_INFO, resolve_model
+from rlcli.harbor.images import prepare_images
+from rlcli.harbor.tasks import Task, load_tasks, split_tasks, tasks_hash
+from rlcli.train import rl_loop, run
+from rlcli.train.rl_loop import RlProgress, RlSettings
 
 RECIPE_NAME = "rlcli_train_harbor"
 RESUME_KEYS = ("model", "renderer", "loss", "group_size", "groups_per_batch")
 
 
-def load_tasks(dataset: str, task_filter: str | None, limit: int | None, label: str = "--dataset") -> list[Task]:
-    tasks, skipped = find_tasks(resolve_dataset(dataset))
-    for folder, why in skipped:
-        warn_line(f"{label}: skipped {folder}: {why}")
-    return select_tasks(tasks, task_filter, limit)
+@dataclass(frozen=True, kw_only=True)
+class Settings(RlSettings):
+    eval_every: int = 10
+    max_tokens: int = 1024
+    groups_per_batch: int = 4
+    steps: int
+    max_turns: int = 10
+    command_timeout: float = 120.0
+    sandbox_timeout: float | None = None
+    max_sandboxes: int = 4
 
 
-def prepare_images(tasks: list[Task]) -> Any:
-    """Connect to Docker, sweep dead runs' sandboxes, build each task image once; return the client."""
-    from rlcli.harbor.images import ensure_image
-    from rlcli.harbor.sandbox import connect, sweep
+@contextlib.contextmanager
+def sandboxes(tasks: list[Task]) -> Iterator[Any]:
+    """Docker ready with every task's image built; the sandboxes this process made removed afterwards."""
+    from rlcli.harbor.sandbox import remove_mine
 
-    client = connect()
-    if removed := sweep(client):
-        print(f"removed {removed} sandbox(es) left by earlier runs that died", file=sys.stderr)
-    for task in {t.path: t for t in tasks}.values():
-        started = time.monotonic()
-        image, built = ensure_image(client, task)
-        if built:
-            print(f"image {image} for {task.name}: built in {time.monotonic() - started:.1f}s", file=sys.stderr)
-    return client
+    client = prepare_images(tasks)
+    try:
+        yield client
+    finally:
+        remove_mine(client)  # whatever the rollouts could not remove themselves (Ctrl-C, a crash)
 
 
-def describe(plan: Any, source: str, train: list[Task], held: list[Task], s: dict[str, Any]) -> str:
-    held_text = f", {len(held)} held out for eval every {s['eval_every']} steps" if held else ""
-    timeout = f"{s['sandbox_timeout']:g} s" if s["sandbox_timeout"] else "the task's [agent] timeout"
+def describe(plan: Any, source: str, train: list[Task], held: list[Task], s: Settings) -> str:
+    held_text = f", {len(held)} held out for eval every {s.eval_every} steps" if held else ""
+    timeout = f"{s.sandbox_timeout:g} s" if s.sandbox_timeout else "the task's [agent] timeout"
     return "\n".join([
-        f"loss: {plan.loss} {ROUTES[plan.passes]}, config {json.dumps(plan.config, sort_keys=True)}: {plan.message}",
+        rl_loop.describe_loss(plan),
         f"tasks: {len(train)} to train on from {source}{held_text}",
-        f"plan: {s['groups_per_batch']} tasks x {s['group_size']} rollouts per step, {s['steps']} step"
-        f"{'s' * (s['steps'] != 1)}; up to {s['max_turns']} turns of {s['max_tokens']} tokens per rollout",
-        f"sandboxes: up to {s['max_sandboxes']} at once; {s['command_timeout']:g} s per command, {timeout} per rollout",
-        f"model: {s['model']}  renderer: {s['renderer']}",
+        f"plan: {s.groups_per_batch} tasks x {s.group_size} rollouts per step, {s.steps} step"
+        f"{'s' * (s.steps != 1)}; up to {s.max_turns} turns of {s.max_tokens} tokens per rollout",
+        f"sandboxes: up to {s.max_sandboxes} at once; {s.command_timeout:g} s per command, {timeout} per rollout",
+        f"model: {s.model}  renderer: {s.renderer}",
     ])
 
 
-def build_config(folder: Path, url: str, s: dict[str, Any], plan: Any, train: list[Task], held: list[Task]) -> Any:
+def build_config(folder: Path, url: str, s: Settings, train: list[Task], held: list[Task]) -> Any:
     from tinker_cookbook.rl import train as cookbook
 
     from rlcli.harbor.dataset import HarborDatasetBuilder
 
     builder = HarborDatasetBuilder(
         task_paths=[str(t.path) for t in train], task_names=[t.name for t in train],
-        eval_paths=[str(t.path) for t in held], eval_names=[t.name for t in held], model_name=s["model"],
-        renderer_name=s["renderer"], groups_per_batch=s["groups_per_batch"], group_size=s["group_size"],
-        steps=s["steps"], max_turns=s["max_turns"], command_timeout_s=s["command_timeout"],
-        sandbox_timeout_s=s["sandbox_timeout"], max_sandboxes=s["max_sandboxes"],
+        eval_paths=[str(t.path) for t in held], eval_names=[t.name for t in held], model_name=s.model,
+        renderer_name=s.renderer, groups_per_batch=s.groups_per_batch, group_size=s.group_size,
+        steps=s.steps, max_turns=s.max_turns, command_timeout_s=s.command_timeout,
+        sandbox_timeout_s=s.sandbox_timeout, max_sandboxes=s.max_sandboxes,
         trajectories=str(folder / "trajectories"))
     # Retry a rollout whose sandbox died (3 per group); a task that keeps failing stops the run.
-    return cookbook.Config(learning_rate=s["lr"], dataset_builder=builder, model_name=s["model"],
-                           recipe_name=RECIPE_NAME, max_tokens=s["max_tokens"], log_path=str(folder),
-                           eval_every=s["eval_every"] if held else 0, save_every=s["save_every"],
-                           renderer_name=s["renderer"], loss_fn=plan.loss, loss_fn_config=plan.config or None,
-                           lora_rank=s["lora_rank"], temperature=s["temperature"], base_url=url,
-                           max_steps=s["steps"], rollout_error_tolerance=True)
-
-
-def run_recipe(folder: Path, url: str, s: dict[str, Any], plan: Any, train: list[Task], held: list[Task]) -> None:
-    """The cookbook's RL main with the loss route installed; server slots freed however it ends."""
-    import asyncio
-
-    from tinker_cookbook.rl import train as cookbook
-
-    from rlcli.train.compat import progress_logging
-
-    ensure_api_key()
-    with (sigterm_as_interrupt(), server_slots(folder, url, s["model"]), cookbook_hooks(plan),
-          progress_logging(RlProgress(s["steps"], plan.loss, plan.passes))):
-        asyncio.run(cookbook.main(build_config(folder, url, s, plan, train, held)))
-
-
-def check_resume(folder: Path, url: str, sha256: str, s: dict[str, Any]) -> None:
-    """Refuse to resume on other tasks, model or group shape; free slots a crashed attempt left."""
-    check_resume_info(folder, url, ("tasks_sha256", sha256), s, RESUME_KEYS, "the same --dataset and filters")
+    return cookbook.Config(learning_rate=s.lr, dataset_builder=builder, model_name=s.model,
+                           recipe_name=RECIPE_NAME, max_tokens=s.max_tokens, log_path=str(folder),
+                           eval_every=s.eval_every if held else 0, save_every=s.save_every,
+                           renderer_name=s.renderer, loss_fn=s.loss, loss_fn_config=s.loss_config or None,
+                           lora_rank=s.lora_rank, temperature=s.temperature, base_url=url,
+                           max_steps=s.steps, rollout_error_tolerance=True)
 
 
 def train_harbor(dataset: str | None = None, loss: str = "gspo", loss_config: str | None = None,
                  passes: str = "auto", model: str | None = None, base_url: str | None = None,
                  renderer: str | None = None, task_filter: str | None = None, limit: int | None = None,
-                 eval_tasks: int = 0, eval_dataset: str | None = None, eval_every: int = 10, group_size: int = 4,
-                 groups_per_batch: int = 4, max_turns: int = 10, max_tokens: int = 1024, temperature: float = 1.0,
-                 lr: float = 4e-5, lora_rank: int = 32, command_timeout: float = 120.0,
-                 sandbox_timeout: float | None = None, max_sandboxes: int = 4, max_steps: int | None = None,
-                 save_every: int = 20, log_path: str | None = None, resume: bool = False,
+                 eval_tasks: int = 0, eval_dataset: str | None = None, eval_every: int = 10,
+                 group_size: int = run.GROUP_SIZE, groups_per_batch: int = 4, max_turns: int = 10,
+                 max_tokens: int = 1024, temperature: float = run.TEMPERATURE, lr: float = run.RL_LR,
+                 lora_rank: int = run.LORA_RANK, command_timeout: float = 120.0, sandbox_timeout: float | None = None,
+                 max_sandboxes: int = 4, max_steps: int | None = None, save_every: int = run.SAVE_EVERY,
+                 log_path: str | None = None, resume: bool = False,
                  dry_run: bool = False) -> int:
     """Train a LoRA agent with RL on Harbor tasks run in local Docker; each rollout's test verdict is its reward.
 
@@ -162,50 +138,33 @@ def train_harbor(dataset: str | None = None, loss: str = "gspo", loss_config: st
                          "(e.g. terminal-bench@2.0)")
     if eval_tasks and eval_dataset:
         raise UsageError("--eval-tasks holds tasks out of --dataset, --eval-dataset evaluates on others: pick one")
-    check_numbers(group_size=group_size, max_tokens=max_tokens, lora_rank=lora_rank, max_steps=max_steps,
-                  save_every=save_every, eval_every=eval_every, lr=lr, temperature=temperature,
-                  groups_per_batch=groups_per_batch, max_turns=max_turns, max_sandboxes=max_sandboxes,
-                  command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, limit=limit)
-    if eval_tasks < 0:
-        raise UsageError(f"--eval-tasks must be 0 (off) or more, got {eval_tasks}")
+    run.check_numbers(group_size=group_size, max_tokens=max_tokens, lora_rank=lora_rank, max_steps=max_steps,
+                      save_every=save_every, eval_every=eval_every, lr=lr, temperature=temperature,
+                      groups_per_batch=groups_per_batch, max_turns=max_turns, max_sandboxes=max_sandboxes,
+                      command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, limit=limit,
+                      eval_tasks=eval_tasks)
     url = resolve_base_url(base_url)
-    plan = plan_losses(url, loss, loss_config, passes)  # first: an unservable loss fails before any real work
-    folder = run_folder(log_path, resume, kind="harbor")
-    model = resolve_model(model, url, required=not dry_run)
-    if renderers.is_local_model(model):
-        renderers.go_offline()  # before the hub client is imported: it reads this once
-        renderers.register_local_tokenizer(model)
-    renderer = renderers.choose_renderer(model, renderer)
+    plan = rl_loop.plan_losses(url, loss, loss_config, passes)  # first: an unservable loss fails before real work
+    t = run.target("harbor", log_path, resume, url, model, renderer, dry_run)
     train, held = split_tasks(load_tasks(dataset, task_filter, limit), eval_tasks)
     if eval_dataset:
         held = load_tasks(eval_dataset, None, None, "--eval-dataset")
-    steps = max_steps or math.ceil(len(train) / groups_per_batch)
-    s = dict(model=model, renderer=renderer, loss=plan.loss, loss_config=dict(plan.config), passes=plan.passes,
-             group_size=group_size, groups_per_batch=groups_per_batch, steps=steps, max_turns=max_turns,
-             max_tokens=max_tokens, temperature=temperature, lr=lr, lora_rank=lora_rank, eval_every=eval_every,
-             command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, max_sandboxes=max_sandboxes,
-             save_every=save_every)
-    summary = f"{describe(plan, dataset, train, held, s)}\nrun folder: {folder}{' (resume)' * resume}\nserver: {url}"
-    if dry_run:
-        print(summary)
-        return 0
-    print(summary, file=sys.stderr)
-    client = prepare_images(train + held)
-    sha256 = tasks_hash(train + held)
-    try:
-        with claim(folder):
-            if resume:
-                check_resume(folder, url, sha256, s)
-            info = {"tasks_sha256": sha256, "base_url": url, "dataset": dataset, "tasks": [t.name for t in train],
-                    "eval_tasks": [t.name for t in held], **s}
-            (folder / RUN_INFO).write_text(json.dumps(info, indent=1) + "\n")
-            run_recipe(folder, url, s, plan, train, held)
-    finally:
-        from rlcli.harbor.sandbox import remove_mine
-
-        remove_mine(client)  # whatever the rollouts could not remove themselves (Ctrl-C, a crash)
-    print(f"{final_report(folder)}\n{rollout_summary(folder / 'trajectories')}")
-    return 0
+    s = Settings(model=t.model, renderer=t.renderer, loss=plan.loss, loss_config=dict(plan.config),
+                 passes=plan.passes, group_size=group_size, groups_per_batch=groups_per_batch,
+                 steps=max_steps or math.ceil(len(train) / groups_per_batch), max_turns=max_turns,
+                 max_tokens=max_tokens, temperature=temperature, lr=lr, lora_rank=lora_rank, eval_every=eval_every,
+                 command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, max_sandboxes=max_sandboxes,
+                 save_every=save_every, max_steps=max_steps)
+    progress = RlProgress(s.steps, plan.loss, plan.passes)
+    job = run.Job(settings=s, summary=describe(plan, dataset, train, held, s),
+                  digest=("tasks_sha256", tasks_hash(train + held)), same_input="the same --dataset and filters",
+                  resume_keys=RESUME_KEYS, progress=progress, around=lambda: sandboxes(train + held),
+                  info={"dataset": dataset, "tasks": [task.name for task in train],
+                        "eval_tasks": [task.name for task in held]},
+                  recipe=lambda folder, url: rl_loop.recipe(
+                      plan, progress, lambda: build_config(folder, url, s, train, held)),
+                  report=lambda folder: f"{rl_loop.final_report(folder)}\n{rollout_summary(folder / 'trajectories')}")
+    return run.execute(job, t, resume, dry_run)
 
 
 def rollout_summary(trajectories: Path) -> str:

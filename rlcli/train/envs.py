@@ -9,7 +9,7 @@
   - plain, every answer the final answer itself ("42", "Paris"): the cookbook's MathEnv prompt asks
     for \\boxed{}, its extract_boxed reads the reply, and `grade_answer` compares: as numbers when both
     are numbers (commas and whitespace dropped, 42 == 42.0), else as whitespace-normalized text.
-Each keeps problems held out for evaluation (rlcli.train.rl_eval). The cookbook and `datasets` are
+Each keeps problems held out for evaluation (rlcli.train.heldout). The cookbook and `datasets` are
 imported at the top: rl.py imports this module only once a run's loss plan is settled.
 """
 
@@ -35,7 +35,7 @@ from tinker_cookbook.tokenizer_utils import get_tokenizer
 
 from rlcli.data.validate import numbered_json_lines
 from rlcli.errors import RlcliError, UsageError
-from rlcli.train import rl_eval
+from rlcli.train import heldout
 
 try:  # its grader imports sympy and pylatexenc (the cookbook's [math-rl] extra), whose own hint names a git install
     from tinker_cookbook.recipes.math_rl.math_env import (
@@ -77,7 +77,7 @@ class Data:
     sha256: str  # identity checked by --resume
     held_out: int  # problems scored every --eval-every steps, never trained on
     grader: str
-    max_operand: int = rl_eval.ARITHMETIC_MAX  # arithmetic's x, y range: 0..max_operand
+    max_operand: int = heldout.ARITHMETIC_MAX  # arithmetic's x, y range: 0..max_operand
 
 
 # --- grading -------------------------------------------------------------------------------------
@@ -177,20 +177,20 @@ def read_problems(path: str, grader: str = "auto") -> Problems:
 
 
 def load_data(name: str, path: str | None, batch_size: int, max_steps: int | None, grader: str = "auto",
-              eval_size: int | None = None, max_operand: int = rl_eval.ARITHMETIC_MAX) -> Data:
+              eval_size: int | None = None, max_operand: int = heldout.ARITHMETIC_MAX) -> Data:
     """Read and check `choose_dataset`'s data (or ask the hub GSM8K's size); settle the held-out count."""
     if path:
         problems = read_problems(path, grader)
-        held_out = rl_eval.file_eval_size(problems.records, eval_size, path)
-        train, _ = rl_eval.split_problems(problems.records, held_out)
+        held_out = heldout.file_eval_size(problems.records, eval_size, path)
+        train, _ = heldout.split_problems(problems.records, held_out)
         label = f"{'gsm8k-format' if final_answer(problems.records[0]['answer']) else 'question/answer'} file {path}"
         return Data(label, problems, len(train), math.ceil(len(train) / batch_size), problems.sha256, held_out,
                     problems.grader)
-    held_out = rl_eval.EVAL_SIZE if eval_size is None else eval_size
+    held_out = heldout.EVAL_SIZE if eval_size is None else eval_size
     if name == "arithmetic":
-        held_out = rl_eval.arithmetic_eval_size(eval_size, max_operand)
+        held_out = heldout.arithmetic_eval_size(eval_size, max_operand)
         batches = max_steps or ARITHMETIC_BATCHES
-        default = max_operand == rl_eval.ARITHMETIC_MAX
+        default = max_operand == heldout.ARITHMETIC_MAX
         narrowed = "" if default else f", x and y in 0..{max_operand}"
         return Data(f"arithmetic (the cookbook's synthetic x + y problems{narrowed})", None, None, batches,
                     "arithmetic" if default else f"arithmetic:0..{max_operand}", held_out, "arithmetic", max_operand)
@@ -243,7 +243,7 @@ class FileBuilder(RLDatasetBuilder):
     file_path: str
     sha256: str  # of the records checked before the run: a file changed since then is refused
     grader: str
-    eval_size: int  # distinct questions held out (rl_eval.split_problems)
+    eval_size: int  # distinct questions held out (heldout.split_problems)
     batch_size: int
     model_name_for_tokenizer: str
     renderer_name: str
@@ -255,7 +255,7 @@ class FileBuilder(RLDatasetBuilder):
         if problems.sha256 != self.sha256:
             raise UsageError(f"{self.file_path} changed after it was checked: rerun the command")
         renderer = renderers.get_renderer(self.renderer_name, tokenizer=get_tokenizer(self.model_name_for_tokenizer))
-        train, test = rl_eval.split_problems(problems.records, self.eval_size)
+        train, test = heldout.split_problems(problems.records, self.eval_size)
         train_set = FileDataset(train, self.batch_size, self.group_size, renderer, self.grader, self.seed)
         # One sample per held-out problem, in file order, as the cookbook's GSM8K test split is scored.
         test_set = FileDataset(test, len(test), 1, renderer, self.grader, seed=None) if test else None
@@ -267,7 +267,7 @@ class HubGsm8kBuilder(Gsm8kDatasetBuilder):
     """The cookbook's hub GSM8K builder; its test split cut to the first eval_size problems (0: none),
     as all 1,319 every --eval-every steps would dwarf a CPU-sized run."""
 
-    eval_size: int = rl_eval.EVAL_SIZE
+    eval_size: int = heldout.EVAL_SIZE
 
     async def __call__(self) -> tuple[Gsm8kDataset, Gsm8kDataset | None]:
         train, test = await super().__call__()
@@ -279,20 +279,52 @@ class HubGsm8kBuilder(Gsm8kDatasetBuilder):
 
 @chz.chz
 class ArithmeticSplitBuilder(RLDatasetBuilder):
-    """The cookbook's ArithmeticDatasetBuilder, with eval_size pairs held out (rl_eval.arithmetic_datasets)."""
+    """The cookbook's ArithmeticDatasetBuilder, with eval_size pairs held out (arithmetic_datasets)."""
 
     batch_size: int
     model_name_for_tokenizer: str
     renderer_name: str
     n_batches: int
     group_size: int
-    eval_size: int = rl_eval.EVAL_SIZE
-    max_operand: int = rl_eval.ARITHMETIC_MAX
+    eval_size: int = heldout.EVAL_SIZE
+    max_operand: int = heldout.ARITHMETIC_MAX
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
         renderer = renderers.get_renderer(self.renderer_name, tokenizer=get_tokenizer(self.model_name_for_tokenizer))
-        return rl_eval.arithmetic_datasets(self.batch_size, self.group_size, self.n_batches, self.eval_size, renderer,
+        return arithmetic_datasets(self.batch_size, self.group_size, self.n_batches, self.eval_size, renderer,
                                            self.max_operand)
+
+
+def arithmetic_datasets(batch_size: int, group_size: int, n_batches: int, eval_size: int, renderer: Any,
+                        max_operand: int = heldout.ARITHMETIC_MAX):
+    """(train, test | None): the cookbook's ArithmeticDataset (x, y in 0..max_operand; the cookbook's own
+    range is 0..100) minus the held-out pairs, and those pairs."""
+    from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticDataset, ArithmeticEnv
+
+    pairs = heldout.arithmetic_eval_pairs(eval_size, max_operand=max_operand)
+    held_out = {heldout.pair_key(x, y) for x, y in pairs}
+    prefix = ArithmeticEnv.standard_fewshot_prefix()
+
+    def group(x: int, y: int, size: int) -> ProblemGroupBuilder:
+        return ProblemGroupBuilder(env_thunk=partial(ArithmeticEnv, x, y, convo_prefix=prefix, renderer=renderer),
+                                   num_envs=size)
+
+    class HeldOutArithmetic(ArithmeticDataset):
+        def _make_env_group_builder(self, rng: Any) -> ProblemGroupBuilder:
+            while True:  # the same draws as the parent's; a held-out pair is drawn again (get_batch seeds rng)
+                x, y = rng.randint(0, max_operand + 1), rng.randint(0, max_operand + 1)
+                if heldout.pair_key(x, y) not in held_out:
+                    return group(x, y, self.group_size)
+
+    class ArithmeticTestSet(RLDataset):  # one batch: every held-out pair, sampled once
+        def get_batch(self, index: int) -> list[ProblemGroupBuilder]:
+            return [group(x, y, 1) for x, y in pairs]
+
+        def __len__(self) -> int:
+            return 1
+
+    train = HeldOutArithmetic(batch_size=batch_size, renderer=renderer, group_size=group_size, n_batches=n_batches)
+    return train, (ArithmeticTestSet() if pairs else None)
 
 
 def dataset_builder(data: Data, model: str, renderer: str, batch_size: int, group_size: int) -> RLDatasetBuilder:

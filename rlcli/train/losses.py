@@ -20,26 +20,63 @@ weights every token 1, prompt included; the route restores the response weights 
 advantages (the cookbook gives prompt tokens advantage 0; a sequence whose advantages are all 0
 has no gradient either way).
 
-Servers that SUM token losses (hosted Tinker) could run GSPO exactly through the client's
-forward_backward_custom (`gspo_custom_loss`): the loss is computed in local torch and sent back as
-weights = -dloss/dlogp. Not on SkyRL's jax backend: its per-sequence division by the sum of those
-weights explodes (FACTS: grad norms ~5e8).
+Not through the client's forward_backward_custom (a loss computed in local torch, its gradient sent back as
+cross_entropy weights): SkyRL's jax backend divides each sequence by the sum of those weights, and the
+gradient explodes (grad norms ~5e8: docs/decisions.md).
+
+Names. tinker 0.25 types `loss_fn` as Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"];
+SkyRL's API accepts a different set (gspo, dppo and ppo_critic too; dro is refused with 422), and the client
+checks nothing at run time: the name travels as a plain string. ServerLossFn names SkyRL's set, and one
+checked cast (tinker_loss_fn) hands the client its own type.
 """
 
 from __future__ import annotations
 
 import json
 import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
-from rlcli.compat import CONFIG_KEYS, SERVER_LOSS_FNS, tinker_loss_config, tinker_loss_fn
+from rlcli.client import CAPABILITIES_ROUTE, request_json
 from rlcli.errors import RlcliError, UsageError
 
+if TYPE_CHECKING:
+    from tinker.types import LossFnType
+
+ServerLossFn = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "gspo", "dppo", "ppo_critic"]
+SERVER_LOSS_FNS: tuple[ServerLossFn, ...] = get_args(ServerLossFn)
+
+# The loss_fn_config keys SkyRL's API accepts per loss (skyrl 0.4.0, tinker/api.py); others are a 422.
+CONFIG_KEYS: dict[str, frozenset[str]] = {
+    "cross_entropy": frozenset(),
+    "importance_sampling": frozenset(),
+    "ppo": frozenset({"clip_low_threshold", "clip_high_threshold", "value_clip"}),
+    "cispo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
+    "gspo": frozenset({"clip_low_threshold", "clip_high_threshold"}),
+    "dppo": frozenset({"delta_low", "delta_high"}),
+    "ppo_critic": frozenset({"value_clip"}),
+}
+
+
+def tinker_loss_fn(name: str) -> LossFnType:
+    """`name` as the tinker client's loss type, after checking that SkyRL's API accepts it."""
+    if name not in SERVER_LOSS_FNS:
+        raise ValueError(f"loss {name!r} is not one SkyRL's API accepts: {', '.join(SERVER_LOSS_FNS)}")
+    return cast("LossFnType", name)
+
+
+def tinker_loss_config(name: str, config: dict[str, float] | None) -> dict[str, float] | None:
+    """The loss config as the client sends it (floats), after checking its keys against SkyRL's table."""
+    if not config:
+        return None
+    unknown = sorted(set(config) - CONFIG_KEYS[name])
+    if unknown:
+        raise ValueError(f"loss {name!r} takes no config keys {unknown}; it takes {sorted(CONFIG_KEYS[name])}")
+    return {key: float(value) for key, value in config.items()}
+
+
 LOSSES = SERVER_LOSS_FNS  # SkyRL's API names; dro (tinker's Literal) is refused there
-CAPABILITIES_ROUTE = "/api/v1/rlcli/capabilities"
 GSPO_DEFAULTS: dict[str, float] = {"clip_low_threshold": 1 - 3e-4, "clip_high_threshold": 1 + 4e-4}
 DEFAULT_CONFIGS: dict[str, dict[str, float]] = {"gspo": GSPO_DEFAULTS}
 
@@ -66,8 +103,7 @@ def served_losses(base_url: str, timeout: float = 10.0) -> tuple[str, set[str]]:
     """(description, losses the server computes in one forward_backward), asked of the server itself."""
     url = base_url.rstrip("/") + CAPABILITIES_ROUTE
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            caps = json.loads(resp.read())
+        caps = request_json(url, timeout=timeout)
     except urllib.error.HTTPError as e:
         if 400 <= e.code < 500:  # no such route: a server without rlcli's extension
             return (f"stock SkyRL jax assumed ({base_url} has no {CAPABILITIES_ROUTE}: HTTP {e.code})",
@@ -273,35 +309,7 @@ def install_loss_route(training_client, plan: LossPlan) -> None:
                        ).result_async()
         return submit(_shifted_ppo_data(data, ahead), tinker_loss_fn("ppo"), _gspo_config(config))
 
-    training_client.forward_backward = forward_backward
-    training_client.forward_backward_async = forward_backward_async
+    from rlcli.train.hooks import replace_forward_backward
+
+    replace_forward_backward(training_client, forward_backward, forward_backward_async)
     training_client._rlcli_loss_plan = plan
-
-
-def gspo_custom_loss(loss_fn_config: dict[str, float] | None = None):
-    """A loss for `forward_backward_custom` on servers that sum token losses (hosted Tinker): exact GSPO.
-
-    The returned function takes (data, logprobs) as the client passes them and returns GSPO's mean
-    over sequences; the client sends its gradient back as cross_entropy weights. Do not use it on
-    SkyRL's jax backend (see the module docstring).
-    """
-    config = {**GSPO_DEFAULTS, **(loss_fn_config or {})}
-
-    def loss_fn(data: list, logprobs: list) -> tuple[Any, dict[str, float]]:
-        import torch
-
-        per_sequence = []
-        for datum, lp in zip(data, logprobs, strict=True):
-            datum = with_response_weights(datum)
-            w = datum.loss_fn_inputs["weights"].to_torch().to(lp.dtype)
-            old = datum.loss_fn_inputs["logprobs"].to_torch().to(lp.dtype)
-            adv = datum.loss_fn_inputs["advantages"].to_torch().to(lp.dtype)
-            tokens = w.sum().clamp(min=1e-9)
-            log_s = (w * torch.where(w != 0, lp - old, torch.zeros_like(lp))).sum() / tokens
-            ratio = torch.exp(lp - lp.detach() + log_s.detach())
-            clipped = ratio.clamp(config["clip_low_threshold"], config["clip_high_threshold"])
-            per_sequence.append(-(w * torch.minimum(ratio * adv, clipped * adv)).sum() / tokens)
-        loss = torch.stack(per_sequence).mean()
-        return loss, {"gspo/loss": float(loss.detach())}
-
-    return loss_fn

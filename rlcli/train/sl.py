@@ -13,32 +13,24 @@ checkpoints.jsonl into the run folder, RLCLI_HOME/runs/sl-<time> unless --log-pa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from rlcli.config import ensure_api_key, resolve_base_url
+from rlcli.config import resolve_base_url
 from rlcli.data.validate import conversation_problem, numbered_json_lines
-from rlcli.errors import RlcliError, UsageError
-from rlcli.train import (
-    RUN_INFO,
-    check_resume_info,
-    claim,
-    last_checkpoint,
-    private_copy,
-    read_jsonl,
-    renderers,
-    run_folder,
-    server_slots,
-    sigterm_as_interrupt,
-)
+from rlcli.errors import UsageError
+from rlcli.train import metrics, renderers, run
+from rlcli.train.folder import last_checkpoint, private_copy, read_jsonl
 
 RECIPE_NAME = "rlcli_train_sl"
 RENDER_CHECK = 64  # records rendered before a real run; --dry-run renders all
+RESUME_KEYS = ("model", "batch_size", "renderer")  # another value would make another run of the same folder
 
 
 @dataclass(frozen=True)
@@ -50,22 +42,13 @@ class Dataset:
     sha256: str
 
 
-@dataclass(frozen=True)
-class Settings:
-    """What the recipe is run with; kept in the run folder so --resume can check it."""
-
-    model: str
-    renderer: str
+@dataclass(frozen=True, kw_only=True)
+class Settings(run.TrainSettings):
     train_on_what: str
-    batch_size: int
-    lr: float
-    epochs: int
-    max_steps: int | None
-    lora_rank: int
-    max_length: int
-    save_every: int
-    eval_every: int
-    test_size: int
+    batch_size: int = run.BATCH_SIZE
+    epochs: int = 1
+    max_length: int = 2048
+    test_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -115,48 +98,8 @@ def make_plan(examples: int, batch_size: int, epochs: int, max_steps: int | None
     return Plan(examples, train, test, batch_size, batches, epochs, steps)
 
 
-def check_numbers(batch_size: int, lr: float, epochs: int, max_steps: int | None, lora_rank: int,
-                  max_length: int, save_every: int, eval_every: int, test_size: int) -> None:
-    positive = {"--batch-size": batch_size, "--epochs": epochs, "--lora-rank": lora_rank,
-                "--max-length": max_length}
-    at_least_zero = {"--save-every": save_every, "--eval-every": eval_every, "--test-size": test_size}
-    for flag, value in positive.items():
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
-    for flag, value in at_least_zero.items():
-        if value < 0:
-            raise UsageError(f"{flag} must be 0 (off) or more, got {value}")
-    if max_steps is not None and max_steps < 1:
-        raise UsageError(f"--max-steps must be at least 1, got {max_steps}")
-    if not lr > 0:
-        raise UsageError(f"--lr must be positive, got {lr}")
-
-
-def resolve_model(model: str | None, base_url: str, required: bool) -> str:
-    """The server's base model; --model must name it exactly (the engine refuses anything else)."""
-    from rlcli.client import server_base_model
-
-    try:
-        served = server_base_model(base_url)
-    except (OSError, ValueError, KeyError, IndexError) as e:
-        if model and not required:
-            return model  # a dry run with --model needs no server
-        raise RlcliError(f"cannot reach a Tinker server at {base_url} ({e}): start one with "
-                         "`rlcli serve start`, or pass --base-url") from None
-    if model and model != served:
-        raise UsageError(f"--model {model!r} is not the server's model {served!r}: omit --model, "
-                         "or start a server with --base-model set to it")
-    return served
-
-
-def prepare_resume(folder: Path, url: str, sha256: str, settings: Settings) -> None:
-    """Refuse to resume on other data or batches; free the slots a crashed attempt left on the server."""
-    check_resume_info(folder, url, ("dataset_sha256", sha256), asdict(settings), ("model", "batch_size", "renderer"),
-                      "the same dataset")
-
-
 def final_report(folder: Path, base_url: str | None) -> str:
-    losses = [m["train_mean_nll"] for m in read_jsonl(folder / "metrics.jsonl") if "train_mean_nll" in m]
+    losses = [m[metrics.TRAIN_NLL] for m in read_jsonl(folder / "metrics.jsonl") if metrics.TRAIN_NLL in m]
     final = last_checkpoint(folder, "sampler_path")
     lines = [f"loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} steps"] if losses else []
     lines += [f"metrics: {folder / 'metrics.jsonl'}", f"checkpoints: {folder / 'checkpoints.jsonl'}"]
@@ -167,10 +110,10 @@ def final_report(folder: Path, base_url: str | None) -> str:
     return "\n".join(lines)
 
 
-def describe(plan: Plan, data: Dataset, model: str, renderer: str, lengths: list[tuple[int, int]],
-             max_length: int, all_rendered: bool) -> str:
+def describe(plan: Plan, data: Dataset, s: Settings, lr_source: str, lengths: list[tuple[int, int]],
+             all_rendered: bool) -> str:
     tokens = sum(n for n, _ in lengths)
-    truncated = sum(1 for n, _ in lengths if n >= max_length)
+    truncated = sum(1 for n, _ in lengths if n >= s.max_length)
     empty = sum(1 for _, trained in lengths if trained == 0)
     scope = "all" if all_rendered else f"first {len(lengths)}"
     return "\n".join([
@@ -178,16 +121,16 @@ def describe(plan: Plan, data: Dataset, model: str, renderer: str, lengths: list
         f"{plan.test_examples} test), sha256 {data.sha256[:12]}",
         f"plan: batch {plan.batch_size} x {plan.batches_per_epoch} steps per epoch x {plan.epochs} epochs"
         f" -> {plan.steps} steps ({plan.train_examples % plan.batch_size} examples left out per epoch)",
-        f"model: {model}  renderer: {renderer}",
+        f"model: {s.model}  renderer: {s.renderer}  lr: {s.lr:g} ({lr_source})",
         f"tokens ({scope} rendered): {tokens:,}, mean {tokens / max(len(lengths), 1):.0f} per example, "
-        f"{truncated} cut at --max-length {max_length}, {empty} with nothing left to train on",
+        f"{truncated} cut at --max-length {s.max_length}, {empty} with nothing left to train on",
     ])
 
 
 def train_sl(dataset: str | None = None, model: str | None = None, base_url: str | None = None,
-             renderer: str | None = None, batch_size: int = 8, lr: float = 1e-4, epochs: int = 1,
-             max_steps: int | None = None, lora_rank: int = 32, max_length: int = 2048,
-             save_every: int = 20, eval_every: int = 10, test_size: int = 0, log_path: str | None = None,
+             renderer: str | None = None, batch_size: int = run.BATCH_SIZE, lr: float | None = None, epochs: int = 1,
+             max_steps: int | None = None, lora_rank: int = run.LORA_RANK, max_length: int = 2048,
+             save_every: int = run.SAVE_EVERY, eval_every: int = 10, test_size: int = 0, log_path: str | None = None,
              resume: bool = False, dry_run: bool = False) -> int:
     """Fine-tune a LoRA on chat JSONL with tinker-cookbook's supervised recipe, on the server.
 
@@ -197,7 +140,8 @@ def train_sl(dataset: str | None = None, model: str | None = None, base_url: str
         base_url: server URL (default: TINKER_BASE_URL, else the managed server)
         renderer: chat renderer (default: from the model name, or the tokenizer of a local folder)
         batch_size: examples per step
-        lr: peak Adam learning rate (linear decay to 0)
+        lr: peak Adam learning rate, decayed linearly to 0 (default: the cookbook's get_lr for the model's
+            family; 5e-3 for the embedded model, as measured)
         epochs: passes over the data
         max_steps: stop after this many steps in all
         lora_rank: LoRA rank (the server caps it; SkyRL's jax backend at 32 by default)
@@ -211,62 +155,67 @@ def train_sl(dataset: str | None = None, model: str | None = None, base_url: str
     """
     if not dataset:
         raise UsageError("pass --dataset FILE (a chat JSONL file), or --dataset - to read stdin")
-    check_numbers(batch_size, lr, epochs, max_steps, lora_rank, max_length, save_every, eval_every, test_size)
+    run.check_numbers(batch_size=batch_size, lr=lr, epochs=epochs, max_steps=max_steps, lora_rank=lora_rank,
+                      max_length=max_length, save_every=save_every, eval_every=eval_every, test_size=test_size)
     data = read_dataset(dataset)
     plan = make_plan(len(data.records), batch_size, epochs, max_steps, test_size)
-    folder = run_folder(log_path, resume, kind="sl")
-    url = resolve_base_url(base_url)
-    model = resolve_model(model, url, required=not dry_run)
-    if renderers.is_local_model(model):
-        renderers.go_offline()  # before anything imports huggingface_hub, which reads it once
-    renderer = renderers.choose_renderer(model, renderer)
-    if renderers.is_local_model(model):
-        renderers.register_local_tokenizer(model)
-    train_on = renderers.train_on_what(data.records)
+    t = run.target("sl", log_path, resume, resolve_base_url(base_url), model, renderer, dry_run)
+    lr, lr_source = (lr, "--lr") if lr else run.default_lr(t.model)
+    settings = Settings(model=t.model, renderer=t.renderer, train_on_what=renderers.train_on_what(data.records),
+                        batch_size=batch_size, lr=lr, epochs=epochs, max_steps=max_steps, lora_rank=lora_rank,
+                        max_length=max_length, save_every=save_every, eval_every=eval_every, test_size=test_size)
     sample = data.records if dry_run else data.records[:RENDER_CHECK]
-    lengths = renderers.render_lengths(sample, model, renderer, max_length, train_on, data.lines)
-    summary = describe(plan, data, model, renderer, lengths, max_length, all_rendered=len(sample) == plan.examples)
-    if dry_run:
-        print(f"{summary}\nrun folder: {folder}{' (resume)' if resume else ''}\nserver: {url}")
-        return 0
-    print(f"{summary}\nrun folder: {folder}\nserver: {url}", file=sys.stderr)
-    settings = Settings(model, renderer, train_on, batch_size, lr, epochs, max_steps, lora_rank, max_length,
-                        save_every, eval_every, test_size)
-    with claim(folder):
-        if resume:
-            prepare_resume(folder, url, data.sha256, settings)
-        info = {"dataset_sha256": data.sha256, "examples": plan.examples, "base_url": url, **asdict(settings)}
-        (folder / RUN_INFO).write_text(json.dumps(info, indent=1) + "\n")
-        run_recipe(folder, data, url, plan, settings)
-    print(final_report(folder, base_url))
-    return 0
+    lengths = renderers.render_lengths(sample, t.model, t.renderer, max_length, settings.train_on_what, data.lines)
+    job = run.Job(settings=settings, summary=describe(plan, data, settings, lr_source, lengths,
+                                                      all_rendered=len(sample) == plan.examples),
+                  digest=("dataset_sha256", data.sha256), same_input="the same dataset",
+                  resume_keys=RESUME_KEYS, info={"examples": plan.examples},
+                  recipe=lambda folder, url: recipe(folder, url, data, settings), progress=SlProgress(plan.steps),
+                  report=lambda folder: final_report(folder, base_url))
+    return run.execute(job, t, resume, dry_run)
 
 
-def build_config(folder: Path, data_path: str, url: str, s: Settings) -> Any:
+@contextlib.contextmanager
+def recipe(folder: Path, url: str, data: Dataset, s: Settings) -> Iterator[Callable[[], Any]]:
+    """The cookbook's SFT main over a private copy of the data (stdin has no path of its own)."""
+    import asyncio
+
     from tinker_cookbook.renderers import TrainOnWhat
     from tinker_cookbook.supervised import train
     from tinker_cookbook.supervised.data import FromConversationFileBuilder
     from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
 
-    common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=s.model, renderer_name=s.renderer,
-                                            max_length=s.max_length, batch_size=s.batch_size,
-                                            train_on_what=TrainOnWhat(s.train_on_what))
-    builder = FromConversationFileBuilder(common_config=common, file_path=data_path, test_size=s.test_size)
-    return train.Config(log_path=str(folder), model_name=s.model, recipe_name=RECIPE_NAME,
-                        renderer_name=s.renderer, dataset_builder=builder, learning_rate=s.lr,
-                        num_epochs=s.epochs, lora_rank=s.lora_rank, base_url=url, save_every=s.save_every,
-                        eval_every=s.eval_every, max_steps=s.max_steps)
+    with private_copy(data.payload) as data_path:
+        common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=s.model, renderer_name=s.renderer,
+                                                max_length=s.max_length, batch_size=s.batch_size,
+                                                train_on_what=TrainOnWhat(s.train_on_what))
+        builder = FromConversationFileBuilder(common_config=common, file_path=data_path, test_size=s.test_size)
+        config = train.Config(log_path=str(folder), model_name=s.model, recipe_name=RECIPE_NAME,
+                              renderer_name=s.renderer, dataset_builder=builder, learning_rate=s.lr,
+                              num_epochs=s.epochs, lora_rank=s.lora_rank, base_url=url, save_every=s.save_every,
+                              eval_every=s.eval_every, max_steps=s.max_steps)
+        yield lambda: asyncio.run(train.main(config))
 
 
-def run_recipe(folder: Path, data: Dataset, url: str, plan: Plan, settings: Settings) -> None:
-    """Run the cookbook's SFT main; whatever happens, free the server slots it took."""
-    import asyncio
+class SlProgress(run.ProgressLine):
+    """One line per SFT step: step, epoch, loss, lr, tokens/s, and the test NLL when it was measured."""
 
-    from tinker_cookbook.supervised import train
+    step_key = metrics.TRAIN_NLL
 
-    from rlcli.train.compat import ProgressLine, progress_logging
+    def line(self, row: dict[str, Any], step: int, elapsed_s: float) -> str:
+        return format_progress(row, step, self.total_steps, elapsed_s)
 
-    ensure_api_key()
-    with (sigterm_as_interrupt(), private_copy(data.payload) as data_path,
-          server_slots(folder, url, settings.model), progress_logging(ProgressLine(plan.steps))):
-        asyncio.run(train.main(build_config(folder, data_path, url, settings)))
+
+def format_progress(row: dict[str, Any], step: int, total_steps: int, elapsed_s: float) -> str:
+    tokens = row.get(metrics.TOKENS, 0)
+    parts = [
+        f"step {step + 1}/{total_steps}",
+        f"epoch {row.get(metrics.EPOCH, 0)}",
+        f"loss {row[metrics.TRAIN_NLL]:.4f}",
+        f"lr {row.get(metrics.LR, 0.0):.2e}",
+        f"{tokens / max(elapsed_s, 1e-9):,.0f} tok/s",
+        f"{elapsed_s:.2f}s",
+    ]
+    if metrics.TEST_NLL in row:
+        parts.append(f"test_nll {row[metrics.TEST_NLL]:.4f}")
+    return "  ".join(parts)

@@ -163,7 +163,7 @@ def service(server, monkeypatch):
 def clean_client(service, model: str, seed: int):
     """A LoRA training client whose slot holds no gradients from an earlier, unloaded tenant.
 
-    SkyRL's jax backend keeps a slot's accumulated gradients across unload/create (FACTS); an
+    SkyRL's jax backend keeps a slot's accumulated gradients across unload/create (docs/decisions.md); an
     optim_step with learning rate 0 resets them and changes no weight.
     """
     import tinker

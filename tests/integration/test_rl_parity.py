@@ -20,7 +20,7 @@ sequences). Both clients start from the same weights (same LoRA seed, slot gradi
 a learning-rate-0, betas-0 optim_step, as in test_fused_gspo), train on the same frozen batch (some
 sequences clipped, advantages of both signs) with Adam betas 0, and must give the same loss, grad
 norm and post-step sampling logprobs (a sampling client of the updated weights, compute_logprobs).
-rlcli's own step statistics (rl_eval.StepStats) read on the fused result give the same loss and the
+rlcli's own step statistics (rlcli.train.stats.StepStats) read on the fused result give the same loss and the
 clip fraction the route's client decided.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from rlcli.client import unload_model
-from rlcli.train import rl_eval
+from rlcli.train import metrics, stats
 from tests.integration.test_fused_gspo import ADAM, CLIP, clean_client, current_logprobs, rl_data, token_batch
 
 pytestmark = pytest.mark.server
@@ -104,9 +104,9 @@ def test_fused_ppo_and_its_two_pass_form_take_the_same_step(server, service):
         fused_loss, fused_out, fused_m = fused_step(clients["fused"], data)
         two_loss, clipped, two_m = two_pass_step(clients["2-pass"], tokens, data, old, adv)
         after = {name: sampling_logprobs(client, tokens) for name, client in clients.items()}
-        stats = rl_eval.StepStats("ppo", CLIP)
-        stats.record(data, fused_out, None)
-        logged = stats.drain()
+        step_stats = stats.StepStats("ppo", CLIP)
+        step_stats.record(data, fused_out, None)
+        logged = step_stats.drain()
         active = adv != 0
         figures = {
             "loss fused": fused_loss, "loss 2-pass": two_loss,
@@ -116,8 +116,8 @@ def test_fused_ppo_and_its_two_pass_form_take_the_same_step(server, service):
             "step moved training logprobs": float(np.abs(current_logprobs(clients["fused"], tokens)
                                                          - lp_before).max()),
             "clipped tokens": int(clipped.sum()), "tokens with advantage": int(active.sum()),
-            "optim/loss |diff|": abs(logged[rl_eval.LOSS] - fused_loss),
-            "optim/clip_fraction": logged[rl_eval.CLIP],
+            "optim/loss |diff|": abs(logged[metrics.LOSS] - fused_loss),
+            "optim/clip_fraction": logged[metrics.CLIP],
         }
         print(f"\nfused ppo vs 2-pass (forward + importance_sampling, clip decided in the client): {figures}")
         assert 0 < figures["clipped tokens"] < figures["tokens with advantage"]  # both kinds of token are present
@@ -125,7 +125,7 @@ def test_fused_ppo_and_its_two_pass_form_take_the_same_step(server, service):
         assert figures["loss |diff|"] < 1e-5 and figures["grad_norm rel diff"] < 1e-4
         assert figures["post-step sampling logprobs max |diff|"] < 1e-5
         assert figures["optim/loss |diff|"] < 1e-6
-        assert logged[rl_eval.CLIP] == pytest.approx(clipped.sum() / active.sum())
+        assert logged[metrics.CLIP] == pytest.approx(clipped.sum() / active.sum())
     finally:
         for client in clients.values():
             unload_model(server.url, client.model_id)

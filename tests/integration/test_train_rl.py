@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcli.train import MODELS_FILE
+from rlcli.train.folder import MODELS_FILE
 from rlcli.train.losses import served_losses
 from tests.conftest import REPO, RLCLI, ctrl_c_works, run_rlcli
 

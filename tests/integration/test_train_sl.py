@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcli.train import MODELS_FILE, TEMP_PREFIX
+from rlcli.train.folder import MODELS_FILE, TEMP_PREFIX
 from tests.conftest import REPO, RLCLI, run_rlcli
 
 pytestmark = pytest.mark.server
@@ -84,7 +84,7 @@ def test_sampling_from_the_final_checkpoint(server, sft, monkeypatch):
     load the final state into a new LoRA, save it for the sampler, sample, unload."""
     import tinker
 
-    from rlcli.train.compat import unload_models
+    from rlcli.client import unload_models
 
     tmp, _ = sft
     final = rows(tmp / "run" / "checkpoints.jsonl")[-1]

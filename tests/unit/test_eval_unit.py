@@ -8,12 +8,12 @@ import pytest
 
 from rlcli import evaluate, model_pretrain
 from rlcli.errors import UsageError
-from rlcli.train import rl, rl_eval
+from rlcli.train import heldout, rl
 from tests.conftest import run_rlcli
 
 
 @pytest.mark.parametrize("args, message", [
-    (dict(samples=0, temperature=1.0, max_tokens=8, eval_size=None), "--samples and --max-tokens"),
+    (dict(samples=0, temperature=1.0, max_tokens=8, eval_size=None), "--samples must be at least 1"),
     (dict(samples=1, temperature=-1.0, max_tokens=8, eval_size=None), "--temperature must be 0"),
     (dict(samples=4, temperature=0.0, max_tokens=8, eval_size=None), "needs --temperature above 0"),
     (dict(samples=1, temperature=0.0, max_tokens=8, eval_size=0), "--eval-size must be at least 1"),
@@ -46,23 +46,23 @@ def test_max_operand_only_for_arithmetic_and_in_range():
     with pytest.raises(UsageError, match="--max-operand is for --dataset arithmetic"):
         rl.choose_dataset("gsm8k", None, "auto", 9)
     with pytest.raises(UsageError, match="--max-operand 4"):
-        rl_eval.check_arithmetic(4, 4)
+        heldout.check_arithmetic(4, 4)
     with pytest.raises(UsageError, match="operands 0..9 holds out at most 18"):
-        rl_eval.check_arithmetic(19, 9)
-    rl_eval.check_arithmetic(18, 9)
-    rl_eval.check_arithmetic(1000, 100)  # the cookbook's range keeps its old limit
+        heldout.check_arithmetic(19, 9)
+    heldout.check_arithmetic(18, 9)
+    heldout.check_arithmetic(1000, 100)  # the cookbook's range keeps its old limit
 
 
 def test_held_out_pairs_stay_in_range_and_the_default_draw_is_unchanged():
-    small = rl_eval.arithmetic_eval_pairs(18, max_operand=9)
-    assert len({rl_eval.pair_key(*p) for p in small}) == 18 and all(max(p) <= 9 for p in small)
-    assert rl_eval.pair_key(*rl_eval.FEWSHOT_PAIR) not in {rl_eval.pair_key(*p) for p in small}
+    small = heldout.arithmetic_eval_pairs(18, max_operand=9)
+    assert len({heldout.pair_key(*p) for p in small}) == 18 and all(max(p) <= 9 for p in small)
+    assert heldout.pair_key(*heldout.FEWSHOT_PAIR) not in {heldout.pair_key(*p) for p in small}
     # The embedded model's pretraining skips these: the default range must draw what it drew before.
-    assert rl_eval.arithmetic_eval_pairs(5) == rl_eval.arithmetic_eval_pairs(5, max_operand=100)
+    assert heldout.arithmetic_eval_pairs(5) == heldout.arithmetic_eval_pairs(5, max_operand=100)
 
 
 def test_pretraining_never_shows_a_two_digit_sum_train_rl_can_hold_out():
-    held = rl_eval.arithmetic_eval_pairs(rl_eval.ARITHMETIC_EVAL_MAX)
+    held = heldout.arithmetic_eval_pairs(heldout.ARITHMETIC_EVAL_MAX)
     two_digit = [(x, y) for x, y in held if max(x, y) >= 10]
     assert len(two_digit) > 900
     assert all(model_pretrain.is_heldout(x, y) and model_pretrain.is_heldout(y, x) for x, y in two_digit)

@@ -10,7 +10,6 @@ import pytest
 
 from rlcli.data.importers import from_messages
 from rlcli.data.messages import Options, finalize
-from rlcli.data.validate import validate_conversations
 from rlcli.errors import UsageError
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "import"
@@ -149,12 +148,7 @@ def test_fixture_file_outcomes():
     assert outcomes == Counter(written=6, unknown_role=1, empty=1)
 
 
-# ---- validate_conversations: what `train sl` checks before it loads a model ----
-
-
-def test_validate_counts_good_lines_and_skips_blank_ones():
-    lines = ['{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}', "", "  "]
-    assert validate_conversations(lines * 3) == 3
+# ---- what `train sl` checks before it loads a model ----
 
 
 @pytest.mark.parametrize(
@@ -173,20 +167,13 @@ def test_validate_counts_good_lines_and_skips_blank_ones():
         ),
     ],
 )
-def test_validate_names_the_first_bad_line(line, says):
+def test_train_sl_names_the_first_bad_line(line, says):
+    from rlcli.train.sl import parse_dataset
+
     good = '{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}'
-    with pytest.raises(UsageError, match=r"line 3: .*" + says.replace("[", r"\[").replace("]", r"\]")) as err:
-        validate_conversations([good, good, line, "{bad"])
+    with pytest.raises(UsageError, match=r"f line 4: .*" + says.replace("[", r"\[").replace("]", r"\]")) as err:
+        parse_dataset(iter([good, "", good, line, "{bad"]), "f")
     assert "\n" not in str(err.value)
-
-
-def test_validate_empty_input_and_missing_file(tmp_path):
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("\n")
-    with pytest.raises(UsageError, match="no conversations"):
-        validate_conversations(empty)
-    with pytest.raises(UsageError, match="not a file"):
-        validate_conversations(tmp_path / "missing.jsonl")
 
 
 def test_every_fixture_output_loads_as_one_arrow_table():

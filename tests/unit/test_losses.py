@@ -1,4 +1,4 @@
-"""rlcli.train.losses and rlcli.compat without a server: planning, GSPO mathematics, routes, wire format."""
+"""rlcli.train.losses without a server: planning, GSPO mathematics, routes, wire format."""
 
 from __future__ import annotations
 
@@ -10,10 +10,18 @@ import threading
 import numpy as np
 import pytest
 
-from rlcli.compat import SERVER_LOSS_FNS, tinker_loss_config, tinker_loss_fn
 from rlcli.errors import RlcliError, UsageError
 from rlcli.train import losses
-from rlcli.train.losses import GSPO_DEFAULTS, gspo_reference, install_loss_route, plan_loss, served_losses
+from rlcli.train.losses import (
+    GSPO_DEFAULTS,
+    SERVER_LOSS_FNS,
+    gspo_reference,
+    install_loss_route,
+    plan_loss,
+    served_losses,
+    tinker_loss_config,
+    tinker_loss_fn,
+)
 
 STOCK = set(losses.STOCK_JAX)
 WITH_EXTENSION = STOCK | {"gspo"}
@@ -208,19 +216,6 @@ def test_two_pass_shifted_ppo_is_gspo(seed, eps_low, eps_high):
     got_loss, got_grad = skyrl_ppo_autograd(logp, shifted, adv, mask, 1 - eps_low, 1 + eps_high)
     want_loss, want_grad = gspo_reference(logp, old, adv, mask, eps_low, eps_high)
     assert abs(got_loss - want_loss) < 1e-6 and np.abs(got_grad - want_grad).max() < 1e-6
-
-
-def test_custom_loss_route_is_gspo():
-    import torch
-
-    logp, old, adv, mask = random_batch(7)
-    data = cookbook_data(logp, old, adv, mask)
-    lps = [torch.tensor(row, dtype=torch.float64, requires_grad=True) for row in logp]
-    loss, _ = losses.gspo_custom_loss({"clip_low_threshold": 0.95, "clip_high_threshold": 1.05})(data, lps)
-    loss.backward()
-    want_loss, want_grad = gspo_reference(logp, old.astype(np.float32), adv.astype(np.float32), mask, 0.05, 0.05)
-    assert abs(float(loss.detach()) - want_loss) < 1e-6
-    assert np.abs(np.stack([lp.grad.numpy() for lp in lps]) - want_grad).max() < 1e-6
 
 
 # --- routes through a fake training client --------------------------------------------------------

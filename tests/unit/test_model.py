@@ -150,7 +150,7 @@ def test_the_model_was_kept_away_from_train_rls_heldout_problems() -> None:
 
     Pinned by value: a change to the draw (seed, size, range) fails here, and then the shipped model must be
     rebuilt against the new set (else it would be evaluated on sums it was trained on)."""
-    from rlcli.train.rl_eval import ARITHMETIC_EVAL_MAX, arithmetic_eval_pairs
+    from rlcli.train.heldout import ARITHMETIC_EVAL_MAX, arithmetic_eval_pairs
 
     draw = arithmetic_eval_pairs(ARITHMETIC_EVAL_MAX)
     assert draw[:6] == [(61, 32), (81, 35), (70, 33), (80, 83), (94, 55), (16, 68)]

@@ -7,6 +7,7 @@ The server's answer about which losses it serves is faked (`served_losses`); `pl
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import math
 import subprocess
@@ -16,7 +17,8 @@ import textwrap
 import pytest
 
 from rlcli.errors import UsageError
-from rlcli.train import losses, renderers, rl, rl_eval
+from rlcli.train import folder as runs
+from rlcli.train import heldout, hooks, losses, metrics, renderers, rl, rl_loop, run, stats
 from tests.conftest import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "gsm8k_sample.jsonl"
@@ -83,7 +85,7 @@ def test_dataset_flags_resolve():
 ])
 def test_numbers_are_checked(flag, value, message):
     with pytest.raises(UsageError, match=message):
-        rl.check_numbers(**{flag: value})
+        run.check_numbers(**{flag: value})
 
 
 # --- GSM8K-format files --------------------------------------------------------------------------
@@ -197,23 +199,23 @@ def test_plain_env_asks_for_boxed_and_grades_numbers_and_text(envs, embedded_mod
 def test_file_split_is_seeded_disjoint_and_takes_every_copy_out():
     records = [{"question": f"question {i}", "answer": str(i)} for i in range(10)]
     records += [{"question": f"question  {i} ", "answer": str(i)} for i in range(10)]  # each asked twice
-    train, test = rl_eval.split_problems(records, 3)
-    assert (train, test) == rl_eval.split_problems(records, 3)  # the same split every run
-    held = {rl_eval.question_key(r["question"]) for r in test}
+    train, test = heldout.split_problems(records, 3)
+    assert (train, test) == heldout.split_problems(records, 3)  # the same split every run
+    held = {heldout.question_key(r["question"]) for r in test}
     assert len(test) == len(held) == 3 and len(train) == 14
-    assert not held & {rl_eval.question_key(r["question"]) for r in train}
-    assert rl_eval.split_problems(records, 0) == (records, [])
+    assert not held & {heldout.question_key(r["question"]) for r in train}
+    assert heldout.split_problems(records, 0) == (records, [])
 
 
 def test_eval_size_defaults_and_limits():
     def questions(n):
         return [{"question": f"q{i}", "answer": "1"} for i in range(n)]
 
-    assert rl_eval.file_eval_size(questions(20), None, "f") == 2  # a tenth of a small file
-    assert rl_eval.file_eval_size(questions(5000), None, "f") == rl_eval.EVAL_SIZE
-    assert rl_eval.file_eval_size(questions(20), 19, "f") == 19
+    assert heldout.file_eval_size(questions(20), None, "f") == 2  # a tenth of a small file
+    assert heldout.file_eval_size(questions(5000), None, "f") == heldout.EVAL_SIZE
+    assert heldout.file_eval_size(questions(20), 19, "f") == 19
     with pytest.raises(UsageError, match="--eval-size 20 would hold out all 20 distinct questions of f"):
-        rl_eval.file_eval_size(questions(20), 20, "f")
+        heldout.file_eval_size(questions(20), 20, "f")
 
 
 def pairs_of(groups) -> list[tuple[int, int]]:
@@ -228,16 +230,16 @@ def test_arithmetic_never_trains_on_a_held_out_problem(envs, embedded_model):
                                           renderer_name=renderers.CHATML_RENDERER, n_batches=200, group_size=2)
     train, test = asyncio.run(builder())
     held = pairs_of(test.get_batch(0))
-    assert held == rl_eval.arithmetic_eval_pairs(rl_eval.EVAL_SIZE)  # fixed by its own seed
-    held_keys = {rl_eval.pair_key(*p) for p in held}
-    assert len(held_keys) == 32 and rl_eval.pair_key(4, 5) not in held_keys  # the few-shot example's pair
+    assert held == heldout.arithmetic_eval_pairs(heldout.EVAL_SIZE)  # fixed by its own seed
+    held_keys = {heldout.pair_key(*p) for p in held}
+    assert len(held_keys) == 32 and heldout.pair_key(4, 5) not in held_keys  # the few-shot example's pair
     assert all(g.num_envs == 1 for g in test.get_batch(0))
     trained = [p for i in range(len(train)) for p in pairs_of(train.get_batch(i))]
-    assert len(trained) == 1600 and not held_keys & {rl_eval.pair_key(*p) for p in trained}
+    assert len(trained) == 1600 and not held_keys & {heldout.pair_key(*p) for p in trained}
     # Without the exclusion the same seeded draws would have hit held-out problems: the check above means something.
     plain = ArithmeticDataset(batch_size=8, renderer=train.renderer, group_size=2, n_batches=200)
     drawn = [p for i in range(200) for p in pairs_of(plain.get_batch(i))]
-    assert held_keys & {rl_eval.pair_key(*p) for p in drawn}
+    assert held_keys & {heldout.pair_key(*p) for p in drawn}
 
 
 def test_file_builder_hands_the_recipe_disjoint_train_and_test_sets(envs, embedded_model):
@@ -250,7 +252,7 @@ def test_file_builder_hands_the_recipe_disjoint_train_and_test_sets(envs, embedd
     train, test = asyncio.run(builder())
 
     def questions(dataset):
-        return [rl_eval.question_key(asyncio.run(g.make_envs())[0].problem)
+        return [heldout.question_key(asyncio.run(g.make_envs())[0].problem)
                 for i in range(len(dataset)) for g in dataset.get_batch(i)]
 
     trained, tested = questions(train), questions(test)
@@ -336,12 +338,12 @@ def test_existing_run_folder_is_refused_before_any_model(fake_server, embedded_m
 
 
 def test_progress_line():
-    metrics = {"progress/batch": 0, rl_eval.REWARD: -0.1, rl_eval.CORRECT: 0.25, rl_eval.LOSS: 0.01234,
-               rl_eval.CLIP: 0.125}
-    line = rl_eval.format_rl_progress(metrics, 0, 3, "gspo fused", 1.234)
+    row = {"progress/batch": 0, metrics.REWARD: -0.1, metrics.CORRECT: 0.25, metrics.LOSS: 0.01234,
+           metrics.CLIP: 0.125}
+    line = rl_loop.format_rl_progress(row, 0, 3, "gspo fused", 1.234)
     assert line == "step 1/3  reward -0.100  correct 0.25  loss +0.0123  clip 0.12  gspo fused  1.23s"
-    assert "reward -  correct -" in rl_eval.format_rl_progress({"progress/batch": 1}, 1, 3, "ppo fused", 1.0)
-    evaluated = rl_eval.format_rl_progress({**metrics, rl_eval.TEST_CORRECT: 0.5}, 0, 3, "ppo fused", 1.0)
+    assert "reward -  correct -" in rl_loop.format_rl_progress({"progress/batch": 1}, 1, 3, "ppo fused", 1.0)
+    evaluated = rl_loop.format_rl_progress({**row, metrics.TEST_CORRECT: 0.5}, 0, 3, "ppo fused", 1.0)
     assert evaluated.endswith("held-out correct 0.50")
 
 
@@ -394,7 +396,7 @@ def test_hooks_route_every_training_client_inside_the_block_only(monkeypatch):
 
     monkeypatch.setattr(tinker.TrainingClient, "__init__", lambda self, model_id: setattr(self, "model_id", model_id))
     plan = losses.LossPlan("gspo", dict(losses.GSPO_DEFAULTS), 2, "")
-    with rl.cookbook_hooks(plan):
+    with rl_loop.routed(plan, rl_loop.RlProgress(1, "gspo", 2)):
         routed = tinker.TrainingClient("fresh")
         resumed = tinker.TrainingClient("resumed")
     after = tinker.TrainingClient("after")
@@ -403,12 +405,18 @@ def test_hooks_route_every_training_client_inside_the_block_only(monkeypatch):
 
 
 def test_resume_refuses_another_loss(tmp_path):
-    settings = rl.Settings("m", "r", "arithmetic", "gspo", {}, 1, 2, 4, 1e-4, 8, 1.0, 8, 3, 0, 0, "arithmetic", 32)
-    (tmp_path / rl.RUN_INFO).write_text(json.dumps({"dataset_sha256": "arithmetic", "loss": "ppo"}))
+    settings = rl.Settings(model="m", renderer="r", dataset="arithmetic", loss="gspo", passes=1, max_tokens=8,
+                           grader="arithmetic", eval_size=32)
+    (tmp_path / runs.RUN_INFO).write_text(json.dumps({"dataset_sha256": "arithmetic", "loss": "ppo"}))
+
+    def check(digest: str) -> None:
+        run.check_resume(tmp_path, DEAD_URL, digest=("dataset_sha256", digest), same_input="the same --dataset",
+                         settings=settings, keys=rl.RESUME_KEYS)
+
     with pytest.raises(UsageError, match="was run with loss 'ppo'"):
-        rl.check_resume(tmp_path, DEAD_URL, "arithmetic", settings)
+        check("arithmetic")
     with pytest.raises(UsageError, match="trained on other data"):
-        rl.check_resume(tmp_path, DEAD_URL, "hub:openai/gsm8k", settings)
+        check("hub:openai/gsm8k")
 
 
 # --- step statistics: loss and clip fraction from the loss outputs --------------------------------
@@ -452,22 +460,22 @@ TOKEN_LOSSES = [0.0, 1.0, 2.0, 3.0, 4.0]
     ("gspo", {"clip_low_threshold": 0.7, "clip_high_threshold": 1.2}, 10 / 4, 0.0),
 ])
 def test_step_statistics_per_loss(loss, config, want_loss, want_clip):
-    stats = rl_eval.StepStats(loss, config)
+    step_stats = stats.StepStats(loss, config)
     result = type("Result", (), {"loss_fn_outputs": [loss_output(TOKEN_LOSSES, LP)]})()
-    stats.record([rl_datum(OLD, ADV)], result, None)
-    got = stats.drain()
-    assert got[rl_eval.LOSS] == pytest.approx(want_loss)
-    assert got[rl_eval.CLIP] == pytest.approx(want_clip)
-    assert stats.drain() == {}  # one step's worth at a time
+    step_stats.record([rl_datum(OLD, ADV)], result, None)
+    got = step_stats.drain()
+    assert got[metrics.LOSS] == pytest.approx(want_loss)
+    assert got[metrics.CLIP] == pytest.approx(want_clip)
+    assert step_stats.drain() == {}  # one step's worth at a time
 
 
 def test_step_statistics_average_sequences_and_honour_sent_weights():
-    stats = rl_eval.StepStats("ppo", None)
+    step_stats = stats.StepStats("ppo", None)
     result = type("Result", (), {"loss_fn_outputs": [loss_output(TOKEN_LOSSES, LP), loss_output([0.0, 6.0], LP[:2])]})()
-    stats.record([rl_datum(OLD, ADV), rl_datum(OLD[:2], [0.0, 1.0], weights_T=[0.0, 2.0])], result, None)
-    got = stats.drain()
-    assert got[rl_eval.LOSS] == pytest.approx((10 / 5 + 6 / 2) / 2)  # per sequence sum / sum of weights, then mean
-    assert got[rl_eval.CLIP] == pytest.approx(3 / 5)  # the second sequence's one token is clipped too
+    step_stats.record([rl_datum(OLD, ADV), rl_datum(OLD[:2], [0.0, 1.0], weights_T=[0.0, 2.0])], result, None)
+    got = step_stats.drain()
+    assert got[metrics.LOSS] == pytest.approx((10 / 5 + 6 / 2) / 2)  # per sequence sum / sum of weights, then mean
+    assert got[metrics.CLIP] == pytest.approx(3 / 5)  # the second sequence's one token is clipped too
 
 
 def test_step_statistics_reach_metrics_jsonl_through_the_cookbooks_logger(tmp_path):
@@ -481,14 +489,16 @@ def test_step_statistics_reach_metrics_jsonl_through_the_cookbooks_logger(tmp_pa
         async def forward_backward_async(self, data, loss_fn, loss_fn_config=None):
             return Future()
 
-    stats, client = rl_eval.StepStats("ppo", None), Client()
-    stats.watch(client)
+    step_stats, client = stats.StepStats("ppo", None), Client()
+    step_stats.watch(client)
+    progress = rl_loop.RlProgress(2, "ppo", 1, stream=io.StringIO())
+    progress.step_metrics = step_stats.drain
 
     async def recipe_step():  # what the cookbook's train_step does with the future
         future = await client.forward_backward_async([rl_datum(OLD, ADV)], loss_fn="ppo", loss_fn_config=None)
         await future.result_async()
 
-    with rl_eval.step_statistics_logged(stats):
+    with hooks.cookbook_logging(progress):
         logger = ml_log.setup_logging(log_dir=str(tmp_path), do_configure_logging_module=False)
         asyncio.run(recipe_step())
         logger.log_metrics({"progress/batch": 0, "env/all/reward/total": 0.5}, step=0)
@@ -496,8 +506,8 @@ def test_step_statistics_reach_metrics_jsonl_through_the_cookbooks_logger(tmp_pa
         logger.close()
     assert ml_log.setup_logging.__module__ == "tinker_cookbook.utils.ml_log"  # put back
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0][rl_eval.LOSS] == pytest.approx(2.0) and rows[0][rl_eval.CLIP] == pytest.approx(0.5)
-    assert rl_eval.LOSS not in rows[1]
+    assert rows[0][metrics.LOSS] == pytest.approx(2.0) and rows[0][metrics.CLIP] == pytest.approx(0.5)
+    assert metrics.LOSS not in rows[1]
 
 
 # --- --load-checkpoint -----------------------------------------------------------------------------

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from rlcli import slots
-from rlcli import train as runs
+from rlcli import client, slots
 from rlcli.errors import RlcliError, UsageError
-from rlcli.train import compat, renderers, sl
+from rlcli.train import folder as runs
+from rlcli.train import renderers, run, sl
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "sl_small.jsonl"
+SETTINGS = sl.Settings(model="m", renderer="role_colon", train_on_what="last_assistant_message", lr=1e-4)
 CHAT = {"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}
 
 
@@ -102,7 +103,7 @@ def test_bad_numbers_name_their_flag(kwargs, flag):
     args = dict(batch_size=8, lr=1e-4, epochs=1, max_steps=None, lora_rank=32, max_length=2048,
                 save_every=20, eval_every=10, test_size=0) | kwargs
     with pytest.raises(UsageError, match=flag):
-        sl.check_numbers(**args)
+        run.check_numbers(**args)
 
 
 # --- the model and the renderer ------------------------------------------------------------------
@@ -110,16 +111,16 @@ def test_bad_numbers_name_their_flag(kwargs, flag):
 
 def test_model_must_be_the_servers(monkeypatch):
     monkeypatch.setattr("rlcli.client.server_base_model", lambda url: "/models/tiny")
-    assert sl.resolve_model(None, "http://x", required=True) == "/models/tiny"
+    assert run.resolve_model(None, "http://x", required=True) == "/models/tiny"
     with pytest.raises(UsageError, match="not the server's model '/models/tiny'"):
-        sl.resolve_model("Qwen/Qwen3-8B", "http://x", required=True)
+        run.resolve_model("Qwen/Qwen3-8B", "http://x", required=True)
 
 
 def test_unreachable_server_is_one_line_unless_a_dry_run_names_the_model():
     url = "http://127.0.0.1:9"  # the discard port: nothing listens
     with pytest.raises(RlcliError, match="rlcli serve start"):
-        sl.resolve_model(None, url, required=True)
-    assert sl.resolve_model("m", url, required=False) == "m"
+        run.resolve_model(None, url, required=True)
+    assert run.resolve_model("m", url, required=False) == "m"
 
 
 def test_renderer_from_a_local_folders_tokenizer(tmp_path):
@@ -182,13 +183,22 @@ def test_one_run_per_folder_at_a_time(tmp_path):
 
 def test_resume_refuses_other_data_and_frees_leftover_slots(tmp_path, monkeypatch):
     freed: list[list[str]] = []
-    monkeypatch.setattr(compat, "unload_models", lambda url, ids: freed.append(ids) or [])
-    settings = sl.Settings("m", "role_colon", "last_assistant_message", 8, 1e-4, 1, None, 32, 2048, 20, 10, 0)
-    (tmp_path / sl.RUN_INFO).write_text(json.dumps({"dataset_sha256": "abc", "model": "m", "batch_size": 8}))
+    monkeypatch.setattr(client, "unload_models", lambda url, ids: freed.append(ids) or [])
+    settings = SETTINGS
+    (tmp_path / runs.RUN_INFO).write_text(json.dumps({"dataset_sha256": "abc", "model": "m", "batch_size": 8}))
+
+    def check(digest: str) -> None:
+        run.check_resume(tmp_path, "http://x", digest=("dataset_sha256", digest), same_input="the same dataset",
+                         settings=settings, keys=sl.RESUME_KEYS)
+
     with pytest.raises(UsageError, match="other data"):
-        sl.prepare_resume(tmp_path, "http://x", "def", settings)
+        check("def")
+    (tmp_path / runs.RUN_INFO).write_text(json.dumps({"dataset_sha256": "abc", "batch_size": 4}))
+    with pytest.raises(UsageError, match="was run with batch_size 4"):
+        check("abc")
+    (tmp_path / runs.RUN_INFO).write_text(json.dumps({"dataset_sha256": "abc", "model": "m", "batch_size": 8}))
     runs.note_models(tmp_path, ["model_a", "model_b"])
-    sl.prepare_resume(tmp_path, "http://x", "abc", settings)
+    check("abc")
     assert freed == [["model_a", "model_b"]] and (tmp_path / runs.MODELS_FILE).read_text() == ""
 
 
@@ -219,7 +229,7 @@ def test_a_failed_or_killed_run_frees_its_slot_and_leaves_no_data(home, tmp_path
 
     freed: list[list[str]] = []
     seen: dict[str, bytes] = {}
-    monkeypatch.setattr(compat, "unload_models", lambda url, ids: freed.append(ids) or [])
+    monkeypatch.setattr(client, "unload_models", lambda url, ids: freed.append(ids) or [])
     monkeypatch.setattr(slots, "ensure_clean_next_slot", lambda url, model: None)  # no server here
 
     async def fake_main(config):
@@ -232,11 +242,13 @@ def test_a_failed_or_killed_run_frees_its_slot_and_leaves_no_data(home, tmp_path
 
     monkeypatch.setattr(train, "main", fake_main)
     data = sl.read_dataset(str(FIXTURE))
-    settings = sl.Settings("m", "role_colon", "last_assistant_message", 8, 1e-4, 1, None, 32, 2048, 20, 10, 0)
     folder = tmp_path / "run"
     folder.mkdir()
+    job = run.Job(settings=SETTINGS, summary="", digest=("dataset_sha256", data.sha256), same_input="",
+                  resume_keys=(), recipe=lambda folder, url: sl.recipe(folder, url, data, SETTINGS),
+                  progress=sl.SlProgress(3), report=str)
     with pytest.raises(KeyboardInterrupt if how == "sigterm" else RuntimeError):
-        sl.run_recipe(folder, data, "http://x", sl.make_plan(24, 8, 1, None, 0), settings)
+        run.run_recipe(folder, "http://x", job)
     assert seen["data"] == data.payload
     assert freed == [["model_x"]] and (folder / runs.MODELS_FILE).read_text() == ""
     assert list((home / "tmp").iterdir()) == []
@@ -248,7 +260,7 @@ def test_a_failed_or_killed_run_frees_its_slot_and_leaves_no_data(home, tmp_path
 
 def test_progress_is_one_dense_line_per_training_step():
     out = io.StringIO()
-    progress = compat.ProgressLine(total_steps=10, stream=out)
+    progress = sl.SlProgress(total_steps=10, stream=out)
     progress.log_metrics({"test/nll": 1.0}, step=0)  # an eval-only record: no line
     progress.log_metrics({"train_mean_nll": 2.5, "num_tokens": 1000, "learning_rate": 1e-4, "epoch": 1,
                           "test/nll": 2.75}, step=4)
@@ -278,13 +290,13 @@ def test_unload_models_counts_unknown_models_as_freed():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_port}"
-        assert compat.unload_models(url, ["model_a", "gone", "broken"]) == ["broken"]
+        assert client.unload_models(url, ["model_a", "gone", "broken"]) == ["broken"]
     finally:
         server.shutdown()
 
 
 def test_help_imports_nothing_heavy():
-    code = ("import sys, rlcli.cli, rlcli.train.sl, rlcli.train.compat, rlcli.train.renderers; "
+    code = ("import sys, rlcli.cli, rlcli.train.sl, rlcli.train.run, rlcli.train.folder, rlcli.train.renderers; "
             "print([m for m in ('tinker', 'tinker_cookbook', 'torch', 'transformers', 'datasets') "
             "if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
@@ -302,3 +314,11 @@ def test_dry_run_prints_the_plan_without_a_server(embedded_model, home, monkeypa
     with pytest.raises(UsageError, match="renderer 'nope' is unknown"):
         sl.train_sl(dataset=str(FIXTURE), model=embedded_model, base_url="http://127.0.0.1:9", renderer="nope",
                     dry_run=True)
+
+
+def test_default_lr_is_measured_for_the_embedded_model_and_the_cookbooks_elsewhere(embedded_model):
+    from tinker_cookbook.hyperparam_utils import get_lr
+
+    assert run.default_lr(embedded_model) == (run.EMBEDDED_LR, "measured for the embedded model")
+    assert run.default_lr("Qwen/Qwen3-4B-Instruct-2507")[0] == get_lr("Qwen/Qwen3-4B-Instruct-2507", is_lora=True)
+    assert run.default_lr("openai/gpt-oss-20b")[0] == run.UNCALIBRATED_LR  # a family get_lr does not calibrate

@@ -1,0 +1,116 @@
+"""Which problem set an RL run's flags name, and the problems it keeps out of training, so that a score
+before and after training compares unseen ones.
+
+Pure and light: `rlcli train rl`, `rlcli eval`, the datasets (rlcli.train.envs) and the embedded
+model's pretraining (rlcli.model_pretrain, which keeps every pair listed here out of its chats) all
+draw the same problems from here.
+
+- files: EVAL_SIZE distinct questions (at most a tenth of them) drawn with a fixed seed; every copy
+  of a held-out question leaves training, so duplicates cannot leak across.
+- arithmetic: EVAL_SIZE x + y pairs drawn with their own seed; training draws skip them in either
+  order (3 + 4 is 4 + 3), and the few-shot example's pair is never held out.
+- hub gsm8k: the first EVAL_SIZE problems of its test split (envs.HubGsm8kBuilder).
+"""
+
+from __future__ import annotations
+
+import random
+
+from rlcli.errors import UsageError
+
+EVAL_SIZE = 32  # held-out problems by default
+EVAL_SEED = 20_260_501  # the held-out draw's own seed: the training order uses the batch index as its seed
+FILE_EVAL_SHARE = 10  # by default a file holds out at most 1/10 of its distinct questions
+ARITHMETIC_MAX = 100  # the cookbook's ArithmeticDataset draws x, y from 0..100
+ARITHMETIC_EVAL_MAX = 1000  # of its 5,151 distinct pairs (a smaller --max-operand: a third of its pairs)
+FEWSHOT_PAIR = (4, 5)  # ArithmeticEnv.standard_fewshot_prefix asks 4 + 5 in every prompt
+GRADERS = ("auto", "gsm8k", "numeric", "exact")  # how a file's answers are graded (rlcli.train.envs)
+
+
+def question_key(question: str) -> str:
+    return " ".join(question.split())
+
+
+def split_problems(records: list[dict[str, str]], eval_size: int,
+                   seed: int = EVAL_SEED) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """(train, test): eval_size distinct questions drawn with `seed`; no copy of them stays in train."""
+    first: dict[str, dict[str, str]] = {}
+    for record in records:
+        first.setdefault(question_key(record["question"]), record)
+    chosen = set(random.Random(seed).sample(sorted(first), eval_size)) if eval_size else set()
+    test = [record for key, record in first.items() if key in chosen]
+    return [r for r in records if question_key(r["question"]) not in chosen], test
+
+
+def file_eval_size(records: list[dict[str, str]], eval_size: int | None, source: str) -> int:
+    distinct = len({question_key(r["question"]) for r in records})
+    if eval_size is None:
+        return min(EVAL_SIZE, distinct // FILE_EVAL_SHARE)
+    if eval_size >= distinct:
+        raise UsageError(f"--eval-size {eval_size} would hold out all {distinct} distinct questions of {source}: "
+                         "lower it (0: no held-out evaluation)")
+    return eval_size
+
+
+def arithmetic_eval_max(max_operand: int = ARITHMETIC_MAX) -> int:
+    """Most pairs the synthetic set may hold out: ARITHMETIC_EVAL_MAX, and at most a third of its pairs."""
+    distinct = (max_operand + 1) * (max_operand + 2) // 2 - 1  # unordered pairs, the few-shot one excluded
+    return min(ARITHMETIC_EVAL_MAX, distinct // 3)
+
+
+def arithmetic_eval_size(eval_size: int | None, max_operand: int = ARITHMETIC_MAX) -> int:
+    """The held-out count for the synthetic set: as asked (checked), or EVAL_SIZE capped by the range."""
+    check_arithmetic(0 if eval_size is None else eval_size, max_operand)
+    return min(EVAL_SIZE, arithmetic_eval_max(max_operand)) if eval_size is None else eval_size
+
+
+def check_arithmetic(eval_size: int, max_operand: int = ARITHMETIC_MAX) -> None:
+    if not FEWSHOT_PAIR[1] <= max_operand <= 10**6:
+        raise UsageError(f"--max-operand {max_operand}: give {FEWSHOT_PAIR[1]} to 1000000 (the few-shot example "
+                         f"asks {FEWSHOT_PAIR[0]} + {FEWSHOT_PAIR[1]})")
+    if eval_size > (most := arithmetic_eval_max(max_operand)):
+        raise UsageError(f"--eval-size {eval_size}: arithmetic with operands 0..{max_operand} holds out at most "
+                         f"{most} problems")
+
+
+def pair_key(x: int, y: int) -> tuple[int, int]:
+    return (min(x, y), max(x, y))
+
+
+def arithmetic_eval_pairs(n: int, seed: int = EVAL_SEED, max_operand: int = ARITHMETIC_MAX) -> list[tuple[int, int]]:
+    """n distinct x + y problems (as unordered pairs), never the few-shot example's."""
+    import numpy as np
+
+    rng, pairs, seen = np.random.RandomState(seed), [], {pair_key(*FEWSHOT_PAIR)}
+    while len(pairs) < n:
+        x, y = int(rng.randint(0, max_operand + 1)), int(rng.randint(0, max_operand + 1))
+        if pair_key(x, y) not in seen:
+            seen.add(pair_key(x, y))
+            pairs.append((x, y))
+    return pairs
+
+
+def choose_dataset(dataset: str | None, dataset_path: str | None, grader: str = "auto",
+                   max_operand: int | None = None, eval_size: int | None = None) -> tuple[str, str | None, str]:
+    """(arithmetic | gsm8k | file, path or None, grader) from the flags; no file is read, no server asked:
+    a bad flag fails before either."""
+    if not dataset:
+        raise UsageError("pass --dataset arithmetic, --dataset gsm8k [--dataset-path FILE.jsonl], or "
+                         "--dataset FILE.jsonl ({question, answer} lines)")
+    if max_operand is not None and dataset != "arithmetic":
+        raise UsageError(f"--max-operand is for --dataset arithmetic, not {dataset}: drop it")
+    if grader not in GRADERS:
+        raise UsageError(f"--grader {grader!r}: choose {', '.join(GRADERS)}")
+    if dataset not in ("arithmetic", "gsm8k"):
+        if dataset_path:
+            raise UsageError(f"--dataset {dataset} is a file already: drop --dataset-path, or use --dataset gsm8k")
+        return "file", dataset, grader
+    if dataset_path and dataset != "gsm8k":
+        raise UsageError(f"--dataset-path is for gsm8k data; {dataset} is synthetic: drop --dataset-path")
+    if dataset == "arithmetic" and grader != "auto":
+        raise UsageError("arithmetic grades its own integer answers: drop --grader")
+    if dataset == "arithmetic":
+        arithmetic_eval_size(eval_size, ARITHMETIC_MAX if max_operand is None else max_operand)
+    if dataset == "gsm8k" and not dataset_path and grader not in ("auto", "gsm8k"):
+        raise UsageError(f"--grader {grader} is for JSONL files; the hub's gsm8k is graded the cookbook's way")
+    return dataset, dataset_path, "gsm8k" if dataset == "gsm8k" and grader == "auto" else grader

@@ -1,0 +1,234 @@
+"""Every place rlcli hooks into the tinker client and tinker-cookbook, and the check that they still fit.
+
+No file of either package is changed. Each hook below replaces one attribute for the length of a
+`with` block (or of one client object's life) and puts it back after; PATCHES lists them, with the
+internal names of the pinned versions each one relies on. At import, `check()` resolves every one of
+those names: a version that moved one stops the run with a line naming it, instead of a run whose
+slots leak or whose metrics go missing without a word. tests/unit/test_hooks.py holds the pins to
+pyproject.toml, so a pin bump fails there first.
+
+- `on_training_client`: the cookbook builds its TrainingClient one of three ways (fresh LoRA, resume,
+  load weights); all construct a `tinker.TrainingClient`, so __init__ is the one hook that sees each.
+  It records the model for slot freeing (SkyRL's jax backend has a fixed number of LoRA slots, and the
+  cookbook unloads nothing) and installs the RL loss route and step statistics.
+- `replace_forward_backward`, `watch_forward_backward`: per client object, the loss route
+  (rlcli.train.losses) and the step statistics (rlcli.train.stats). The cookbook's RL loop submits
+  through `forward_backward_async` only.
+- `quiet_rl_sampling`: the RL loop draws a tqdm bar per sampling batch; it would bury the one
+  progress line per step.
+- `cookbook_logging`: the recipes log a rich table and a rendered example per step to the console;
+  this keeps those in the run's logs.log, prints one line per step instead (a logger joined to the
+  cookbook's MultiplexLogger), and adds rlcli's own figures to each step's metrics.jsonl row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import inspect
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import tinker
+from tinker_cookbook.rl import train as rl_train
+from tinker_cookbook.utils import ml_log
+
+from rlcli.errors import RlcliError
+from rlcli.train import metrics as keys
+
+# The versions the hooks were written against: the same specifiers as pyproject.toml's dependencies.
+PINS = {"tinker": ">=0.25,<0.26", "tinker-cookbook": "==0.5.5"}
+
+
+@dataclass(frozen=True)
+class Patch:
+    module: str
+    name: str  # dotted inside the module
+    why: str
+    needs_text: tuple[str, ...] = ()  # strings the module's source must hold for the hook to work
+
+
+PATCHES = (
+    Patch("tinker", "TrainingClient.__init__", "on_training_client: slot records, loss route, step statistics"),
+    Patch("tinker", "TrainingClient.forward_backward", "replace_forward_backward: the loss route (per client)"),
+    Patch("tinker", "TrainingClient.forward_backward_async", "replace/watch_forward_backward (per client)"),
+    Patch("tinker_cookbook.rl.train", "tqdm", "quiet_rl_sampling",
+          ("tqdm(total=",)),
+    Patch("tinker_cookbook.rl.train", "main", "the RL loop submits through forward_backward_async and logs one "
+          "row per step with progress/batch", ("training_client.forward_backward_async(", f'"{keys.BATCH}"')),
+    Patch("tinker_cookbook.supervised.train", "main", "the SL loop logs train_mean_nll per step",
+          (f"{keys.TRAIN_NLL}=",)),
+    Patch("tinker_cookbook.utils.ml_log", "setup_logging", "cookbook_logging: joins its MultiplexLogger",
+          ("configure_logging_module(",)),
+    Patch("tinker_cookbook.utils.ml_log", "MultiplexLogger", "cookbook_logging appends to its loggers",
+          ("self.loggers = loggers",)),
+    Patch("tinker_cookbook.utils.ml_log", "configure_logging_module", "cookbook_logging: console to warnings"),
+)
+
+
+def problems() -> list[str]:
+    """What no longer fits: a patched name that is gone, or a source that lost what a hook relies on."""
+    found = []
+    for patch in PATCHES:
+        module = importlib.import_module(patch.module)
+        try:
+            functools.reduce(getattr, patch.name.split("."), module)
+        except AttributeError:
+            found.append(f"{patch.module}.{patch.name} is gone ({patch.why})")
+            continue
+        source = inspect.getsource(module)
+        found += [f"{patch.module} no longer holds {text!r} ({patch.why})" for text in patch.needs_text
+                  if text not in source]
+    return found
+
+
+def version_drift() -> list[str]:
+    from packaging.specifiers import SpecifierSet
+
+    drift = []
+    for package, spec in PINS.items():
+        version = metadata.version(package)
+        if version not in SpecifierSet(spec):
+            drift.append(f"{package} {version} (rlcli's hooks are pinned to {package}{spec})")
+    return drift
+
+
+def check() -> None:
+    if found := problems():
+        raise RlcliError(f"rlcli's hooks do not fit the installed {' and '.join(version_drift()) or 'packages'}: "
+                         f"{'; '.join(found)}: install the pinned versions (pip install -r env/client.lock)")
+    for line in version_drift():  # every hook still fits: say so once, and go on
+        print(f"rlcli: warning: {line}; every hooked name was found", file=sys.stderr)
+
+
+check()
+
+
+# --- the hooks ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def on_training_client(callback: Callable[[Any], None]) -> Iterator[None]:
+    """Call callback(client) after each tinker.TrainingClient built inside the block is constructed.
+
+    The tinker client builds them on its own event-loop thread, so callback must be thread-safe.
+    Blocks nest: the innermost callback runs last.
+    """
+    original = tinker.TrainingClient.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        callback(self)
+
+    tinker.TrainingClient.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        tinker.TrainingClient.__init__ = original  # type: ignore[method-assign]
+
+
+def replace_forward_backward(client: Any, forward_backward: Callable[..., Any],
+                             forward_backward_async: Callable[..., Any]) -> None:
+    client.forward_backward = forward_backward
+    client.forward_backward_async = forward_backward_async
+
+
+def watch_forward_backward(client: Any, on_result: Callable[[list, Any, dict[str, float] | None], None]) -> None:
+    """on_result(data, result, loss_fn_config) for every forward_backward_async result, when it is read."""
+    submit = client.forward_backward_async
+
+    async def forward_backward_async(data, loss_fn, loss_fn_config=None):
+        future = await submit(data, loss_fn, loss_fn_config)
+        return RecordingFuture(future, lambda result: on_result(data, result, loss_fn_config))
+
+    client.forward_backward_async = forward_backward_async
+
+
+class RecordingFuture:
+    """A tinker future that hands its result to `on_result` once, the first time it is read."""
+
+    def __init__(self, future: Any, on_result: Any):
+        self._future, self._on_result = future, on_result
+
+    def _seen(self, result: Any) -> Any:
+        if self._on_result is not None:
+            on_result, self._on_result = self._on_result, None
+            on_result(result)
+        return result
+
+    async def result_async(self, timeout: float | None = None) -> Any:
+        return self._seen(await self._future.result_async(timeout))
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self._seen(self._future.result(timeout))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._future, name)
+
+
+@contextlib.contextmanager
+def quiet_rl_sampling() -> Iterator[None]:
+    original = rl_train.tqdm
+    rl_train.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        rl_train.tqdm = original
+
+
+@contextlib.contextmanager
+def cookbook_logging(progress: Any) -> Iterator[None]:
+    """Inside the block, a cookbook run's console shows warnings and `progress` lines only, and each
+    training step's metrics row gets progress.step_metrics() added, if it has them (one row per step).
+
+    The recipe's setup_logging points the root logger at a coloured INFO console and the run's
+    logs.log; its configure_logging_module is replaced by one that keeps the file and lowers the
+    console to warnings. Root logging is restored afterwards.
+    """
+    root = logging.getLogger()
+    saved_level, saved_handlers = root.level, root.handlers[:]
+    original_setup, original_configure = ml_log.setup_logging, ml_log.configure_logging_module
+    ours: list[logging.Handler] = []
+
+    def configure_logging_module(path: str, level: int = logging.INFO) -> logging.Logger:
+        file_handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+        file_handler.setFormatter(logging.Formatter("%(name)s:%(lineno)d [%(levelname)s] %(message)s"))
+        console = logging.StreamHandler(sys.stderr)
+        console.setLevel(logging.WARNING)
+        console.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        ours[:] = [file_handler, console]
+        root.handlers[:] = ours
+        root.setLevel(level)
+        return root
+
+    def setup_logging(*args: Any, **kwargs: Any) -> Any:
+        ml_logger = original_setup(*args, **kwargs)
+        step_metrics = getattr(progress, "step_metrics", None)
+        if step_metrics is not None:
+            log_metrics = ml_logger.log_metrics
+
+            # The recipes call it by keyword: the parameters keep ml_log's names.
+            def with_step_metrics(metrics: dict[str, Any], step: int | None = None) -> None:
+                if keys.BATCH in metrics:  # a training step's row (the RL recipe logs one per step)
+                    metrics = {**metrics, **step_metrics()}
+                log_metrics(metrics, step)
+
+            ml_logger.log_metrics = with_step_metrics
+        ml_logger.loggers.append(progress)
+        return ml_logger
+
+    ml_log.setup_logging, ml_log.configure_logging_module = setup_logging, configure_logging_module
+    try:
+        yield
+    finally:
+        ml_log.setup_logging, ml_log.configure_logging_module = original_setup, original_configure
+        for handler in ours:
+            handler.close()
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+

@@ -1,0 +1,15 @@
+"""The metrics.jsonl keys rlcli reads or writes: the contract between the trainers, eval, notebooks and tests.
+
+The cookbook's recipes write most of them; rlcli adds the optim/ pair (rlcli.train.stats). A key the
+cookbook renames is caught by rlcli.train.hooks, which checks the recipes' sources for BATCH and
+TRAIN_NLL at import.
+"""
+
+BATCH = "progress/batch"  # the RL recipe's step index: present on every training step's row
+TIME = "time/total"  # the RL recipe's own time for a step, sampling to optim_step
+TRAIN_NLL = "train_mean_nll"  # the SL recipe's per-step training loss
+TEST_NLL = "test/nll"  # the SL recipe's held-out loss (--test-size)
+TOKENS, LR, EPOCH = "num_tokens", "learning_rate", "epoch"  # the SL recipe's
+REWARD, CORRECT = "env/all/reward/total", "env/all/correct"  # the RL recipe's, on the training batch
+TEST_REWARD, TEST_CORRECT = f"test/{REWARD}", f"test/{CORRECT}"  # its RLTestSetEvaluator's, on held-out problems
+LOSS, CLIP = "optim/loss", "optim/clip_fraction"  # rlcli's: the server's objective, and the share clipped

@@ -1,0 +1,126 @@
+"""What the RL trainers (`train rl`, `train harbor`) share around tinker-cookbook's RL loop.
+
+The loss is planned first, from what the server serves (rlcli.train.losses): a loss or --passes it
+cannot serve fails in well under a second, before data is read or a model is made. Inside the run,
+every training client the loop builds gets the planned route and has its step statistics recorded
+(rlcli.train.stats); sampling draws no bars; one line per step; a final report from metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlcli.train import metrics, run
+from rlcli.train.folder import last_checkpoint, read_jsonl
+
+RL_LOSSES = ("gspo", "cispo", "dppo", "ppo", "importance_sampling")  # what the cookbook's RL data suits
+ROUTES = {1: "fused", 2: "2-pass"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class RlSettings(run.TrainSettings):
+    lr: float = run.RL_LR
+    loss: str
+    loss_config: dict[str, Any] = field(default_factory=dict)
+    passes: int
+    group_size: int = run.GROUP_SIZE
+    max_tokens: int
+    temperature: float = run.TEMPERATURE
+
+
+def plan_losses(url: str, loss: str, loss_config: str | None, passes: str) -> Any:
+    """Ask the server what it serves and settle loss, config and passes (rlcli.train.losses decides)."""
+    from rlcli.errors import UsageError
+
+    if loss not in RL_LOSSES:
+        raise UsageError(f"unknown --loss {loss!r}: RL takes {', '.join(RL_LOSSES)}")
+    from rlcli.train import losses  # called through the module, so tests can swap served_losses for a fake
+
+    _, served = losses.served_losses(url)
+    return losses.plan_loss(loss, loss_config, passes, served)
+
+
+def describe_loss(plan: Any) -> str:
+    return f"loss: {plan.loss} {ROUTES[plan.passes]}, config {json.dumps(plan.config, sort_keys=True)}: {plan.message}"
+
+
+@contextlib.contextmanager
+def routed(plan: Any, progress: RlProgress) -> Iterator[None]:
+    """Inside the block, every tinker.TrainingClient gets `plan`'s loss route and has its step statistics
+    recorded (for `progress`, which hands them to the step's metrics row), and sampling draws no bars."""
+    from rlcli.train import hooks
+    from rlcli.train.losses import install_loss_route
+    from rlcli.train.stats import StepStats
+
+    stats = StepStats(plan.loss, plan.config)
+    progress.step_metrics = stats.drain
+
+    def on_client(client: Any) -> None:
+        install_loss_route(client, plan)
+        stats.watch(client)  # outside the route: it sees the recipe's data and the result the recipe reads
+
+    with hooks.on_training_client(on_client), hooks.quiet_rl_sampling():
+        yield
+
+
+@contextlib.contextmanager
+def recipe(plan: Any, progress: RlProgress, config: Callable[[], Any]) -> Iterator[Callable[[], Any]]:
+    """The cookbook's RL main on config(), with the loss route installed."""
+    import asyncio
+
+    from tinker_cookbook.rl import train
+
+    with routed(plan, progress):
+        built = config()
+        yield lambda: asyncio.run(train.main(built))
+
+
+class RlProgress(run.ProgressLine):
+    """One line per RL step: step, reward, fraction correct, loss, clip fraction, route, step time."""
+
+    step_key = metrics.BATCH
+
+    def __init__(self, total_steps: int, loss: str, passes: int, stream: Any = None):
+        super().__init__(total_steps, stream)
+        self.route = f"{loss} {ROUTES[passes]}"
+
+    def line(self, row: dict[str, Any], step: int, elapsed_s: float) -> str:
+        # The recipe times each step itself (sampling to optim_step); time between calls adds its setup.
+        return format_rl_progress(row, step, self.total_steps, self.route, row.get(metrics.TIME, elapsed_s))
+
+
+def format_rl_progress(row: dict[str, Any], step: int, total_steps: int, route: str, elapsed_s: float) -> str:
+    def value(key: str, fmt: str) -> str:
+        return format(row[key], fmt) if key in row else "-"  # a batch whose groups all failed has none
+
+    parts = [f"step {step + 1}/{total_steps}", f"reward {value(metrics.REWARD, '+.3f')}",
+             f"correct {value(metrics.CORRECT, '.2f')}", f"loss {value(metrics.LOSS, '+.4f')}",
+             f"clip {value(metrics.CLIP, '.2f')}", route, f"{elapsed_s:.2f}s"]
+    if metrics.TEST_CORRECT in row:  # an evaluation step: scored before this step trained
+        parts.append(f"held-out correct {row[metrics.TEST_CORRECT]:.2f}")
+    return "  ".join(parts)
+
+
+def final_report(folder: Path) -> str:
+    rows = read_jsonl(folder / "metrics.jsonl")
+    trained = [m for m in rows if metrics.REWARD in m]
+    tested = [m for m in rows if metrics.TEST_CORRECT in m]
+    final = last_checkpoint(folder, "sampler_path")
+    lines = []
+    if trained:
+        lines.append(f"reward {trained[0][metrics.REWARD]:+.3f} -> {trained[-1][metrics.REWARD]:+.3f} "
+                     f"over {len(trained)} steps")
+    if tested:
+        plural, when = "s" * (len(tested) != 1), ", ".join(str(m[metrics.BATCH] + 1) for m in tested)
+        lines.append(f"held-out correct {tested[0][metrics.TEST_CORRECT]:.2f} -> "
+                     f"{tested[-1][metrics.TEST_CORRECT]:.2f} ({len(tested)} evaluation{plural}, "
+                     f"before step{plural} {when})")
+    lines += [f"metrics: {folder / 'metrics.jsonl'}", f"checkpoints: {folder / 'checkpoints.jsonl'}"]
+    if final:
+        lines.append(f"final weights: {final['sampler_path']} (state: {final.get('state_path')})")
+    return "\n".join(lines)

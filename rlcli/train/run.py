@@ -1,0 +1,275 @@
+"""The trainer skeleton: what every `rlcli train` command does the same way around tinker-cookbook's loops.
+
+A trainer (sl.py, rl.py, harbor/train.py) is its command function, a Settings dataclass built by
+keyword (extending TrainSettings), and the few functions that differ: what it reads, what it plans,
+its cookbook config, its progress line and its final report. The command checks its flags, calls
+`target` (run folder, server, model and renderer) and hands a Job to `execute`, which owns the rest:
+the dry run, the folder's lock, the resume check, the run info, slot hygiene, the progress line, and
+the final report. Nothing heavy is imported at module level: `rlcli train sl --help` must stay fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from rlcli.config import ensure_api_key
+from rlcli.errors import RlcliError, UsageError
+from rlcli.train import folder as runs
+from rlcli.train import renderers
+
+# Defaults every trainer shares.
+BATCH_SIZE = 8  # examples (sl) or problems (rl) per step
+LORA_RANK = 32  # SkyRL's jax backend caps the rank at 32 by default
+SAVE_EVERY = 20
+GROUP_SIZE = 4  # RL samples per problem
+TEMPERATURE = 1.0
+RL_LR = 4e-5  # the cookbook's RL recipes use 1e-5..4e-5; its get_lr is calibrated on supervised LoRA only
+EMBEDDED_LR = 5e-3  # SFT on the embedded model: measured, docs/decisions.md
+UNCALIBRATED_LR = 5e-4  # the cookbook's LoRA rate before its per-family scaling (5e-5 x its LoRA factor 10)
+
+# Each flag's lower bound (0: off); a flag not listed (lr, temperature, timeouts) must be positive.
+MINIMUMS = {"batch_size": 1, "epochs": 1, "lora_rank": 1, "max_length": 1, "max_steps": 1, "max_tokens": 1,
+            "group_size": 2, "groups_per_batch": 1, "max_turns": 1, "max_sandboxes": 1, "limit": 1, "samples": 1,
+            "save_every": 0, "eval_every": 0, "eval_size": 0, "test_size": 0, "eval_tasks": 0}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSettings:
+    """What every trainer runs with; kept in the run folder (rlcli-run.json) so --resume can check it."""
+
+    model: str
+    renderer: str
+    lr: float
+    lora_rank: int = LORA_RANK
+    max_steps: int | None = None
+    save_every: int = SAVE_EVERY
+    eval_every: int = 0
+
+
+def check_numbers(**values: float | None) -> None:
+    """Each flag against its lower bound (a group needs two samples: advantages compare within it)."""
+    for name, value in values.items():
+        low = MINIMUMS.get(name, 0)
+        if value is not None and (value < low if name in MINIMUMS else not value > 0):
+            bound = f"at least {low}" if low else ("0 (off) or more" if name in MINIMUMS else "positive")
+            raise UsageError(f"--{name.replace('_', '-')} must be {bound}, got {value}")
+
+
+def resolve_model(model: str | None, base_url: str, required: bool) -> str:
+    """The server's base model; --model must name it exactly (the engine refuses anything else)."""
+    from rlcli.client import server_base_model
+
+    try:
+        served = server_base_model(base_url)
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        if model and not required:
+            return model  # a dry run with --model needs no server
+        raise RlcliError(f"cannot reach a Tinker server at {base_url} ({e}): start one with "
+                         "`rlcli serve start`, or pass --base-url") from None
+    if model and model != served:
+        raise UsageError(f"--model {model!r} is not the server's model {served!r}: omit --model, "
+                         "or start a server with --base-model set to it")
+    return served
+
+
+def prepare_model(model: str, renderer: str | None) -> str:
+    """Make the model's tokenizer loadable the safe way, and return its renderer (--renderer, else chosen)."""
+    if renderers.is_local_model(model):
+        renderers.go_offline()  # before the hub client, transformers or datasets are imported: each reads it once
+        renderers.register_local_tokenizer(model)
+    return renderers.choose_renderer(model, renderer)
+
+
+def default_lr(model: str) -> tuple[float, str]:
+    """(learning rate, where it comes from) for supervised LoRA when --lr is not given."""
+    from rlcli.model import EMBEDDED_MODEL_NAME
+
+    if renderers.is_local_model(model) and Path(model).expanduser().name == EMBEDDED_MODEL_NAME:
+        return EMBEDDED_LR, "measured for the embedded model"
+    from tinker_cookbook import hyperparam_utils
+
+    try:
+        return hyperparam_utils.get_lr(model, is_lora=True), "the cookbook's get_lr for this model"
+    except Exception:  # not a family it calibrates (or no config to read its width from)
+        return UNCALIBRATED_LR, "the cookbook's uncalibrated LoRA rate: pass --lr to choose"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a run goes: its folder, its server, and the model and renderer it trains."""
+
+    folder: Path
+    url: str
+    model: str
+    renderer: str
+
+
+def target(kind: str, log_path: str | None, resume: bool, url: str, model: str | None, renderer: str | None,
+           dry_run: bool) -> Target:
+    folder = runs.run_folder(log_path, resume, kind=kind)
+    model = resolve_model(model, url, required=not dry_run)
+    return Target(folder, url, model, prepare_model(model, renderer))
+
+
+class ProgressLine:
+    """A cookbook metrics logger that prints one dense line per training step (ml_log.Logger, duck-typed).
+
+    Subclasses say which key marks a step's row and how the line reads. Elapsed time is measured between
+    consecutive steps: the cookbook pipelines requests, so its own per-step timings overlap.
+    """
+
+    step_key = ""
+    step_metrics: Callable[[], dict[str, float]] | None = None  # more figures for each step's metrics row
+
+    def __init__(self, total_steps: int, stream: TextIO | None = None):
+        self.total_steps = total_steps
+        self.stream = stream or sys.stderr
+        self._last = time.monotonic()
+
+    def log_hparams(self, config: Any) -> None:
+        pass
+
+    def get_logger_url(self) -> str | None:
+        return None
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        if step is None or self.step_key not in metrics:
+            return
+        now = time.monotonic()
+        elapsed, self._last = now - self._last, now
+        print(self.line(metrics, step, elapsed), file=self.stream, flush=True)
+
+    def line(self, metrics: dict[str, Any], step: int, elapsed_s: float) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """One run, as a trainer hands it to `execute`."""
+
+    settings: TrainSettings
+    summary: str  # the plan, printed before anything is spent (and all a dry run prints)
+    digest: tuple[str, str]  # (run-info key, this run's hash of its input): --resume refuses other input
+    same_input: str  # what --resume must keep, e.g. "the same --dataset"
+    resume_keys: tuple[str, ...]  # settings --resume must keep
+    recipe: Callable[[Path, str], AbstractContextManager[Callable[[], Any]]]  # (folder, url) -> run the loop
+    progress: ProgressLine
+    report: Callable[[Path], str]
+    info: dict[str, Any] = field(default_factory=dict)  # more for rlcli-run.json
+    around: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext  # e.g. harbor's sandboxes
+
+
+def execute(job: Job, t: Target, resume: bool, dry_run: bool) -> int:
+    """Print the plan; unless a dry run: lock the folder, check a resume, record the run, train, report."""
+    summary = f"{job.summary}\nrun folder: {t.folder}{' (resume)' * resume}\nserver: {t.url}"
+    if dry_run:
+        print(summary)
+        return 0
+    print(summary, file=sys.stderr)
+    with job.around(), runs.claim(t.folder):
+        if resume:
+            check_resume(t.folder, t.url, digest=job.digest, same_input=job.same_input, settings=job.settings,
+                         keys=job.resume_keys)
+        info = {job.digest[0]: job.digest[1], "base_url": t.url, **job.info, **asdict(job.settings)}
+        (t.folder / runs.RUN_INFO).write_text(json.dumps(info, indent=1) + "\n")
+        run_recipe(t.folder, t.url, job)
+    print(job.report(t.folder))
+    return 0
+
+
+def run_recipe(folder: Path, url: str, job: Job) -> None:
+    """The trainer's cookbook loop inside the hooks; whatever happens, the server slots it took are freed."""
+    from rlcli.train.hooks import cookbook_logging
+
+    ensure_api_key()
+    with (sigterm_as_interrupt(), server_slots(folder, url, job.settings.model), job.recipe(folder, url) as start,
+          cookbook_logging(job.progress)):
+        start()
+
+
+def check_resume(folder: Path, url: str, *, digest: tuple[str, str], same_input: str, settings: TrainSettings,
+                 keys: tuple[str, ...]) -> None:
+    """Refuse to resume a run folder on other input or settings (Job's fields of those names); free the
+    slots a crashed attempt left."""
+    info, (key, value), current = runs.read_info(folder), digest, asdict(settings)
+    if info.get(key, value) != value:
+        raise UsageError(f"{folder} was trained on other {key.split('_')[0]}: resume with {same_input}, "
+                         "or start a new --log-path")
+    for name in keys:
+        if info.get(name, current[name]) != current[name]:
+            raise UsageError(f"{folder} was run with {name} {info[name]!r}: resume with the same --"
+                             f"{name.replace('_', '-')}, or start a new --log-path")
+    if leftover := runs.held_models(folder):  # an earlier attempt could not free them (SIGKILL, power loss)
+        from rlcli.client import unload_models
+
+        runs.note_models(folder, unload_models(url, leftover), append=False)
+    last = runs.last_checkpoint(folder, "state_path")
+    where = f"checkpoint {last['name']}" if last else "the start (no checkpoint was saved yet)"
+    print(f"resuming {folder} from {where}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def server_slots(folder: Path, base_url: str, model: str) -> Iterator[list[str]]:
+    """Around a cookbook run: a clean LoRA slot before it, every slot it took freed after it.
+
+    The cookbook never unloads its models and SkyRL's jax backend has a fixed number of slots;
+    a stock server may also hand a new model gradients that an earlier one left (rlcli/slots.py).
+    Yields the list of model ids created so far (recorded in the run folder as they appear).
+    """
+    from rlcli.client import NO_FREE_SLOT, unload_models
+    from rlcli.slots import ensure_clean_next_slot
+    from rlcli.train.hooks import on_training_client
+
+    created: list[str] = []
+
+    def on_create(client: Any) -> None:  # runs on the tinker client's thread
+        created.append(str(client.model_id))
+        runs.note_models(folder, [created[-1]])
+
+    ensure_clean_next_slot(base_url, model)
+    try:
+        with on_training_client(on_create):
+            yield created
+    except Exception as e:
+        if NO_FREE_SLOT in str(e):
+            raise RlcliError("the server has no free LoRA slot: wait for other runs to finish (an "
+                             "abandoned one frees its slot after ~5 min), or restart it with more "
+                             "max_lora_adapters") from e
+        raise
+    finally:
+        left = unload_models(base_url, list(created))
+        runs.note_models(folder, left, append=False)
+        if left:
+            warn(f"could not free server slots {', '.join(left)}; the server frees them ~5 min after "
+                 "this process exits")
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so the finally blocks (slot unload, temp copy) run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def warn(message: str) -> None:
+    print(f"rlcli: warning: {message}", file=sys.stderr)

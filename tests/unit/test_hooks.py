@@ -1,0 +1,57 @@
+"""rlcli.train.hooks: every hook into tinker and tinker-cookbook fits the pinned versions, and says so loudly
+when it does not."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from rlcli.errors import RlcliError
+from rlcli.train import hooks
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_pins_are_pyprojects():
+    """A pin bump in pyproject.toml fails here until hooks.PINS (and so the hooks) have been looked at."""
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    for package, spec in hooks.PINS.items():
+        assert f"{package}{spec}" in dependencies, f"pyproject.toml pins {package} otherwise than hooks.PINS"
+
+
+def test_installed_versions_are_the_pinned_ones():
+    assert hooks.version_drift() == []
+
+
+def test_every_patched_name_is_where_the_hooks_expect_it():
+    assert hooks.problems() == []
+
+
+def test_a_moved_name_stops_the_run_with_its_name(monkeypatch):
+    from tinker_cookbook.utils import ml_log
+
+    monkeypatch.delattr(ml_log, "configure_logging_module")
+    assert hooks.problems() == ["tinker_cookbook.utils.ml_log.configure_logging_module is gone "
+                                "(cookbook_logging: console to warnings)"]
+    with pytest.raises(RlcliError, match="ml_log.configure_logging_module is gone"):
+        hooks.check()
+
+
+def test_a_relied_on_text_that_left_the_source_is_named(monkeypatch):
+    monkeypatch.setattr(hooks, "PATCHES", (hooks.Patch("tinker_cookbook.rl.train", "main", "why", ("no such text",)),))
+    assert hooks.problems() == ["tinker_cookbook.rl.train no longer holds 'no such text' (why)"]
+
+
+def test_hooks_put_back_what_they_replace():
+    import tinker
+    from tinker_cookbook.rl import train
+    from tinker_cookbook.utils import ml_log
+
+    before = (tinker.TrainingClient.__init__, train.tqdm, ml_log.setup_logging, ml_log.configure_logging_module)
+    with hooks.on_training_client(print), hooks.quiet_rl_sampling(), hooks.cookbook_logging(object()):
+        assert tinker.TrainingClient.__init__ is not before[0] and train.tqdm is not before[1]
+        assert ml_log.setup_logging is not before[2] and ml_log.configure_logging_module is not before[3]
+    assert (tinker.TrainingClient.__init__, train.tqdm, ml_log.setup_logging,
+            ml_log.configure_logging_module) == before
