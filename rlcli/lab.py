@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.config import portable
+from rlcli.train.metrics import CORRECT, REWARD, TEST_CORRECT, TRAIN_NLL
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "notebooks" / "results"
-REWARD, CORRECT, TEST_CORRECT = "env/all/reward/total", "env/all/correct", "test/env/all/correct"
 
 
 def benchmarks() -> Any:
@@ -173,8 +173,8 @@ def plot_learning(sl_rows: list[dict], rl_rows: list[dict]):
     import matplotlib.pyplot as plt
 
     fig, (sl_ax, rl_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
-    sl_ax.plot(*series(sl_rows, "train_mean_nll"), "o-")
-    sl_ax.set(xlabel="step", ylabel="train_mean_nll", title="SFT: loss")
+    sl_ax.plot(*series(sl_rows, TRAIN_NLL), "o-")
+    sl_ax.set(xlabel="step", ylabel=TRAIN_NLL, title="SFT: loss")
     for key in (REWARD, CORRECT):
         rl_ax.plot(*series(rl_rows, key), "o-", label=key)
     rl_ax.set(xlabel="step", ylabel="mean over the batch", title="RL (gspo): reward")

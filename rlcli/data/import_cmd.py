@@ -317,8 +317,8 @@ def import_cmd(
         min_score: langsmith only: keep runs whose mean feedback score is at least this
         feedback: langsmith only: a JSONL file of feedback records to attach to their runs
     """
-    if not isinstance(input, str):  # fire reads a bare `--input -` as a flag set to True
-        raise UsageError("give INPUT as a file path, or - for stdin (with fire: --input=-)")
+    if not isinstance(input, str):
+        raise UsageError("give INPUT as a file path, or - for stdin")
     importer = IMPORTERS.get(format)
     if importer is None:
         raise UsageError(f"unknown format {format!r}; use one of: {', '.join(IMPORTERS)}")
