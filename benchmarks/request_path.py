@@ -129,7 +129,7 @@ def measure(url: str, model: str, log: Path, args) -> dict:
     cursor = LogCursor(log)
     first_step_s = timed(sft_step)
     first_engine = cursor.take(["forward_backward", "optim_step"])
-    sampler = client.save_weights_and_get_sampling_client(name="bench")
+    sampler = client.save_weights_and_get_sampling_client()
     for _ in range(args.warmup):
         for fn in requests.values():
             fn()
@@ -187,13 +187,16 @@ def main() -> None:
     load_before = os.getloadavg()
     home = Path(tempfile.mkdtemp(prefix="rlcli-bench-path-"))  # mode 0700
     env = private_env(home)
-    env["PYTHONPATH"] = str(args.rlcli_tree.resolve())  # whose `rlcli serve start` (and extensions) run
+    # Whose `rlcli serve start` (and server extensions) run: `python -m` puts its working folder first on
+    # sys.path, ahead of PYTHONPATH, so every rlcli command below runs in that tree.
+    tree = args.rlcli_tree.resolve()
+    env["PYTHONPATH"] = str(tree)
     cmd = [sys.executable, "-m", "rlcli.cli", "serve", "start", "--base-model", str(model), "--port", str(free_port())]
     if args.max_lora_adapters:
         cmd += ["--backend-config", json.dumps({"max_lora_adapters": args.max_lora_adapters})]
     try:
         start = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=tree)
         start_s = time.perf_counter() - start
         if proc.returncode != 0:
             raise SystemExit(f"`rlcli serve start` failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
@@ -204,15 +207,17 @@ def main() -> None:
         print(f"idle: {idle['percent_of_one_core']:.2f}% of one core", flush=True)
         body = measure(url, str(model), home / "servers" / "default" / "server.log", args)
         status = subprocess.run([sys.executable, "-m", "rlcli.cli", "serve", "status"], env=env, capture_output=True,
-                                text=True).stdout.strip().replace(str(model), model.name)
+                                text=True, cwd=tree).stdout.strip().replace(str(model), model.name)
     finally:
-        subprocess.run([sys.executable, "-m", "rlcli.cli", "serve", "stop"], env=env, capture_output=True, timeout=120)
+        subprocess.run([sys.executable, "-m", "rlcli.cli", "serve", "stop"], env=env, capture_output=True, timeout=120,
+                       cwd=tree)
         shutil.rmtree(home, ignore_errors=True)
     body.update(label=args.label, rlcli_tree_commit=tree_commit(args.rlcli_tree), idle=idle,
-                server={"start_command": " ".join(cmd[1:]), "start_s": start_s, "status": status},
+                server={"start_command": " ".join(cmd[1:]).replace(str(model), model.name), "start_s": start_s,
+                        "status": status},
                 versions={**versions("tinker"), "server": server_versions()},
                 config={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "rlcli_tree"},
-                model=describe_model(model),
+                model={**describe_model(model), "path": model.name},  # no path of this machine
                 load_average_1_5_15={"before": load_before, "after": os.getloadavg()}, load_wait=quiet)
     summary = {kind: {part: round(r[part]["p50"] * 1e3, 1) for part in ("wall", "engine", "overhead") if part in r}
                for kind, r in body["results"].items()}

@@ -21,7 +21,7 @@ from rlcli.server import process, server_venv
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 LAUNCHER = RUNTIME_DIR / "launcher.py"
 MAX_LOG_BYTES = 20 * 2**20
-SERVER_EXTENSIONS = "rlcli_losses,rlcli_slots,rlcli_wake"
+SERVER_EXTENSIONS = "rlcli_losses,rlcli_slots,rlcli_wake,rlcli_lora"
 
 
 def _is_loopback(host: str) -> bool:
@@ -105,8 +105,8 @@ def start(
         venv: the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv)
         ray_address: address of an existing Ray cluster (fsdp/megatron, several nodes)
         name: which managed server (one state folder each)
-        extensions: load rlcli's server extensions (fused gspo on jax, clean LoRA slots, no polling waits);
-            --no-extensions: stock SkyRL
+        extensions: load rlcli's server extensions (fused gspo on jax, clean LoRA slots, no polling waits,
+            LoRA cost per adapter used); --no-extensions: stock SkyRL
         slots: LoRA models the jax server holds at once (default 4; each costs memory, and on stock SkyRL
             step time too); a full server refuses a new model naming this flag
     """
@@ -175,6 +175,8 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
     env.update(compilation_cache_env())
     # runtime/rlcli_losses.py: fused gspo for the jax backend and GET /api/v1/rlcli/capabilities;
     # runtime/rlcli_slots.py: a new model never inherits gradients left in its LoRA slot.
+    # runtime/rlcli_wake.py: API and engine wake each other instead of polling on 100 ms / 50 ms timers.
+    # runtime/rlcli_lora.py: a step computes the LoRA adapters of its batch only, not every slot.
     env["RLCLI_SERVER_EXTENSIONS"] = SERVER_EXTENSIONS if extensions else ""
     cmd = [str(venv_dir / "bin" / "python"), str(LAUNCHER), "supervise", "--log", str(paths["log"]),
            "--max-log-bytes", str(MAX_LOG_BYTES), "--", *api_args]

@@ -255,6 +255,7 @@ def describe() -> dict:
     if _state["installed"] != "api":
         return {"wake": "timer (stock SkyRL)"}
     return {"wake": "notify", "engine_joined": _state["engine_joined"],
+            "rings": {"to_engine": _state["rings_sent"], "from_engine": _state["rings_heard"]},
             "safety_look_s": {"engine": ENGINE_SAFETY_S, "api_while_waiting": API_SAFETY_S}}
 
 
