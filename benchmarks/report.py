@@ -33,8 +33,9 @@ logprobs come back to the client, then a second request with the loss (for `gspo
 ppo on logprobs shifted by log s_i). Same server, same frozen batch of sampled rollouts, same starting
 weights; steps alternate fused, 2-pass. A step is forward_backward + optim_step. *floor* is what compute
 alone predicts, fb / (fwd + fb) from the engine's own per-request times; the second request's round trip
-(~0.1 s: the engine polls its queue every 100 ms) should put the measured ratio a little below it, but on
-a shared 2-core machine load swings move single pairs far more than that (see each range)."""
+(~0.1 s on stock SkyRL, whose engine polls its queue every 100 ms; tens of ms with rlcli's `rlcli_wake`)
+should put the measured ratio a little below it, but on a shared 2-core machine load swings move single
+pairs far more than that (see each range)."""
 
 
 def receipt_time(receipt: dict) -> str:
@@ -198,8 +199,9 @@ def render(receipts: list[dict], results: dict[str, dict] | None = None) -> str:
     if other:
         lines += ["| measure | result (medians) | load | receipt |", "|---|---|---|---|", *other, ""]
     lines.append("*load*: the 1-minute load average before → after the run (2 cores; other work was running). "
-                 "*cold-ish*: new model files, state folder and processes, no jax compilation cache, but the OS "
-                 "page cache not dropped (benchmarks/server_start.py says exactly what that means).")
+                 "*cold-ish*: new model files, state folder and processes, an empty jax compilation cache, but the "
+                 "OS page cache not dropped (benchmarks/server_start.py says exactly what that means). *overhead*: "
+                 "wall time in the client minus the engine's own time for the request (its log).")
     return "\n".join(lines)
 
 
