@@ -85,6 +85,7 @@ def run_api(argv: list[str]) -> None:
 PRELOAD_ENV = "RLCLI_ENGINE_PRELOAD"  # the preloaded engine's socket name, set for the API by the supervisor
 # What the engine imports before it reads its flags: the engine loop and the jax backend with its model code.
 PRELOAD_MODULES = ("skyrl.tinker.engine", "skyrl.backends.jax")
+PRELOAD_PATIENCE_S = 5.0  # how long the engine command waits for the preload's socket to appear
 
 
 def run_engine(argv: list[str]) -> int:
@@ -113,7 +114,7 @@ def _attach(address: str, argv: list[str]) -> int | None:
     None: no preloaded engine took the job (the caller runs the engine itself)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.connect("\0" + address)
+        _connect(conn, address)
         conn.sendall(json.dumps({"argv": argv, "env": dict(os.environ)}).encode() + b"\n")
         reply = conn.makefile("rb").readline()  # the engine's pid, once it has its imports and the job
     except OSError:
@@ -135,6 +136,20 @@ def _attach(address: str, argv: list[str]) -> int | None:
             pass
     # Not our child, so no exit status: an end nobody asked for is a crash to the API, which then stops.
     return 0 if stopping else 1
+
+
+def _connect(conn: socket.socket, address: str) -> None:
+    """Connect to the preload; the supervisor starts it before the API, but a loaded machine may run the
+    API's engine command before the preload has bound its socket. A preload that died is never there."""
+    deadline = time.monotonic() + PRELOAD_PATIENCE_S
+    while True:
+        try:
+            conn.connect("\0" + address)
+            return
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def run_preload(address: str) -> int:
