@@ -157,6 +157,9 @@ def main() -> None:
     parser.add_argument("--max-load", type=float, default=2.5, help="wait for this 1-minute load average first")
     parser.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most")
     args = parser.parse_args()
+    from rlcli.config import ensure_api_key
+
+    ensure_api_key()  # the first-step timing talks to the server through the tinker client
     quiet = wait_for_quiet(args.max_load, args.max_wait)
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="rlcli-bench-start-"))  # mode 0700
