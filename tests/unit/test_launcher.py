@@ -83,6 +83,22 @@ def test_the_preloaded_engine_runs_with_the_apis_flags_and_environment(tmp_path,
     address, proc = _preload(launcher, tmp_path, str(tmp_path / "stub"))
     monkeypatch.setenv("RLCLI_WAKE_ID", "made-by-the-api")
     monkeypatch.setenv("STUB_OUT", str(tmp_path / "engine.json"))
+    # A process outside the server's process group that found the socket's name gets no engine.
+    intruder = ("import json, socket, time, sys\n"
+                "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+                "for _ in range(100):\n"
+                "    try: s.connect('\\0' + sys.argv[1]); break\n"
+                "    except ConnectionRefusedError: time.sleep(0.05)\n"
+                "s.sendall(json.dumps({'argv': ['--evil'], 'env': {}}).encode() + b'\\n')\n"
+                "try: reply = s.makefile('rb').readline()\n"
+                "except OSError: reply = b''\n"
+                "print('refused' if not reply else reply)\n")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", intruder, address], capture_output=True, text=True, timeout=60,
+                         start_new_session=True)
+    assert out.stdout.strip() == "refused", out
     # The engine ended by itself (nobody asked it to stop): the stand-in reports a failure, as a crash would be.
     assert _attach(launcher, address, ["--base-model", "m", "--backend", "jax"]) == 1
     assert proc.wait(timeout=30) == 0

@@ -115,6 +115,8 @@ def _attach(address: str, argv: list[str]) -> int | None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         _connect(conn, address)
+        if not _same_server(conn):
+            return None  # not our preload: it gets neither our flags nor our environment
         conn.sendall(json.dumps({"argv": argv, "env": dict(os.environ)}).encode() + b"\n")
         reply = conn.makefile("rb").readline()  # the engine's pid, once it has its imports and the job
     except OSError:
@@ -136,6 +138,19 @@ def _attach(address: str, argv: list[str]) -> int | None:
             pass
     # Not our child, so no exit status: an end nobody asked for is a crash to the API, which then stops.
     return 0 if stopping else 1
+
+
+def _same_server(conn: socket.socket) -> bool:
+    """The other end is a process of this server: same user, same process group (the abstract socket's
+    name is visible to every local user in /proc/net/unix)."""
+    import struct
+
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    try:
+        return uid == os.getuid() and os.getpgid(pid) == os.getpgid(0)
+    except ProcessLookupError:
+        return False
 
 
 def _connect(conn: socket.socket, address: str) -> None:
@@ -160,7 +175,11 @@ def run_preload(address: str) -> int:
 
     for name in PRELOAD_MODULES:
         importlib.import_module(name)
-    conn, _ = listener.accept()  # the API's engine command, when the API starts its engine
+    while True:
+        conn, _ = listener.accept()  # the API's engine command, when the API starts its engine
+        if _same_server(conn):
+            break
+        conn.close()  # anyone else who found the name: it must not choose what this engine runs
     listener.close()
     job = json.loads(conn.makefile("rb").readline())
     os.environ.clear()
