@@ -122,6 +122,8 @@ bench: venv server-venv model
 	$(BIN)/python benchmarks/server_start.py --size tiny --rounds 3 --warm 2
 	$(BIN)/python benchmarks/server_start.py --size large --rounds 2 --warm 2
 	$(BIN)/python benchmarks/overhead.py --pairs 20
+	$(BIN)/python benchmarks/request_path.py --label 32slots --max-lora-adapters 32
+	$(BIN)/python benchmarks/request_path.py --label default-slots
 	$(BIN)/python benchmarks/report.py
 
 # The notebooks at laptop size through papermill (each starts and stops its own server); the executed copies,

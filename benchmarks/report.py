@@ -5,7 +5,8 @@
 
 Reads benchmarks/receipts/*.json: the newest fused-vs-2pass receipt for each (model, loss) that a benchmark
 script wrote (receipts a notebook recorded carry an "origin" and stay out of the table), and the newest
-server-start (per model size), overhead, import and cli-startup receipts; and what the notebooks recorded
+server-start (per model size and label), request-path (per label), overhead, import and cli-startup receipts;
+and what the notebooks recorded
 in notebooks/results/ (`make notebooks`). Everything here is pure except `main`, so tests render fixture
 receipts.
 """
@@ -32,8 +33,9 @@ logprobs come back to the client, then a second request with the loss (for `gspo
 ppo on logprobs shifted by log s_i). Same server, same frozen batch of sampled rollouts, same starting
 weights; steps alternate fused, 2-pass. A step is forward_backward + optim_step. *floor* is what compute
 alone predicts, fb / (fwd + fb) from the engine's own per-request times; the second request's round trip
-(~0.1 s: the engine polls its queue every 100 ms) should put the measured ratio a little below it, but on
-a shared 2-core machine load swings move single pairs far more than that (see each range)."""
+(~0.1 s on stock SkyRL, whose engine polls its queue every 100 ms; tens of ms with rlcli's `rlcli_wake`)
+should put the measured ratio a little below it, but on a shared 2-core machine load swings move single
+pairs far more than that (see each range)."""
 
 
 def receipt_time(receipt: dict) -> str:
@@ -96,19 +98,42 @@ def fused_rows(receipts: list[dict]) -> list[str]:
     return sorted(rows)
 
 
-def other_rows(receipts: list[dict]) -> list[str]:
-    rows = []
-    seen_sizes = set()
-    for r in newest(receipts, "server-start"):
-        size = r.get("config", {}).get("size", "tiny")
-        if size in seen_sizes:
+def request_path_rows(receipts: list[dict]) -> list[str]:
+    """The newest request-path receipt of each label (before, after, ...): overhead, SFT step, idle CPU."""
+    seen, rows = set(), []
+    for r in sorted((r for r in receipts if kind(r).startswith("request-path-")), key=receipt_time, reverse=True):
+        label = r.get("label", kind(r).removeprefix("request-path-"))
+        if label in seen:
             continue
-        seen_sizes.add(size)
+        seen.add(label)
         res = r["results"]
-        rows.append(f"| `rlcli serve start` to ready, {size} model | cold-ish {res['cold']['ready_s']['median']:.1f} s "
-                    f"(n={res['cold']['ready_s']['n']}), warm {res['warm']['ready_s']['median']:.1f} s "
-                    f"(n={res['warm']['ready_s']['n']}); API up after {res['warm']['health_s']['median']:.1f} s "
+        parts = [f"{name} {res[name]['wall']['p50'] * 1e3:.0f} ms (overhead {res[name]['overhead']['p50'] * 1e3:.0f})"
+                 for name in ("forward", "optim_step", "sample", "forward_backward") if "overhead" in res.get(name, {})]
+        sft = res["sft_step"]["wall"]["p50"] * 1e3
+        commit = r.get("rlcli_tree_commit", "?")[:7]
+        table = r.get("config", {}).get("max_lora_adapters")
+        slots = f", {table - 1} slots" if table else ""
+        rows.append(f"| request path, {label} (rlcli {commit}{slots}), tiny model | p50 wall: {'; '.join(parts)}; "
+                    f"SFT step 8 x 64 {sft:.0f} ms; idle server {r['idle']['percent_of_one_core']:.1f}% of a core "
                     f"| {_load(r)} | `{r['_file']}` |")
+    return rows
+
+
+def other_rows(receipts: list[dict]) -> list[str]:
+    rows = request_path_rows(receipts)
+    seen = set()
+    for r in newest(receipts, "server-start"):
+        size, label = r.get("config", {}).get("size", "tiny"), r.get("label") or ""
+        if (size, label) in seen:
+            continue
+        seen.add((size, label))
+        res = r["results"]
+        first = (f"; first step after a warm start {res['warm']['first_over_steady']['median']:.1f}x a steady one"
+                 if "first_over_steady" in res["warm"] else "")
+        rows.append(f"| `rlcli serve start` to ready, {size} model{', ' + label if label else ''} | cold-ish "
+                    f"{res['cold']['ready_s']['median']:.1f} s (n={res['cold']['ready_s']['n']}), warm "
+                    f"{res['warm']['ready_s']['median']:.1f} s (n={res['warm']['ready_s']['n']}); API up after "
+                    f"{res['warm']['health_s']['median']:.1f} s{first} | {_load(r)} | `{r['_file']}` |")
     for r in newest(receipts, "overhead")[:1]:
         parts = []
         for loss, res in r["results"].items():
@@ -174,8 +199,9 @@ def render(receipts: list[dict], results: dict[str, dict] | None = None) -> str:
     if other:
         lines += ["| measure | result (medians) | load | receipt |", "|---|---|---|---|", *other, ""]
     lines.append("*load*: the 1-minute load average before → after the run (2 cores; other work was running). "
-                 "*cold-ish*: new model files, state folder and processes, no jax compilation cache, but the OS "
-                 "page cache not dropped (benchmarks/server_start.py says exactly what that means).")
+                 "*cold-ish*: new model files, state folder and processes, an empty jax compilation cache, but the "
+                 "OS page cache not dropped (benchmarks/server_start.py says exactly what that means). *overhead*: "
+                 "wall time in the client minus the engine's own time for the request (its log).")
     return "\n".join(lines)
 
 

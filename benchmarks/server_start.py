@@ -10,11 +10,18 @@ API's /healthz answers, and until `rlcli serve start` returns (its readiness che
 LoRA model through the engine). From the server log: when the engine's loop started, and the engine's
 own create_model time.
 
+After each start the first SFT step (a new rank-8 LoRA, forward_backward of 8 x 64 tokens + optim_step),
+whose compilation a warm start should skip, is timed against --steady further steps.
+--rlcli-tree runs another checkout's `rlcli serve start` (e.g. the commit before a change); the receipt
+records its commit.
+
 What "cold" means here, honestly: new model files, a new state folder and database, and fresh
-processes that import SkyRL and jax and compile everything again. jax's persistent compilation cache is
-off (the receipt records jax_compilation_cache_dir as the server venv sees it), so warm starts compile
-as much as cold ones. The OS page cache is NOT dropped (that needs root and slows everyone sharing the
-machine), so the venv's libraries are in memory after the first start: this is not a cold boot.
+processes that import SkyRL and jax and compile everything again. Since rlcli keeps jax's persistent
+compilation cache under RLCLI_HOME (cache/jax), a cold start (new RLCLI_HOME) starts with an empty cache
+and warm starts (same RLCLI_HOME) load what the earlier starts compiled; a tree without that cache
+compiles as much on warm starts as on cold ones. The OS page cache is NOT dropped (that needs root and
+slows everyone sharing the machine), so the venv's libraries are in memory after the first start: this is
+not a cold boot.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +41,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import summary, versions, write_receipt  # noqa: E402
+from common import REPO, summary, versions, write_receipt  # noqa: E402
 from models import (  # noqa: E402
     RLCLI,
     build_large,
@@ -44,6 +52,7 @@ from models import (  # noqa: E402
     start_command,
     wait_for_quiet,
 )
+from request_path import sft_batch, tree_commit  # noqa: E402
 
 from rlcli.config import server_venv_dir  # noqa: E402
 
@@ -56,14 +65,33 @@ def healthy(url: str) -> bool:
         return False
 
 
-def timed_start(model: Path, home: Path, timeout: float = 900) -> dict:
-    """One `rlcli serve start`: seconds to /healthz and to ready, then `rlcli serve stop`."""
+def first_steps(url: str, model: Path, steady: int) -> dict:
+    """Seconds of the first SFT step on a new LoRA after a start, and of `steady` more."""
+    import tinker
+
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    client = tinker.ServiceClient(base_url=url).create_lora_training_client(base_model=str(model), rank=8, seed=0)
+    batch, adam = sft_batch(8, 64, vocab), tinker.AdamParams(learning_rate=1e-4)
+    times = []
+    for _ in range(1 + steady):
+        start = time.perf_counter()
+        fb = client.forward_backward(batch, "cross_entropy")
+        optim = client.optim_step(adam)
+        fb.result()
+        optim.result()
+        times.append(time.perf_counter() - start)
+    return {"first_step_s": times[0], "steady_step_s": times[1:]}
+
+
+def timed_start(model: Path, home: Path, tree: Path, steady: int = 3, timeout: float = 900) -> dict:
+    """One `rlcli serve start` of tree: seconds to /healthz and to ready, the first steps, `rlcli serve stop`."""
     env, port = private_env(home), free_port()
+    env["PYTHONPATH"] = str(tree)  # and cwd=tree: `python -m` puts its working folder first on sys.path
     cmd = start_command(model, port)
     log = home / "servers" / "default" / "server.log"
     offset = log.stat().st_size if log.exists() else 0
     wall, start = time.time(), time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tree)
     health_s = None
     try:
         while proc.poll() is None and time.perf_counter() - start < timeout:
@@ -74,14 +102,17 @@ def timed_start(model: Path, home: Path, timeout: float = 900) -> dict:
         _, err = proc.communicate(timeout=60)
         if proc.returncode != 0:
             raise SystemExit(f"`rlcli serve start` failed ({proc.returncode}):\n{err[-2000:]}")
+        steps = first_steps(f"http://127.0.0.1:{port}", model, steady) if steady else {}
     finally:
-        subprocess.run([*RLCLI, "serve", "stop"], env=env, capture_output=True, timeout=120)
+        subprocess.run([*RLCLI, "serve", "stop"], env=env, capture_output=True, timeout=120, cwd=tree)
     with log.open("rb") as f:
         f.seek(offset)
         text = f.read().decode(errors="replace")
     create = next((s for kind, s in engine_timings(text) if kind == "create_model"), None)
+    cache = home / "cache" / "jax"  # where rlcli keeps jax's compiled programs (absent on a tree without it)
+    steps["jax_cache_entries_after"] = len(list(cache.iterdir())) if cache.is_dir() else None
     return {"health_s": health_s, "engine_loop_s": engine_loop_at(text, wall), "ready_s": ready_s,
-            "engine_create_model_s": create, "command": " ".join(cmd)}
+            "engine_create_model_s": create, "command": " ".join(cmd).replace(str(model.parent), "MODELS"), **steps}
 
 
 _ENGINE_UP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})[^\n]{0,80}?Starting background engine")
@@ -120,9 +151,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="new model + cold start, each")
     parser.add_argument("--warm", type=int, default=2, help="warm starts after each cold one")
     parser.add_argument("--seed", type=int, default=100, help="first model seed (one per round)")
+    parser.add_argument("--steady", type=int, default=3, help="SFT steps timed after the first one (0: none)")
+    parser.add_argument("--rlcli-tree", type=Path, default=REPO, help="the rlcli checkout whose server starts")
+    parser.add_argument("--label", default="", help="added to the receipt's name (e.g. before, after)")
     parser.add_argument("--max-load", type=float, default=2.5, help="wait for this 1-minute load average first")
     parser.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most")
     args = parser.parse_args()
+    from rlcli.config import ensure_api_key
+
+    ensure_api_key()  # the first-step timing talks to the server through the tinker client
     quiet = wait_for_quiet(args.max_load, args.max_wait)
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="rlcli-bench-start-"))  # mode 0700
@@ -131,8 +168,9 @@ def main() -> None:
         for r in range(args.rounds):
             model, home = work / f"model-{r}", work / f"home-{r}"
             build_s, build_cmd = build_model(args.size, model, args.seed + r)
-            cold = timed_start(model, home)
-            warm = [timed_start(model, home) for _ in range(args.warm)]
+            tree = args.rlcli_tree.resolve()
+            cold = timed_start(model, home, tree, args.steady)
+            warm = [timed_start(model, home, tree, args.steady) for _ in range(args.warm)]
             rounds.append({"model_build_s": build_s, "model_build_command": build_cmd, "cold": cold, "warm": warm})
             warm_text = ", ".join(f"{w['ready_s']:.1f}s" for w in warm)
             print(f"round {r + 1}: build {build_s:.1f}s, cold ready {cold['ready_s']:.1f}s, warm ready {warm_text}",
@@ -142,10 +180,16 @@ def main() -> None:
     results = {}
     for kind in ("cold", "warm"):
         starts = [x for r in rounds for x in ([r[kind]] if kind == "cold" else r[kind])]
-        results[kind] = {key: summary([s[key] for s in starts if s[key] is not None])
-                         for key in ("health_s", "engine_loop_s", "ready_s", "engine_create_model_s")}
-    body = {"versions": {**versions("tinker", "tinker-cookbook"), "server": server_versions()},
-            "config": vars(args), "jax_compilation_cache_dir": jax_cache_setting(),
+        for s in starts:
+            if s.get("steady_step_s"):
+                s["first_over_steady"] = s["first_step_s"] / statistics.median(s["steady_step_s"])
+        results[kind] = {key: summary([s[key] for s in starts if s.get(key) is not None])
+                         for key in ("health_s", "engine_loop_s", "ready_s", "engine_create_model_s", "first_step_s",
+                                     "first_over_steady") if any(s.get(key) is not None for s in starts)}
+    body = {"label": args.label, "rlcli_tree_commit": tree_commit(args.rlcli_tree),
+            "versions": {**versions("tinker", "tinker-cookbook"), "server": server_versions()},
+            "config": {k: v for k, v in vars(args).items() if k != "rlcli_tree"},
+            "jax_compilation_cache_dir_without_rlcli": jax_cache_setting(),
             "meaning_of_cold": __doc__.split("What \"cold\" means here, honestly: ")[1].strip(),
             "rounds": rounds, "results": results,
             "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()}, "load_wait": quiet}

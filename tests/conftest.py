@@ -73,9 +73,9 @@ def server(tmp_path_factory, embedded_model) -> Server:
     port = free_port()
     env = dict(os.environ, RLCLI_HOME=str(home), RLCLI_SERVER_VENV=str(venv))
     env.pop("TINKER_BASE_URL", None)
-    # A small adapter table keeps the engine's memory down; 8 slots = 7 usable (slot 0 is reserved).
+    # A handful of LoRA slots keeps the engine's memory down: 7 usable (SkyRL's table of 8, slot 0 reserved).
     run_rlcli("serve", "start", "--base-model", embedded_model, "--port", str(port),
-              "--backend-config", '{"max_lora_adapters": 8}', env=env, check=True, timeout=900)
+              "--slots", "7", env=env, check=True, timeout=900)
     srv = Server(home, port, env, embedded_model)
     yield srv
     run_rlcli("serve", "stop", env=env, timeout=120)

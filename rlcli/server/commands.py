@@ -21,7 +21,7 @@ from rlcli.server import process, server_venv
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 LAUNCHER = RUNTIME_DIR / "launcher.py"
 MAX_LOG_BYTES = 20 * 2**20
-SERVER_EXTENSIONS = "rlcli_losses,rlcli_slots"
+SERVER_EXTENSIONS = "rlcli_losses,rlcli_slots,rlcli_wake,rlcli_lora"
 
 
 def _is_loopback(host: str) -> bool:
@@ -86,6 +86,7 @@ def start(
     ray_address: str | None = None,
     name: str = "default",
     extensions: bool = True,
+    slots: int | None = None,
 ) -> int:
     """Start SkyRL's Tinker API server and wait until its engine serves requests.
 
@@ -104,7 +105,10 @@ def start(
         venv: the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv)
         ray_address: address of an existing Ray cluster (fsdp/megatron, several nodes)
         name: which managed server (one state folder each)
-        extensions: load rlcli's server extensions (fused gspo on jax, clean LoRA slots); --no-extensions: stock SkyRL
+        extensions: load rlcli's server extensions (fused gspo on jax, clean LoRA slots, no polling waits,
+            LoRA cost per adapter used); --no-extensions: stock SkyRL
+        slots: LoRA models the jax server holds at once (default 4; each costs memory, and on stock SkyRL
+            step time too); a full server refuses a new model naming this flag
     """
     if backend not in server_venv.BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(server_venv.BACKENDS)}")
@@ -116,6 +120,7 @@ def start(
                          "the first node, `ray start --address ...` on the others) and pass --ray-address")
     backend_cfg = hw.map_hardware(backend, gpus, nodes, tp)
     backend_cfg.update(hw.parse_backend_config(backend_config))
+    slots = hw.slot_config(backend, slots, backend_cfg)
     state_dir = config.private_dir(config.server_state_dir(name))
     old = process.read_state(state_dir)
     if old and process.live_members(old):
@@ -135,9 +140,11 @@ def start(
         os.close(lock_fd)  # the launcher holds its own copy for as long as it lives
     state.settings = dict(base_model=model, backend=backend, host=host, port=port, gpus=gpus, nodes=nodes,
                           tp=tp, backend_config=backend_config, checkpoints_base=checkpoints_base,
-                          python=python, venv=venv, ray_address=ray_address, extensions=extensions)
+                          python=python, venv=venv, ray_address=ray_address, extensions=extensions,
+                          slots=slots)
     process.write_state(state_dir, state)
-    print(f"rlcli: server {name!r} starting at {state.url} (backend {backend}, model {model}); "
+    sized = f", {slots} LoRA slots" if slots else ""
+    print(f"rlcli: server {name!r} starting at {state.url} (backend {backend}{sized}, model {model}); "
           f"log: {process.layout(state_dir)['log']}", file=sys.stderr)
     if wait > 0:
         try:
@@ -165,8 +172,11 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
+    env.update(compilation_cache_env())
     # runtime/rlcli_losses.py: fused gspo for the jax backend and GET /api/v1/rlcli/capabilities;
     # runtime/rlcli_slots.py: a new model never inherits gradients left in its LoRA slot.
+    # runtime/rlcli_wake.py: API and engine wake each other instead of polling on 100 ms / 50 ms timers.
+    # runtime/rlcli_lora.py: a step computes the LoRA adapters of its batch only, not every slot.
     env["RLCLI_SERVER_EXTENSIONS"] = SERVER_EXTENSIONS if extensions else ""
     cmd = [str(venv_dir / "bin" / "python"), str(LAUNCHER), "supervise", "--log", str(paths["log"]),
            "--max-log-bytes", str(MAX_LOG_BYTES), "--", *api_args]
@@ -176,6 +186,20 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
     ticks = process.proc_start_ticks(proc.pid) or 0
     return process.ServerState(pid=proc.pid, pgid=proc.pid, start_ticks=ticks, host=host, port=port,
                                base_model=model, backend=backend, started_at=time.time())
+
+
+def compilation_cache_env() -> dict[str, str]:
+    """jax's persistent compilation cache under RLCLI_HOME, for every server of this home.
+
+    A restart on the same model and shapes then loads its compiled programs instead of compiling
+    them again. jax keys each entry by the program, the jax/XLA version and the device, so one folder
+    serves any model and backend safely. Every program is kept, however fast it compiled: jax's
+    default (only those over 1 s) would skip most of a small model's, and on 2 CPU cores many
+    sub-second compilations add up to seconds of a start.
+    """
+    folder = config.private_dir(config.rlcli_home() / "cache" / "jax")
+    return {"JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR", str(folder)),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
 def stop(name: str = "default") -> int:
@@ -230,6 +254,8 @@ def status(name: str = "default") -> int:
         return 3
     members = process.live_members(state)
     detail = f"{state.url} backend={state.backend} model={state.base_model}"
+    if state.settings.get("slots"):
+        detail += f" slots={state.settings['slots']} (raise with `rlcli serve start --slots N`)"
     if word == "dead" and members:
         detail += f"; leftover processes {members}: run `rlcli serve stop`"
     elif word == "dead":

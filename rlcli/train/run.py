@@ -244,7 +244,7 @@ def server_slots(folder: Path, base_url: str, model: str) -> Iterator[list[str]]
         if NO_FREE_SLOT in str(e):
             raise RlcliError("the server has no free LoRA slot: wait for other runs to finish (an "
                              "abandoned one frees its slot after ~5 min), or restart it with more "
-                             "max_lora_adapters") from e
+                             "(`rlcli serve start --slots N`)") from e
         raise
     finally:
         left = unload_models(base_url, list(created))

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rlcli.client import unload_model
+from rlcli.client import request_json, unload_model
 from rlcli.server import process
 from tests.conftest import free_port, run_rlcli, shared_server_venv
 
@@ -46,8 +46,33 @@ def test_tinker_client_trains_saves_and_samples(server, monkeypatch):
 def test_status_reports_running_and_a_second_start_is_refused(server):
     proc = run_rlcli("serve", "status", env=server.env)
     assert proc.returncode == 0 and proc.stdout.startswith("running:"), proc.stdout
+    assert "slots=7 " in proc.stdout and "--slots N" in proc.stdout  # conftest starts it with --slots 7
     again = run_rlcli("serve", "start", "--port", str(free_port()), env=server.env)
     assert again.returncode == 2 and "already running" in again.stderr
+
+
+def test_results_travel_by_ring_not_by_timer(server, monkeypatch):
+    """runtime/rlcli_wake.py: the engine joined the API's doorbell and rings it when a request finishes."""
+    import tinker
+
+    caps = f"{server.url}/api/v1/rlcli/capabilities"
+    before = request_json(caps)["rlcli_wake"]
+    assert before["wake"] == "notify" and before["engine_joined"] is True, before
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test")
+    client = tinker.ServiceClient(base_url=server.url).create_lora_training_client(base_model=server.model, rank=4)
+    try:
+        tokens = list(range(5, 21))
+        datum = tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens[:-1]),
+                             loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 15})
+        out = client.forward([datum], "cross_entropy").result()
+        assert len(out.loss_fn_outputs[0]["logprobs"].tolist()) == 15
+    finally:
+        unload_model(server.url, client.model_id)
+    after = request_json(caps)["rlcli_wake"]
+    # create_model and forward (both awaited) completed futures in the engine, which rang the API; the API's
+    # commits (the new futures, the unload) rang the engine.
+    assert after["rings"]["from_engine"] >= before["rings"]["from_engine"] + 2, (before, after)
+    assert after["rings"]["to_engine"] >= before["rings"]["to_engine"] + 3, (before, after)
 
 
 def test_managed_url_is_used_without_flags(server):
@@ -67,16 +92,23 @@ def test_kill_9_of_the_api_leaves_nothing_after_stop_and_start_works_again(tmp_p
     run_rlcli(*start, env=env, check=True)
     state = process.read_state(tmp_path / "home" / "servers" / "default")
     members = process.live_members(state)
-    assert len(members) == 3, members  # launcher, API, engine
-    api_pid = next(p for p in members if p != state.pid and _ppid(p) == state.pid)
+    # launcher, API, the engine (preloaded by the launcher) and its stand-in that the API started
+    roles = sorted(_role(p) for p in members)
+    assert roles == ["api", "engine", "preload", "supervise"], roles
+    api_pid = next(p for p in members if _role(p) == "api")
     os.kill(api_pid, signal.SIGKILL)
     _wait(lambda: run_rlcli("serve", "status", env=env).stdout.startswith("dead"), 30)
     run_rlcli("serve", "stop", env=env, check=True)
     assert process.live_members(state) == []
     assert _port_free(port)
 
+    cache = tmp_path / "home" / "cache" / "jax"
+    compiled = sorted(p.name for p in cache.iterdir())
+    assert compiled, "the first start's compiled programs were not kept in RLCLI_HOME/cache/jax"
     run_rlcli(*start, env=env, check=True)
     assert run_rlcli("serve", "status", env=env).returncode == 0
+    # The restart ran the same programs on the same shapes (its readiness round trip): all came from the cache.
+    assert sorted(p.name for p in cache.iterdir()) == compiled
     state2 = process.read_state(tmp_path / "home" / "servers" / "default")
     run_rlcli("serve", "stop", env=env, check=True)
     assert process.live_members(state2) == [] and _port_free(port)
@@ -85,8 +117,10 @@ def test_kill_9_of_the_api_leaves_nothing_after_stop_and_start_works_again(tmp_p
     assert oct(log.stat().st_mode & 0o777) == "0o600"  # the server's files are private
 
 
-def _ppid(pid: int) -> int:
-    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+def _role(pid: int) -> str:
+    """The launcher role a server process runs (launcher.py ROLE ...)."""
+    args = open(f"/proc/{pid}/cmdline").read().split("\0")
+    return args[args.index(next(a for a in args if a.endswith("launcher.py"))) + 1]
 
 
 def _wait(cond, timeout: float) -> None:

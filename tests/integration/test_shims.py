@@ -41,3 +41,20 @@ def test_slot_extension_targets_the_pinned_skyrl():
     script = commands.RUNTIME_DIR / "rlcli_slots.py"
     proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "present" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_wake_extension_targets_the_pinned_skyrl():
+    """runtime/rlcli_wake.py replaces the engine's loop and the API's future poller; fail here if SkyRL moves them."""
+    python = shared_server_venv() / "bin" / "python"
+    script = commands.RUNTIME_DIR / "rlcli_wake.py"
+    proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "present" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_per_sequence_lora_matches_the_stock_ragged_dot_path():
+    """runtime/rlcli_lora.py against SkyRL's own LoRA layers: values and gradients (float64 to 1e-12, float32 to
+    1e-5) on a batch that mixes adapters and leaves slots unused."""
+    python = shared_server_venv() / "bin" / "python"
+    script = commands.RUNTIME_DIR / "rlcli_lora.py"
+    proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "matches SkyRL's ragged_dot path" in proc.stdout, proc.stderr[-2000:]

@@ -63,3 +63,19 @@ def test_stock_server_leaks_and_the_client_scrub_prevents_it(stock_server, embed
     _leave_gradients_behind(service, url, embedded_model)
     ensure_clean_next_slot(url, embedded_model)
     assert _first_step_grad_norm(service, url, embedded_model) == 0.0
+
+
+def test_a_full_server_names_the_flag_that_raises_its_slots(server, monkeypatch):
+    """conftest starts the server with --slots 7: the model after the 7th is refused with the flag named."""
+    service = _service(server.url, monkeypatch)
+    created = []
+    try:
+        with pytest.raises(Exception) as refused:  # noqa: PT011 - the tinker client's error type varies by version
+            for _ in range(8):  # other tests hold none now, but a leftover would only make it refuse sooner
+                created.append(service.create_lora_training_client(base_model=server.model, rank=4).model_id)
+        message = str(refused.value)
+        assert "Maximum number of LoRA adapters (8)" in message and "rlcli serve start --slots N" in message, message
+        assert "all 7 LoRA slots" in message, message
+    finally:
+        for model_id in created:
+            unload_model(server.url, model_id)

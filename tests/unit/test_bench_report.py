@@ -40,7 +40,14 @@ def others() -> list[dict]:
     imports = {"benchmark": "rlcli import, openai request+response records", "date": "2026-11-29T18:47:02+00:00",
                "config": {"bytes": 100_002_385}, "ratio": {"inprocess_speedup_vs_json": 2.47,
                                                            "subprocess_speedup_vs_json_subprocess": 2.04}}
+    path = {"results": {k: {"wall": {"p50": 0.05}, "overhead": {"p50": 0.012}} for k in ("forward", "optim_step")}
+                | {"sft_step": {"wall": {"p50": 0.19}}}, "idle": {"percent_of_one_core": 0.4},
+                "rlcli_tree_commit": "0123456789abcdef", "config": {"max_lora_adapters": 32},
+                "load_average_1_5_15": LOAD}
     return [{"benchmark": "server-start", "created_utc": "20261129T200000Z", "load_average_1_5_15": LOAD, **start},
+            {"benchmark": "request-path-after", "label": "after", "created_utc": "20261129T200200Z", **path},
+            {"benchmark": "request-path-after", "label": "after", "created_utc": "20261129T190000Z", **path,
+             "idle": {"percent_of_one_core": 9.9}},
             {"benchmark": "overhead", "created_utc": "20261129T200100Z", **overhead}, imports]
 
 
@@ -63,6 +70,11 @@ def test_render_takes_the_newest_receipt_per_model_and_loss(tmp_path):
     assert "cold-ish 30.0 s (n=3)" in text and "+1.0 ms per step" in text and "2.5× faster" in text
     assert "built-in `gspo`" in text and "2-pass custom-loss route" in text
     assert "AMD EPYC × 2 CPUs" in text
+    # The newer request-path receipt of the label "after", with the table size it ran with.
+    path_rows = [line for line in text.splitlines() if line.startswith("| request path")]
+    assert len(path_rows) == 1 and "after (rlcli 0123456, 31 slots)" in path_rows[0], path_rows
+    assert "forward 50 ms (overhead 12)" in path_rows[0] and "SFT step 8 x 64 190 ms" in path_rows[0]
+    assert "0.4% of a core" in path_rows[0]
 
 
 def test_render_without_receipts_says_how_to_make_them():

@@ -37,3 +37,80 @@ def test_loopback_detection():
     assert commands._is_loopback("127.0.0.1") and commands._is_loopback("::1")
     assert commands._is_loopback("localhost") and commands._is_loopback("127.0.0.2")
     assert not commands._is_loopback("0.0.0.0") and not commands._is_loopback("10.1.2.3")
+
+
+def _stub_skyrl(root):
+    """A stand-in `skyrl` package whose engine writes down the flags and environment it was given."""
+    for pkg in ("skyrl", "skyrl/tinker", "skyrl/backends"):
+        (root / pkg).mkdir(parents=True)
+        (root / pkg / "__init__.py").write_text("")
+    (root / "skyrl/backends/jax.py").write_text("")
+    (root / "skyrl/tinker/engine.py").write_text(
+        "import json, os, sys\n"
+        "def main():\n"
+        "    out = {'argv': sys.argv, 'wake': os.environ.get('RLCLI_WAKE_ID'), 'pid': os.getpid()}\n"
+        "    open(os.environ['STUB_OUT'], 'w').write(json.dumps(out))\n")
+
+
+def _preload(launcher, tmp_path, pythonpath: str):
+    import os
+    import secrets
+    import subprocess
+    import sys
+
+    address = f"rlcli-test-{secrets.token_hex(6)}"
+    env = dict(os.environ, PYTHONPATH=pythonpath, RLCLI_SERVER_EXTENSIONS="")
+    proc = subprocess.Popen([sys.executable, str(RUNTIME / "launcher.py"), "preload", address], env=env)
+    return address, proc
+
+
+def _attach(launcher, address, argv):
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return launcher._attach(address, argv)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def test_the_preloaded_engine_runs_with_the_apis_flags_and_environment(tmp_path, monkeypatch):
+    import json
+
+    launcher = _load("launcher")
+    _stub_skyrl(tmp_path / "stub")
+    address, proc = _preload(launcher, tmp_path, str(tmp_path / "stub"))
+    monkeypatch.setenv("RLCLI_WAKE_ID", "made-by-the-api")
+    monkeypatch.setenv("STUB_OUT", str(tmp_path / "engine.json"))
+    # A process outside the server's process group that found the socket's name gets no engine.
+    intruder = ("import json, socket, time, sys\n"
+                "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+                "for _ in range(600):\n"  # up to 30 s: the preload imports its stub first, slow on a busy machine
+                "    try: s.connect('\\0' + sys.argv[1]); break\n"
+                "    except ConnectionRefusedError: time.sleep(0.05)\n"
+                "s.sendall(json.dumps({'argv': ['--evil'], 'env': {}}).encode() + b'\\n')\n"
+                "try: reply = s.makefile('rb').readline()\n"
+                "except OSError: reply = b''\n"
+                "print('refused' if not reply else reply)\n")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", intruder, address], capture_output=True, text=True, timeout=60,
+                         start_new_session=True)
+    assert out.stdout.strip() == "refused", out
+    # The engine ended by itself (nobody asked it to stop): the stand-in reports a failure, as a crash would be.
+    assert _attach(launcher, address, ["--base-model", "m", "--backend", "jax"]) == 1
+    assert proc.wait(timeout=30) == 0
+    ran = json.loads((tmp_path / "engine.json").read_text())
+    assert ran["argv"][1:] == ["--base-model", "m", "--backend", "jax"] and ran["wake"] == "made-by-the-api"
+    assert ran["pid"] == proc.pid  # the preloaded process itself, not a new one
+
+
+def test_without_a_preloaded_engine_the_engine_command_runs_it_itself(tmp_path):
+    launcher = _load("launcher")
+    launcher.PRELOAD_PATIENCE_S = 0.2
+    address, proc = _preload(launcher, tmp_path, str(tmp_path / "nothing-here"))  # its imports fail
+    assert proc.wait(timeout=30) != 0
+    assert _attach(launcher, address, ["--backend", "jax"]) is None
+    assert _attach(launcher, "rlcli-test-nobody-listens", ["--backend", "jax"]) is None

@@ -61,6 +61,40 @@ def test_bad_hardware_flags_are_usage_errors(args):
         hw.map_hardware(*args)
 
 
+def test_slots_size_the_jax_lora_table_with_slot_0_reserved():
+    cfg: dict = {}
+    assert hw.slot_config("jax", None, cfg) == hw.DEFAULT_SLOTS and cfg == {"max_lora_adapters": hw.DEFAULT_SLOTS + 1}
+    cfg = {}
+    assert hw.slot_config("jax", 12, cfg) == 12 and cfg == {"max_lora_adapters": 13}
+    cfg = {"max_lora_adapters": 32}  # --backend-config wins, and status reports what it gives
+    assert hw.slot_config("jax", None, cfg) == 31 and cfg == {"max_lora_adapters": 32}
+    assert hw.slot_config("jax", 31, cfg) == 31
+
+
+@pytest.mark.parametrize(("backend", "slots", "cfg", "message"), [
+    ("jax", 0, {}, "at least 1"),
+    ("jax", 4, {"max_lora_adapters": 8}, "disagree"),
+    ("fsdp", 4, {}, "has none"),
+])
+def test_bad_slots_are_usage_errors(backend, slots, cfg, message):
+    with pytest.raises(UsageError, match=message):
+        hw.slot_config(backend, slots, cfg)
+
+
+def test_non_jax_backends_get_no_lora_table():
+    cfg: dict = {}
+    assert hw.slot_config("fsdp", None, cfg) is None and cfg == {}
+
+
+def test_compilation_cache_is_a_private_folder_under_rlcli_home(home, monkeypatch):
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    env = commands.compilation_cache_env()
+    folder = Path(env["JAX_COMPILATION_CACHE_DIR"])
+    assert folder == home / "cache" / "jax" and folder.is_dir() and oct(folder.stat().st_mode & 0o777) == "0o700"
+    # Every program is kept: jax's default skips those that compile in under a second.
+    assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
+
+
 def test_backend_config_json_parsing():
     assert hw.parse_backend_config('{"max_lora_adapters": 4}') == {"max_lora_adapters": 4}
     assert hw.parse_backend_config(None) == {}

@@ -15,14 +15,25 @@ process group that `rlcli serve stop` ends as a whole. Three roles:
   under uvicorn, as `python -m skyrl.tinker.api` would.
 - engine: runs SkyRL's engine (`python -m skyrl.tinker.engine`); started by
   the API through the shimmed engine command.
+- preload (jax backend): started by the supervisor next to the API, it imports
+  the engine's modules while the API starts, then waits for the API's engine
+  command to hand it the engine's flags and environment and runs the engine
+  itself. The engine role then only stands in for it towards the API (passes
+  stop signals on, exits when it ends); if no preload answers it runs the
+  engine as before. Why: the engine's imports (jax, flax, transformers, torch
+  through peft) took ~8-10 s of a ~21 s start on 2 cores and began only after
+  the API's own ~3 s start-up; side by side they overlap.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -71,12 +82,116 @@ def run_api(argv: list[str]) -> None:
     )
 
 
-def run_engine(argv: list[str]) -> None:
+PRELOAD_ENV = "RLCLI_ENGINE_PRELOAD"  # the preloaded engine's socket name, set for the API by the supervisor
+# What the engine imports before it reads its flags: the engine loop and the jax backend with its model code.
+PRELOAD_MODULES = ("skyrl.tinker.engine", "skyrl.backends.jax")
+PRELOAD_PATIENCE_S = 5.0  # how long the engine command waits for the preload's socket to appear
+
+
+def run_engine(argv: list[str]) -> int:
+    address = os.environ.get(PRELOAD_ENV)
+    if address:
+        code = _attach(address, argv)
+        if code is not None:
+            return code
+        print("[rlcli launcher] no preloaded engine answered; starting the engine here", file=sys.stderr, flush=True)
+    _start_engine(argv)
+    return 0
+
+
+def _start_engine(argv: list[str]) -> None:
+    sys.argv = [sys.argv[0], "engine", *argv]  # extensions read the engine's flags from here
     _load_extensions("engine")
     from skyrl.tinker import engine
 
     sys.argv = ["skyrl.tinker.engine", *argv]
     engine.main()
+
+
+def _attach(address: str, argv: list[str]) -> int | None:
+    """Hand argv and this environment to the preloaded engine and stand in for it until it ends.
+
+    None: no preloaded engine took the job (the caller runs the engine itself)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        _connect(conn, address)
+        if not _same_server(conn):
+            return None  # not our preload: it gets neither our flags nor our environment
+        conn.sendall(json.dumps({"argv": argv, "env": dict(os.environ)}).encode() + b"\n")
+        reply = conn.makefile("rb").readline()  # the engine's pid, once it has its imports and the job
+    except OSError:
+        return None
+    if not reply:
+        return None  # it died before taking the job (its imports failed; the log says why)
+    pid = json.loads(reply)["pid"]
+    stopping = []
+
+    def forward(signum, _frame):
+        stopping.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    with contextlib.suppress(OSError):
+        while conn.recv(4096):  # the engine never writes again: EOF means it has ended
+            pass
+    # Not our child, so no exit status: an end nobody asked for is a crash to the API, which then stops.
+    return 0 if stopping else 1
+
+
+def _same_server(conn: socket.socket) -> bool:
+    """The other end is a process of this server: same user, same process group (the abstract socket's
+    name is visible to every local user in /proc/net/unix)."""
+    import struct
+
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    try:
+        return uid == os.getuid() and os.getpgid(pid) == os.getpgid(0)
+    except ProcessLookupError:
+        return False
+
+
+def _connect(conn: socket.socket, address: str) -> None:
+    """Connect to the preload; the supervisor starts it before the API, but a loaded machine may run the
+    API's engine command before the preload has bound its socket. A preload that died is never there."""
+    deadline = time.monotonic() + PRELOAD_PATIENCE_S
+    while True:
+        try:
+            conn.connect("\0" + address)
+            return
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def run_preload(address: str) -> int:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + address)
+    listener.listen(1)
+    import importlib
+
+    for name in PRELOAD_MODULES:
+        importlib.import_module(name)
+    while True:
+        conn, _ = listener.accept()  # the API's engine command, when the API starts its engine
+        if _same_server(conn):
+            break
+        conn.close()  # anyone else who found the name: it must not choose what this engine runs
+    listener.close()
+    job = json.loads(conn.makefile("rb").readline())
+    os.environ.clear()
+    os.environ.update(job["env"])  # e.g. the wake id the API made for its engine
+    os.environ.pop(PRELOAD_ENV, None)
+    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    _keep_open.append(conn)  # closed by the kernel when this process ends: that ends the stand-in
+    _start_engine(job["argv"])
+    return 0
+
+
+_keep_open: list[socket.socket] = []
 
 
 class _RotatingLog:
@@ -85,21 +200,38 @@ class _RotatingLog:
     def __init__(self, path: Path, max_bytes: int):
         self.path, self.max_bytes = path, max_bytes
         self.file = path.open("ab", buffering=0)
+        self.lock = threading.Lock()  # the API's and the preloaded engine's output arrive on two threads
 
     def write(self, data: bytes) -> None:
-        if self.file.tell() + len(data) > self.max_bytes:
-            self.file.close()
-            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-            self.file = self.path.open("ab", buffering=0)
-        self.file.write(data)
+        with self.lock:
+            if self.file.tell() + len(data) > self.max_bytes:
+                self.file.close()
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                self.file = self.path.open("ab", buffering=0)
+            self.file.write(data)
+
+
+def _preloads(api_argv: list[str]) -> bool:
+    """Preload the engine for the jax backend only: the others import other modules, in Ray workers."""
+    return "--backend" in api_argv and api_argv[api_argv.index("--backend") + 1] == "jax"
 
 
 def supervise(log: Path, max_log_bytes: int, api_argv: list[str]) -> int:
     out = _RotatingLog(log, max_log_bytes)
+    env = dict(os.environ)
+    pipes = []
+    if _preloads(api_argv):
+        env[PRELOAD_ENV] = f"rlcli-engine-{secrets.token_hex(8)}"
+        preload = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "preload", env[PRELOAD_ENV]],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        pipes.append(preload.stdout)
     child = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "api", *api_argv],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
     )
+    pipes.append(child.stdout)
 
     def forward(signum, _frame):
         # Pass a polite stop on to the API, which stops its engine itself.
@@ -108,19 +240,20 @@ def supervise(log: Path, max_log_bytes: int, api_argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
 
-    def pump() -> None:
-        assert child.stdout is not None
+    def pump(pipe) -> None:
         # read1 returns whatever is there, so lines reach the log as they are printed.
-        while chunk := child.stdout.read1(65536):
+        while chunk := pipe.read1(65536):
             out.write(chunk)
 
-    pumper = threading.Thread(target=pump, daemon=True)
-    pumper.start()
+    pumpers = [threading.Thread(target=pump, args=(pipe,), daemon=True) for pipe in pipes]
+    for pumper in pumpers:
+        pumper.start()
     code = child.wait()
     # The API is gone (stopped, crashed or killed with -9). Its engine would live on as an orphan
     # holding the database and the CPU/GPU: end everything else in this process group.
     _end_group_except_self()
-    pumper.join(timeout=5)
+    for pumper in pumpers:
+        pumper.join(timeout=5)
     out.write(f"[rlcli launcher] SkyRL API exited with code {code}; server stopped\n".encode())
     return code
 
@@ -162,8 +295,9 @@ def main() -> int:
         run_api(rest)
         return 0
     if role == "engine":
-        run_engine(rest)
-        return 0
+        return run_engine(rest)
+    if role == "preload":
+        return run_preload(rest[0])
     if role == "supervise":
         parser = argparse.ArgumentParser(prog="rlcli-launcher supervise")
         parser.add_argument("--log", type=Path, required=True)
@@ -171,7 +305,7 @@ def main() -> int:
         split = rest.index("--") if "--" in rest else len(rest)
         args = parser.parse_args(rest[:split])
         return supervise(args.log, args.max_log_bytes, rest[split + 1:])
-    print("usage: launcher.py supervise|api|engine ...", file=sys.stderr)
+    print("usage: launcher.py supervise|api|engine|preload ...", file=sys.stderr)
     return 2
 
 

@@ -13,8 +13,9 @@ so a registration that did not take would silently run the last loss (cispo): af
 the object identities, the index and a numeric run through the switch are checked, and the engine
 refuses to start (the message is in the server log) if any check fails.
 
-api role: adds GET /api/v1/rlcli/capabilities -> {"backend", "losses", "extension"[, "note"]}, so a
-client can ask which losses this server computes in one forward_backward. A server without this
+api role: adds GET /api/v1/rlcli/capabilities -> {"backend", "losses", "extension", "extensions"[, "note"]}
+plus one entry per other loaded extension that has a describe() (e.g. "rlcli_wake": how the request
+path wakes), so a client can ask which losses this server computes in one forward_backward. A server without this
 extension answers 404 there; rlcli then assumes stock SkyRL.
 
 Reduction: the jax backend reduces each sequence's token losses as sum(loss)/max(sum(weights), 1e-9)
@@ -183,6 +184,11 @@ def capabilities(engine_config) -> dict:
         # fsdp and megatron (SkyRL-Train) serve every Tinker loss; megatron has no critic model.
         losses = set(types.SUPPORTED_LOSS_FNS) - ({"ppo_critic"} if backend == "megatron" else set())
     answer["losses"] = sorted(losses)
+    # Each other loaded extension with a describe() says what it changes (request path, slots...).
+    for name in answer["extensions"]:
+        module = sys.modules.get(name)
+        if name != NAME and callable(getattr(module, "describe", None)):
+            answer[name] = module.describe()
     return answer
 
 

@@ -11,6 +11,10 @@ but not its accumulator, so gradients of a forward_backward that no optim_step c
 that slot: its first optim_step applies someone else's gradients. This wraps
 JaxBackendImpl.create_model so the new model's slot accumulator (sums and count) is zeroed.
 
+The same wrapper words the refusal of a full server: SkyRL says "Maximum number of LoRA adapters (N)
+reached", naming a backend key; the answer keeps that text (clients match it) and adds one line naming
+`rlcli serve start --slots N`.
+
 `python rlcli_slots.py` checks in this venv that the pieces it relies on still exist.
 """
 
@@ -22,6 +26,7 @@ import sys
 NAME = "rlcli_slots"
 VERSION = "1.0"
 MARK = "_rlcli_resets_slot_gradients"
+FULL = "Maximum number of LoRA adapters"  # the start of SkyRL 0.4.0's error for a full LoRA table
 
 
 def log(message: str) -> None:
@@ -50,7 +55,15 @@ def install() -> None:
 
     @functools.wraps(original)
     def create_model(self, model_id, lora_config, model_role="policy"):
-        original(self, model_id, lora_config, model_role)
+        try:
+            original(self, model_id, lora_config, model_role)
+        except ValueError as e:
+            if FULL not in str(e):
+                raise
+            # SkyRL's message names max_lora_adapters, which an rlcli user never set; say what to do.
+            usable = self.config.max_lora_adapters - 1
+            raise ValueError(f"{e}: all {usable} LoRA slots of this server are in use; unload a model, or "
+                             f"restart the server with more: `rlcli serve start --slots N`") from None
         import jax
         import jax.numpy as jnp
 
