@@ -89,8 +89,9 @@ def test_the_preloaded_engine_runs_with_the_apis_flags_and_environment(tmp_path,
                 "for _ in range(600):\n"  # up to 30 s: the preload imports its stub first, slow on a busy machine
                 "    try: s.connect('\\0' + sys.argv[1]); break\n"
                 "    except ConnectionRefusedError: time.sleep(0.05)\n"
-                "s.sendall(json.dumps({'argv': ['--evil'], 'env': {}}).encode() + b'\\n')\n"
-                "try: reply = s.makefile('rb').readline()\n"
+                "try:\n"  # the preload may hang up before the request is even written: refused too
+                "    s.sendall(json.dumps({'argv': ['--evil'], 'env': {}}).encode() + b'\\n')\n"
+                "    reply = s.makefile('rb').readline()\n"
                 "except OSError: reply = b''\n"
                 "print('refused' if not reply else reply)\n")
     import subprocess
