@@ -52,7 +52,7 @@ def _resolve_model(base_model: str | None) -> str:
 
 def skyrl_api_args(*, base_model: str, backend: str, host: str, port: int, backend_cfg: dict,
                    state_dir: Path, checkpoints_base: str | None) -> list[str]:
-    """SkyRL API flags with every dangerous default replaced (see FACTS: megatron, 0.0.0.0, /tmp)."""
+    """SkyRL API flags with every dangerous default replaced (docs/decisions.md: megatron, 0.0.0.0, /tmp)."""
     paths = process.layout(state_dir)
     args = [
         "--base-model", base_model,
