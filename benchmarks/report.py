@@ -99,13 +99,13 @@ def fused_rows(receipts: list[dict]) -> list[str]:
 
 
 def request_path_rows(receipts: list[dict]) -> list[str]:
-    """The newest request-path receipt of each label (before, after, ...): overhead, SFT step, idle CPU."""
+    """The newest request-path receipt of each label (before, after, ...) and model: overhead, SFT step, idle CPU."""
     seen, rows = set(), []
     for r in sorted((r for r in receipts if kind(r).startswith("request-path-")), key=receipt_time, reverse=True):
         label = r.get("label", kind(r).removeprefix("request-path-"))
-        if label in seen:
+        if (label, r.get("config", {}).get("size", "tiny")) in seen:
             continue
-        seen.add(label)
+        seen.add((label, r.get("config", {}).get("size", "tiny")))
         res = r["results"]
         parts = [f"{name} {res[name]['wall']['p50'] * 1e3:.0f} ms (overhead {res[name]['overhead']['p50'] * 1e3:.0f})"
                  for name in ("forward", "optim_step", "sample", "forward_backward") if "overhead" in res.get(name, {})]
@@ -113,7 +113,8 @@ def request_path_rows(receipts: list[dict]) -> list[str]:
         commit = r.get("rlcli_tree_commit", "?")[:7]
         table = r.get("config", {}).get("max_lora_adapters")
         slots = f", {table - 1} slots" if table else ""
-        rows.append(f"| request path, {label} (rlcli {commit}{slots}), tiny model | p50 wall: {'; '.join(parts)}; "
+        size = r.get("config", {}).get("size", "tiny")
+        rows.append(f"| request path, {label} (rlcli {commit}{slots}), {size} model | p50 wall: {'; '.join(parts)}; "
                     f"SFT step 8 x 64 {sft:.0f} ms; idle server {r['idle']['percent_of_one_core']:.1f}% of a core "
                     f"| {_load(r)} | `{r['_file']}` |")
     return rows
