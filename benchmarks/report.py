@@ -34,8 +34,10 @@ ppo on logprobs shifted by log s_i). Same server, same frozen batch of sampled r
 weights; steps alternate fused, 2-pass. A step is forward_backward + optim_step. *floor* is what compute
 alone predicts, fb / (fwd + fb) from the engine's own per-request times; the second request's round trip
 (~0.1 s on stock SkyRL, whose engine polls its queue every 100 ms; tens of ms with rlcli's `rlcli_wake`)
-should put the measured ratio a little below it, but on a shared 2-core machine load swings move single
-pairs far more than that (see each range)."""
+puts the measured ratio below it, and the optim_step that both steps pay (not in the floor) above it:
+since rlcli's `rlcli_lora` made forward_backward several times cheaper, optim_step is a large share of a
+step (~0.3 s of ~1.3 s on the 26M model), so the newer rows sit above their floor. On a shared 2-core
+machine load swings move single pairs far more than either (see each range)."""
 
 
 def receipt_time(receipt: dict) -> str:
