@@ -34,8 +34,10 @@ ppo on logprobs shifted by log s_i). Same server, same frozen batch of sampled r
 weights; steps alternate fused, 2-pass. A step is forward_backward + optim_step. *floor* is what compute
 alone predicts, fb / (fwd + fb) from the engine's own per-request times; the second request's round trip
 (~0.1 s on stock SkyRL, whose engine polls its queue every 100 ms; tens of ms with rlcli's `rlcli_wake`)
-should put the measured ratio a little below it, but on a shared 2-core machine load swings move single
-pairs far more than that (see each range)."""
+puts the measured ratio below it, and the optim_step that both steps pay (not in the floor) above it:
+since rlcli's `rlcli_lora` made forward_backward several times cheaper, optim_step is a large share of a
+step (~0.3 s of ~1.3 s on the 26M model), so the newer rows sit above their floor. On a shared 2-core
+machine load swings move single pairs far more than either (see each range)."""
 
 
 def receipt_time(receipt: dict) -> str:
@@ -99,13 +101,13 @@ def fused_rows(receipts: list[dict]) -> list[str]:
 
 
 def request_path_rows(receipts: list[dict]) -> list[str]:
-    """The newest request-path receipt of each label (before, after, ...): overhead, SFT step, idle CPU."""
+    """The newest request-path receipt of each label (before, after, ...) and model: overhead, SFT step, idle CPU."""
     seen, rows = set(), []
     for r in sorted((r for r in receipts if kind(r).startswith("request-path-")), key=receipt_time, reverse=True):
         label = r.get("label", kind(r).removeprefix("request-path-"))
-        if label in seen:
+        if (label, r.get("config", {}).get("size", "tiny")) in seen:
             continue
-        seen.add(label)
+        seen.add((label, r.get("config", {}).get("size", "tiny")))
         res = r["results"]
         parts = [f"{name} {res[name]['wall']['p50'] * 1e3:.0f} ms (overhead {res[name]['overhead']['p50'] * 1e3:.0f})"
                  for name in ("forward", "optim_step", "sample", "forward_backward") if "overhead" in res.get(name, {})]
@@ -113,7 +115,8 @@ def request_path_rows(receipts: list[dict]) -> list[str]:
         commit = r.get("rlcli_tree_commit", "?")[:7]
         table = r.get("config", {}).get("max_lora_adapters")
         slots = f", {table - 1} slots" if table else ""
-        rows.append(f"| request path, {label} (rlcli {commit}{slots}), tiny model | p50 wall: {'; '.join(parts)}; "
+        size = r.get("config", {}).get("size", "tiny")
+        rows.append(f"| request path, {label} (rlcli {commit}{slots}), {size} model | p50 wall: {'; '.join(parts)}; "
                     f"SFT step 8 x 64 {sft:.0f} ms; idle server {r['idle']['percent_of_one_core']:.1f}% of a core "
                     f"| {_load(r)} | `{r['_file']}` |")
     return rows

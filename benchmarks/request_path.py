@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/request_path.py --label before --rlcli-tree OTHER_CHECKOUT --max-lora-adapters 32
 
 One server of its own (`rlcli serve start` of --rlcli-tree, default this checkout, under a private RLCLI_HOME,
-on a free port), the embedded model, one rank-8 LoRA. In order:
+on a free port), the embedded model (--size large: the 26M one of benchmarks/models.py), one rank-8 LoRA.
+In order:
 1. idle CPU: after the start and --settle-s of quiet, the CPU seconds of every process of the server's process
    group (launcher, SkyRL API, engine) over --idle-s with no client, as a percentage of one core;
 2. the first SFT step after the start (compilation included), then --warmup steps;
@@ -35,12 +36,11 @@ from models import (  # noqa: E402
     LogCursor,
     describe_model,
     free_port,
+    model_dir,
     private_env,
     server_versions,
     wait_for_quiet,
 )
-
-from rlcli.model import ensure_embedded_model  # noqa: E402
 
 KINDS = ("forward", "forward_backward", "optim_step", "sample")
 
@@ -171,6 +171,8 @@ def main() -> None:
     parser.add_argument("--rlcli-tree", type=Path, default=REPO, help="the rlcli checkout whose server runs")
     parser.add_argument("--max-lora-adapters", type=int, default=None,
                         help="SkyRL's LoRA table size (default: what the tree's `serve start` chooses)")
+    parser.add_argument("--size", default="tiny", choices=("tiny", "large"),
+                        help="the embedded model, or the 26M-parameter one of benchmarks/models.py")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--settle-s", type=float, default=10)
@@ -182,7 +184,7 @@ def main() -> None:
     from rlcli.config import ensure_api_key
 
     ensure_api_key()
-    model = ensure_embedded_model(quiet=True)
+    model = model_dir(args.size)
     quiet = wait_for_quiet(args.max_load, args.max_wait)
     load_before = os.getloadavg()
     home = Path(tempfile.mkdtemp(prefix="rlcli-bench-path-"))  # mode 0700

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 from rlcli.server import commands
 
 RUNTIME = Path(commands.__file__).resolve().parent / "runtime"
@@ -52,16 +54,30 @@ def _stub_skyrl(root):
         "    open(os.environ['STUB_OUT'], 'w').write(json.dumps(out))\n")
 
 
-def _preload(launcher, tmp_path, pythonpath: str):
+@pytest.fixture
+def preload():
+    """Start `launcher.py preload` with a given PYTHONPATH; whatever a test asserts, none outlives it (a
+    preload nobody attaches to waits for its engine command as long as its parent lives)."""
     import os
     import secrets
     import subprocess
     import sys
 
-    address = f"rlcli-test-{secrets.token_hex(6)}"
-    env = dict(os.environ, PYTHONPATH=pythonpath, RLCLI_SERVER_EXTENSIONS="")
-    proc = subprocess.Popen([sys.executable, str(RUNTIME / "launcher.py"), "preload", address], env=env)
-    return address, proc
+    started = []
+
+    def start(pythonpath: str):
+        address = f"rlcli-test-{secrets.token_hex(6)}"
+        env = dict(os.environ, PYTHONPATH=pythonpath, RLCLI_SERVER_EXTENSIONS="")
+        proc = subprocess.Popen([sys.executable, str(RUNTIME / "launcher.py"), "preload", address, str(os.getpid())],
+                                env=env)
+        started.append(proc)
+        return address, proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
 
 
 def _attach(launcher, address, argv):
@@ -75,12 +91,12 @@ def _attach(launcher, address, argv):
             signal.signal(sig, handler)
 
 
-def test_the_preloaded_engine_runs_with_the_apis_flags_and_environment(tmp_path, monkeypatch):
+def test_the_preloaded_engine_runs_with_the_apis_flags_and_environment(tmp_path, monkeypatch, preload):
     import json
 
     launcher = _load("launcher")
     _stub_skyrl(tmp_path / "stub")
-    address, proc = _preload(launcher, tmp_path, str(tmp_path / "stub"))
+    address, proc = preload(str(tmp_path / "stub"))
     monkeypatch.setenv("RLCLI_WAKE_ID", "made-by-the-api")
     monkeypatch.setenv("STUB_OUT", str(tmp_path / "engine.json"))
     # A process outside the server's process group that found the socket's name gets no engine.
@@ -108,10 +124,33 @@ def test_the_preloaded_engine_runs_with_the_apis_flags_and_environment(tmp_path,
     assert ran["pid"] == proc.pid  # the preloaded process itself, not a new one
 
 
-def test_without_a_preloaded_engine_the_engine_command_runs_it_itself(tmp_path):
+def test_without_a_preloaded_engine_the_engine_command_runs_it_itself(tmp_path, preload):
     launcher = _load("launcher")
     launcher.PRELOAD_PATIENCE_S = 0.2
-    address, proc = _preload(launcher, tmp_path, str(tmp_path / "nothing-here"))  # its imports fail
+    address, proc = preload(str(tmp_path / "nothing-here"))  # its imports fail
     assert proc.wait(timeout=30) != 0
     assert _attach(launcher, address, ["--backend", "jax"]) is None
     assert _attach(launcher, "rlcli-test-nobody-listens", ["--backend", "jax"]) is None
+
+
+def test_a_preload_whose_supervisor_is_gone_does_not_linger(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    _stub_skyrl(tmp_path / "stub")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "stub"), RLCLI_SERVER_EXTENSIONS="")
+    # A parent that starts the preload and exits at once, as a supervisor killed with -9 would.
+    command = f'"{sys.executable}" "{RUNTIME / "launcher.py"}" preload rlcli-test-orphan-{os.getpid()} $$'
+    out = subprocess.run(["sh", "-c", command + " >/dev/null 2>&1 & echo $!"], env=env, capture_output=True,
+                         text=True, timeout=30)
+    pid = int(out.stdout.strip())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}") and \
+            open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.2)
+    alive = os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, "the orphaned preload kept waiting for an engine command nobody will send"

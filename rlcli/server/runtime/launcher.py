@@ -167,7 +167,7 @@ def _connect(conn: socket.socket, address: str) -> None:
             time.sleep(0.05)
 
 
-def run_preload(address: str) -> int:
+def run_preload(address: str, supervisor: int) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + address)
     listener.listen(1)
@@ -175,8 +175,15 @@ def run_preload(address: str) -> int:
 
     for name in PRELOAD_MODULES:
         importlib.import_module(name)
+    listener.settimeout(1.0)
     while True:
-        conn, _ = listener.accept()  # the API's engine command, when the API starts its engine
+        try:
+            conn, _ = listener.accept()  # the API's engine command, when the API starts its engine
+        except TimeoutError:
+            if os.getppid() != supervisor:
+                return 1  # the supervisor is gone and nobody will ask for this engine: do not linger
+            continue
+        conn.settimeout(None)
         if _same_server(conn):
             break
         conn.close()  # anyone else who found the name: it must not choose what this engine runs
@@ -223,7 +230,7 @@ def supervise(log: Path, max_log_bytes: int, api_argv: list[str]) -> int:
     if _preloads(api_argv):
         env[PRELOAD_ENV] = f"rlcli-engine-{secrets.token_hex(8)}"
         preload = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "preload", env[PRELOAD_ENV]],
+            [sys.executable, str(Path(__file__).resolve()), "preload", env[PRELOAD_ENV], str(os.getpid())],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         pipes.append(preload.stdout)
@@ -296,8 +303,8 @@ def main() -> int:
         return 0
     if role == "engine":
         return run_engine(rest)
-    if role == "preload":
-        return run_preload(rest[0])
+    if role == "preload":  # preload ADDRESS SUPERVISOR_PID
+        return run_preload(rest[0], int(rest[1]))
     if role == "supervise":
         parser = argparse.ArgumentParser(prog="rlcli-launcher supervise")
         parser.add_argument("--log", type=Path, required=True)
