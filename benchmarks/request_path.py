@@ -42,6 +42,8 @@ from models import (  # noqa: E402
     wait_for_quiet,
 )
 
+from rlcli.server import process  # noqa: E402
+
 KINDS = ("forward", "forward_backward", "optim_step", "sample")
 
 
@@ -64,17 +66,7 @@ def tree_commit(tree: Path) -> str:
 
 def group_cpu_ticks(pgid: int) -> int:
     """utime + stime, in clock ticks, of every live process in the process group."""
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total
+    return sum(int(fields[11]) + int(fields[12]) for _, fields in process.group_stats(pgid))
 
 
 def idle_cpu(pgid: int, seconds: float) -> dict:

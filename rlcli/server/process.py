@@ -16,6 +16,7 @@ import socket
 import sys
 import time
 import urllib.error
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -110,9 +111,8 @@ def proc_start_ticks(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-def group_members(pgid: int) -> list[int]:
-    """PIDs of live (non-zombie) processes whose process group is pgid."""
-    members = []
+def group_stats(pgid: int) -> Iterator[tuple[int, list[str]]]:
+    """(pid, its /proc stat fields after the command name: state, ppid, pgrp, ...) for each process of the group."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -120,9 +120,13 @@ def group_members(pgid: int) -> list[int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+        if int(fields[2]) == pgid:
+            yield int(entry.name), fields
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs of live (non-zombie) processes whose process group is pgid."""
+    return [pid for pid, fields in group_stats(pgid) if fields[0] != "Z"]
 
 
 def live_members(state: ServerState) -> list[int]:
