@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -141,8 +142,6 @@ def _build(target: Path, seed: int, steps: int | None) -> None:
 
 @contextlib.contextmanager
 def _offline() -> Iterator[None]:
-    import os
-
     saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     os.environ.update(dict.fromkeys(saved, "1"))
     try:
