@@ -45,6 +45,7 @@ from typing import IO, Any
 
 import orjson
 
+from rlcli.data import chains
 from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith
 from rlcli.data.messages import Conversation, Options, finalize
 from rlcli.errors import RlcliError, UsageError
@@ -106,7 +107,8 @@ class Run:
     stats: Stats = field(default_factory=Stats)
 
     def __post_init__(self) -> None:
-        self._parts: Counter[str] = Counter()  # one Counter, emptied after each record: no allocation
+        self.parts: Counter[str] = Counter()  # one Counter, emptied after each record: no allocation
+        self.seen: set[bytes] = set()  # digests of kept conversations, for --dedupe
 
     def records(self, lines: Iterable[bytes], where: str = "line") -> Iterator[tuple[int, Any]]:
         """(line number, decoded record) for each non-blank line; bad JSON stops or is counted."""
@@ -134,7 +136,7 @@ class Run:
         self.stats.dropped[reason] += 1
 
     def _keep_parts(self, lineno: int) -> None:
-        parts = self._parts
+        parts = self.parts
         if self.strict:
             kind, n = next(iter(parts.items()))
             raise UsageError(f"line {lineno}: {n} {kind} part(s) left out; --strict stops at the first drop")
@@ -144,29 +146,38 @@ class Run:
     def convert(self, record: Any, lineno: int, importer: Callable[..., Any]) -> Any:
         """A finalized conversation, a Feedback, or None when the record was dropped (and counted)."""
         try:
-            result = importer(record, self._parts)
+            result = importer(record, self.parts)
         except Exception as e:  # a shape no importer foresaw: name the line rather than show a traceback
             raise RlcliError(
                 f"line {lineno}: could not convert this record ({type(e).__name__}: {e}); "
                 "remove the line and please report its shape"
             ) from e
+        return self.finish(result, lineno)
+
+    def finish(self, result: Any, lineno: int) -> Any:
+        """Finalize a converted conversation and count its parts, or count the reason it was dropped.
+
+        Anything else (a Feedback, a Link) comes back as it is, its parts still waiting in `parts`.
+        """
         if type(result) is dict:
-            result = finalize(result, self.opts, self.stats.redacted)
+            result = finalize(result, self.opts, self.stats.redacted, self.seen)
         if type(result) is str:
-            self._parts.clear()  # parts of a dropped record were not left out of anything written
+            self.parts.clear()  # parts of a dropped record were not left out of anything written
             self.drop(f"line {lineno}", result)
             return None
-        if self._parts:
+        if self.parts and type(result) is dict:
             self._keep_parts(lineno)
         return result
 
     def stream(self, lines: Iterable[bytes], importer: Callable[..., Any], write: Write) -> None:
+        """Convert each record and write it; Responses records that continue others are joined first."""
         stats = self.stats
-        for lineno, record in self.records(lines):
-            conv = self.convert(record, lineno, importer)
-            if conv is not None:
-                write(encode(conv))
-                stats.written += 1
+
+        def emit(conv: Conversation) -> None:
+            write(encode(conv))
+            stats.written += 1
+
+        chains.stream(self, lines, importer, emit)
 
 
 def _add_feedback(run: Run, table: FeedbackTable, fb: Feedback, at: str) -> None:

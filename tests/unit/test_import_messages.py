@@ -96,7 +96,7 @@ def test_langchain_dict_form_and_chat_message():
 @pytest.mark.parametrize(
     ("record", "reason"),
     [
-        ({"messages": [{"role": "narrator", "content": "x"}]}, "unknown_role"),
+        ({"messages": [{"role": "narrator", "content": "x"}]}, "unknown_role:narrator"),
         ({"messages": [lc("MysteryMessage", content="x")]}, "unknown_role"),
         ({"messages": []}, "empty"),
         ({"text": "just text"}, "unrecognized"),
@@ -145,7 +145,7 @@ def test_fixture_file_outcomes():
     for line in (FIXTURES / "messages.jsonl").read_text().splitlines():
         result, _ = one(json.loads(line))
         outcomes[result if isinstance(result, str) else "written"] += 1
-    assert outcomes == Counter(written=6, unknown_role=1, empty=1)
+    assert outcomes == Counter({"written": 6, "unknown_role:narrator": 1, "empty": 1})
 
 
 # ---- what `train sl` checks before it loads a model ----
