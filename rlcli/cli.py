@@ -46,7 +46,7 @@ COMMANDS: dict[str, Any] = {
         },
     ),
     "import": (
-        "convert chat logs (openai|anthropic|messages|langsmith) to training JSONL",
+        "convert chat logs (openai|anthropic|gemini|messages|langsmith|otel) to training JSONL",
         "rlcli.data.import_cmd:import_cmd",
     ),
     "harbor": (

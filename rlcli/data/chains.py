@@ -108,7 +108,9 @@ class Chains:
             yield lineno, conv, parts
 
 
-def stream(run: Any, lines: Iterable[bytes], importer: Callable[..., Any], emit: Callable[[Conversation], None]) -> None:
+def stream(
+    run: Any, lines: Iterable[bytes], importer: Callable[..., Any], emit: Callable[[Conversation], None]
+) -> None:
     """Run.stream for records that may be Links: join them, then finish and emit every conversation."""
     with tempfile.TemporaryFile() as spool:
         chains = Chains(spool)

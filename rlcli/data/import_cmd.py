@@ -45,7 +45,7 @@ from typing import IO, Any
 
 import orjson
 
-from rlcli.data import chains
+from rlcli.data import chains, otel, traces
 from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith
 from rlcli.data.messages import Conversation, Options, finalize
 from rlcli.errors import RlcliError, UsageError
@@ -171,13 +171,17 @@ class Run:
 
     def stream(self, lines: Iterable[bytes], importer: Callable[..., Any], write: Write) -> None:
         """Convert each record and write it; Responses records that continue others are joined first."""
+        chains.stream(self, lines, importer, self.emitter(write))
+
+    def emitter(self, write: Write) -> Callable[[Conversation], None]:
+        """A function that writes one finished conversation and counts it."""
         stats = self.stats
 
         def emit(conv: Conversation) -> None:
             write(encode(conv))
             stats.written += 1
 
-        chains.stream(self, lines, importer, emit)
+        return emit
 
 
 def _add_feedback(run: Run, table: FeedbackTable, fb: Feedback, at: str) -> None:
@@ -313,12 +317,15 @@ def import_cmd(
     drop_thinking: bool = False,
     min_score: float | None = None,
     feedback: str | None = None,
+    dedupe: bool = False,
+    join_trace: bool = False,
 ) -> int:
     """Convert chat logs to training JSONL, one {"messages": [...]} per line; a summary goes to stderr.
 
     Args:
         input: JSONL file of logged records (a .gz file is decompressed), or - for stdin
-        format: the records' shape: openai, anthropic, messages or langsmith
+        format: the records' shape: openai (Chat Completions and Responses), anthropic, gemini, messages,
+            langsmith or otel (OpenTelemetry spans)
         output: file to write the conversations to; - for stdout
         strict: make any dropped record or part an error that names its line
         skip_bad: count and skip lines that are not valid JSON instead of stopping
@@ -327,19 +334,25 @@ def import_cmd(
         drop_thinking: leave out the assistant's reasoning (thinking) text
         min_score: langsmith only: keep runs whose mean feedback score is at least this
         feedback: langsmith only: a JSONL file of feedback records to attach to their runs
+        dedupe: drop conversations identical to one already written (counted as duplicate)
+        join_trace: otel only: keep each trace's last LLM call (it holds the conversation so far)
     """
     if not isinstance(input, str):
         raise UsageError("give INPUT as a file path, or - for stdin")
-    importer = IMPORTERS.get(format)
+    importer = IMPORTERS.get(format) if format != "otel" else otel.from_span
     if importer is None:
-        raise UsageError(f"unknown format {format!r}; use one of: {', '.join(IMPORTERS)}")
+        raise UsageError(f"unknown format {format!r}; use one of: {', '.join([*IMPORTERS, 'otel'])}")
     if format != "langsmith" and (min_score is not None or feedback):
         raise UsageError("--min-score and --feedback apply to LangSmith runs; add -f langsmith or drop them")
-    run = Run(Options(drop_tools, drop_thinking, redact), strict, skip_bad)
+    if join_trace and format != "otel":
+        raise UsageError("--join-trace joins OpenTelemetry spans; add -f otel or drop it")
+    run = Run(Options(drop_tools, drop_thinking, redact, dedupe), strict, skip_bad)
     try:
         with _input(input) as lines, _output(output) as out, _no_cycle_collector():
             if format == "langsmith":
                 langsmith(run, lines, out.write, min_score, feedback)
+            elif format == "otel":
+                traces.stream(run, lines, run.emitter(out.write), join_trace)
             else:
                 run.stream(lines, importer, out.write)
     except BrokenPipeError:  # `rlcli import ... | head`: the reader has all it wanted

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlcli.data import responses
+from rlcli.data.gemini import from_gemini
 from rlcli.data.messages import (
     Conversation,
     Message,
@@ -320,4 +321,5 @@ IMPORTERS = {
     "anthropic": from_anthropic,
     "messages": from_messages,
     "langsmith": from_langsmith,
+    "gemini": from_gemini,
 }

@@ -141,6 +141,7 @@ def _check_status(response: dict[str, Any]) -> None:
     if status == "incomplete":
         details = response.get("incomplete_details")
         reason = details.get("reason") if isinstance(details, dict) else None
+        reason = reason if isinstance(reason, str) else ""
         raise Skip({"max_output_tokens": "truncated", "content_filter": "blocked"}.get(reason, "incomplete"))
 
 
@@ -173,6 +174,7 @@ def _items(items: Any, parts: Counter[str], names: dict[str, str]) -> list[Messa
         if type(item) is not dict:
             raise Skip("bad_message")
         kind = item.get("type")
+        kind = kind if isinstance(kind, str) or kind is None else "unknown_item"
         if kind is None or kind == "message":
             out += convert_message(item, parts)
         elif kind in _CALLS:
@@ -182,7 +184,7 @@ def _items(items: Any, parts: Counter[str], names: dict[str, str]) -> list[Messa
         elif kind == "reasoning":
             out += _reasoning(item, parts)
         else:  # built-in tool calls and their outputs, item references: not in the log
-            parts[kind if isinstance(kind, str) else "unknown_item"] += 1
+            parts[kind] += 1
     return out
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlcli.data.importers import from_messages
-from rlcli.data.messages import Options, finalize
+from rlcli.data.messages import Options, convert_message, finalize
 from rlcli.errors import UsageError
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "import"
@@ -91,6 +91,23 @@ def test_langchain_dict_form_and_chat_message():
         ]
     }
     assert one(record)[0]["messages"] == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+
+
+@pytest.mark.parametrize(
+    ("raw", "role"),
+    [("User", "user"), ("MODEL", "assistant"), (" Assistant ", "assistant"), ("Bot", "assistant"),
+     ("gpt", "assistant"), ("human", "user"), ("AI", "assistant"), ("developer", "system"), ("CHATBOT", "assistant"),
+     ("ipython", "tool"), ("observation", "tool"), ("Function", "tool")],
+)  # fmt: skip
+def test_role_names_are_matched_without_case_and_aliases_map_to_the_four_roles(raw, role):
+    msg = {"role": raw, "content": "x", **({"tool_call_id": "c"} if role == "tool" else {})}
+    assert convert_message(msg, Counter())[0]["role"] == role
+
+
+def test_unmapped_roles_are_counted_by_name_and_odd_names_are_made_safe():
+    assert one({"messages": [{"role": "Narrator", "content": "x"}]})[0] == "unknown_role:Narrator"
+    assert one({"messages": [{"role": "a b\nc" * 9, "content": "x"}]})[0] == "unknown_role:" + ("a?b?c" * 9)[:24]
+    assert one({"messages": [{"role": 7, "content": "x"}]})[0] == "unknown_role"
 
 
 @pytest.mark.parametrize(
