@@ -31,6 +31,7 @@ _REQUEST_KEYS = ("request", "full_request", "body", "request_body", "requestBody
 _RESPONSE_KEYS = ("response", "full_response", "result", "response_body", "responseBody", "output")
 _BLOCKED = frozenset({"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY"})
 _MEDIA = ("image", "audio", "video")
+_PLAIN_ROLES = {"user": "user", "model": "assistant"}
 
 
 def _get(d: dict[str, Any], camel: str, snake: str) -> Any:
@@ -89,7 +90,10 @@ def from_gemini(record: Any, parts: Counter[str]) -> Conversation | str:
         if not isinstance(contents, list):
             raise Skip("bad_message")
         for content in contents:
-            messages += _content(content, parts, calls, "user")
+            if (plain := _plain(content)) is not None:  # one text part: most turns, kept cheap
+                messages.append(plain)
+            else:
+                messages += _content(content, parts, calls, "user")
         if response is not None:
             messages += _content(_candidate(response, parts), parts, calls, "assistant")
         return conversation(messages, _tools(request.get("tools"), parts), parts)
@@ -165,6 +169,18 @@ class _Calls:
                 waiting.remove(given)
             return given
         return waiting.pop(0) if waiting else ""
+
+
+def _plain(content: Any) -> Message | None:
+    """A user or model turn made of one non-empty text part (no thought flag), as a message; else None."""
+    raw = content.get("parts") if type(content) is dict else None
+    if type(raw) is not list or len(raw) != 1:
+        return None
+    part, role = raw[0], content.get("role", "user")
+    if type(part) is not dict or len(part) != 1 or type(role) is not str or role not in _PLAIN_ROLES:
+        return None
+    text = part.get("text")
+    return {"role": _PLAIN_ROLES[role], "content": text} if type(text) is str and text else None
 
 
 def _content(content: Any, parts: Counter[str], calls: _Calls, default_role: str) -> list[Message]:

@@ -46,7 +46,7 @@ from typing import IO, Any
 import orjson
 
 from rlcli.data import chains, otel, traces
-from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith
+from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith, from_openai
 from rlcli.data.messages import Conversation, Options, finalize
 from rlcli.errors import RlcliError, UsageError
 from rlcli.files import staged_file
@@ -171,7 +171,13 @@ class Run:
 
     def stream(self, lines: Iterable[bytes], importer: Callable[..., Any], write: Write) -> None:
         """Convert each record and write it; Responses records that continue others are joined first."""
-        chains.stream(self, lines, importer, self.emitter(write))
+        emit = self.emitter(write)
+        if importer is from_openai:  # the one importer whose records may continue one another (Links)
+            chains.stream(self, lines, importer, emit)
+            return
+        for lineno, record in self.records(lines):
+            if (conv := self.convert(record, lineno, importer)) is not None:
+                emit(conv)
 
     def emitter(self, write: Write) -> Callable[[Conversation], None]:
         """A function that writes one finished conversation and counts it."""

@@ -40,8 +40,9 @@ _ROLE_EVENTS = {
     "gen_ai.assistant.message": "assistant",
     "gen_ai.tool.message": "tool",
 }
+_PLAIN_ROLES = ("user", "assistant", "system")  # a tuple: `in` compares by equality, so odd values cannot raise
 _DETAILS_EVENT = "gen_ai.client.inference.operation.details"
-_SEMCONV = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions", "gen_ai.tool.definitions")
+_PREFIXES = ("gen_ai.", "llm.", "openinference.")
 _STOPS = {"length": "truncated", "max_tokens": "truncated", "content_filter": "blocked", "error": "error_response"}
 
 
@@ -69,9 +70,15 @@ def value(v: Any) -> Any:
 
 
 def attributes(attrs: Any) -> dict[str, Any]:
-    if type(attrs) is list:
-        return {a["key"]: value(a.get("value")) for a in attrs if type(a) is dict and type(a.get("key")) is str}
-    return attrs if type(attrs) is dict else {}
+    """OTLP KeyValue list (or a flat dict) -> a flat dict of plain values."""
+    if type(attrs) is not list:
+        return attrs if type(attrs) is dict else {}
+    out = {}
+    for a in attrs:
+        if type(a) is dict and type(key := a.get("key")) is str:
+            v = a.get("value")
+            out[key] = v["stringValue"] if type(v) is dict and "stringValue" in v else value(v)  # strings: most
+    return out
 
 
 def spans(record: Any) -> list[Any] | None:
@@ -141,11 +148,15 @@ def _convert(span: Any, parts: Counter[str]) -> Conversation:
     if type(span) is not dict:
         raise Skip("unrecognized")
     attrs = attributes(span.get("attributes"))
-    events = span.get("events") if type(span.get("events")) is list else []
+    events = span.get("events")
+    if not events or type(events) is not list:
+        events = []
+        if not any(key.startswith(_PREFIXES) for key in attrs):  # an HTTP, database... span: told fast
+            raise Skip("non_llm_span")
     for event in events:
         if type(event) is dict and event.get("name") == _DETAILS_EVENT:
             attrs = {**attributes(event.get("attributes")), **attrs}
-    if any(key in attrs for key in _SEMCONV[:2]):
+    if "gen_ai.input.messages" in attrs or "gen_ai.output.messages" in attrs:
         return _semconv(attrs, parts)
     if any(type(e) is dict and str(e.get("name", "")).startswith("gen_ai.") for e in events):
         return _events(events, attrs, parts)
@@ -183,7 +194,10 @@ def _semconv(attrs: dict[str, Any], parts: Counter[str]) -> Conversation:
         raise Skip("bad_message")
     messages = _system_parts(_json(attrs.get("gen_ai.system_instructions")), parts)
     for m in inputs:
-        messages += _part_message(m, parts, "user")
+        if (text := _only_text(m)) is not None:  # most messages: one text part, kept cheap
+            messages.append({"role": m["role"], "content": text})
+        else:
+            messages += _part_message(m, parts, "user")
     reply = _reply(outputs, parts)
     if reply is not None:
         _check_end(reply.get("finish_reason") if isinstance(reply, dict) else None)
@@ -219,13 +233,27 @@ def _kind(part: Any) -> str:
     return part["type"]
 
 
+def _only_text(m: Any) -> str | None:
+    """The text of a user/system/assistant message made of one non-empty text part, else None."""
+    raw = m.get("parts") if type(m) is dict else None
+    if type(raw) is not list or len(raw) != 1 or m.get("role") not in _PLAIN_ROLES:
+        return None
+    part = raw[0]
+    if type(part) is not dict or part.get("type") != "text":
+        return None
+    text = part.get("content")
+    return text if type(text) is str and text else None
+
+
 def _part_message(m: Any, parts: Counter[str], default_role: str) -> list[Message]:
     if not isinstance(m, dict):
         raise Skip("bad_message")
     if "parts" not in m:  # some instrumentations log provider-shaped messages here
         return convert_message(m, parts, default_role)
-    role = role_of(m.get("role") or default_role)
-    raw = m["parts"] if isinstance(m["parts"], list) else [m["parts"]]
+    if (text := _only_text(m)) is not None:
+        return [{"role": m["role"], "content": text}]
+    raw, role = m["parts"], role_of(m.get("role") or default_role)
+    raw = raw if isinstance(raw, list) else [raw]
     texts, thinking, calls, results = [], [], [], []
     for part in raw:
         kind = part.get("type") if isinstance(part, dict) else None

@@ -35,6 +35,9 @@ from rlcli.data.messages import Conversation, Message, Skip, conversation, conve
 _REQUEST_KEYS = ("request", "body", "request_body", "params", "inputBodyJson")
 _RESPONSE_KEYS = ("response", "response_body", "result", "outputBodyJson")
 _CALLS = frozenset({"function_call", "custom_tool_call"})
+# Tuples, not sets: `in` compares by equality, so an odd value (a list) cannot raise.
+_PLAIN_ROLES = ("user", "assistant", "system")
+_TEXT_PARTS = ("input_text", "output_text", "text")
 _OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
@@ -99,6 +102,9 @@ def split(record: Any) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
     """(request, response or None) of a Responses API record; None when it is not one."""
     if type(record) is not dict or "messages" in record or "choices" in record:
         return None
+    response = record.get("response")
+    if type(response) is dict and "choices" in response:  # a Chat Completions pair: the common case, told fast
+        return None
     if _is_reply(record):
         return record, record  # a response object, or request and response merged into one
     if _is_request(record) and "output" not in record:
@@ -146,6 +152,8 @@ def _check_status(response: dict[str, Any]) -> None:
 
 
 def _system(instructions: Any, parts: Counter[str]) -> list[Message]:
+    if type(instructions) is str:
+        return [{"role": "system", "content": instructions}] if instructions else []
     if isinstance(instructions, list):  # a response may echo instructions as input items
         return [dict(m, role="system") for m in _items(instructions, parts, {}) if m.get("content")]
     text = "\n".join(read_texts(instructions, parts)) if instructions else ""
@@ -176,7 +184,15 @@ def _items(items: Any, parts: Counter[str], names: dict[str, str]) -> list[Messa
         kind = item.get("type")
         kind = kind if isinstance(kind, str) or kind is None else "unknown_item"
         if kind is None or kind == "message":
-            out += convert_message(item, parts)
+            # The common shape first, kept cheap: one user/system/assistant text (a string or one text part).
+            role, content = item.get("role"), item.get("content")
+            if type(content) is list and len(content) == 1 and type(content[0]) is dict:
+                part = content[0]
+                content = part.get("text") if part.get("type") in _TEXT_PARTS else None
+            if type(content) is str and content and role in _PLAIN_ROLES:
+                out.append({"role": role, "content": content})
+            else:
+                out += convert_message(item, parts)
         elif kind in _CALLS:
             out += _call(item, parts, names)
         elif kind in _OUTPUTS:
