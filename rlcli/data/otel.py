@@ -371,10 +371,7 @@ def _flat_message(fields: dict[str, Any], default_role: str) -> dict[str, Any]:
     msg: dict[str, Any] = {"role": fields.get("role") or default_role, "content": _maybe_parts(fields.get("content"))}
     contents = _grouped(fields, "contents.")
     if contents and msg["content"] is None:
-        msg["content"] = [
-            {"type": "text", "text": c.get("text", "")} if c.get("type", "text") == "text" else {"type": "image_url"}
-            for c in contents
-        ]
+        msg["content"] = [_content_part(c) for c in contents]
     calls = _grouped(fields, "tool_calls.")
     if calls:
         msg["tool_calls"] = [{"id": c.get("id"), "function": {"name": c.get("name"), "arguments": c.get("arguments")}}
@@ -382,6 +379,14 @@ def _flat_message(fields: dict[str, Any], default_role: str) -> dict[str, Any]:
     if fields.get("tool_call_id") is not None:
         msg["tool_call_id"] = str(fields["tool_call_id"])
     return msg
+
+
+def _content_part(c: dict[str, Any]) -> dict[str, Any]:
+    """An OpenInference content entry as a part: text kept, other kinds (image, audio...) counted by name."""
+    kind = c.get("type", "text")
+    if kind == "text":
+        return {"type": "text", "text": c.get("text", "")}
+    return {"type": kind if isinstance(kind, str) else "unknown_part"}
 
 
 def _grouped(fields: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
