@@ -323,6 +323,12 @@ def _receipt(size: int, records: int, runs: int, seed: int, times: dict, rss: di
                 else {}
             ),
         },
+        # Fastest runs against each other: on a loaded machine the least disturbed run is the closest
+        # to each side's own cost, so this ratio moves less with load than the medians' does.
+        "ratio_of_fastest": {
+            "inprocess": min(times["json_baseline"]) / min(times["import_inprocess"]),
+            "subprocess": min(times["json_baseline_subprocess"]) / min(times["import_subprocess"]),
+        },
         "peak_rss_mb": {k: max(v) for k, v in rss.items()},
         "records_written": written,
     }

@@ -184,3 +184,12 @@ def test_dedupe_and_join_trace_flags():
     assert proc.returncode == 0 and "wrote 4," in proc.stderr.decode() and "duplicate: 4" in proc.stderr.decode()
     proc = run([str(FIXTURES / "otel.jsonl"), "-f", "otel", "--join-trace"])
     assert proc.returncode == 0 and "earlier_in_trace: 2" in proc.stderr.decode()
+
+
+def test_responses_chains_join_the_same_from_a_file_and_from_a_pipe(tmp_path):
+    """A regular file is read back by offset, a pipe through a spool: the output must not differ."""
+    fixture = FIXTURES / "responses.jsonl"
+    from_file = run([str(fixture), "-f", "openai"])
+    from_pipe = run(["-", "-f", "openai"], stdin=fixture.read_bytes())
+    assert from_file.returncode == from_pipe.returncode == 0
+    assert from_file.stdout == from_pipe.stdout and from_file.stdout.count(b"\n") == 7

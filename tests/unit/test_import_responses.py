@@ -157,3 +157,19 @@ def test_fixture_file_outcomes():
     joined = convs[2]["messages"]
     assert [m["role"] for m in joined] == ["system", "user", "assistant", "tool", "assistant"]
     assert joined[2]["tool_calls"][0]["id"] == joined[3]["tool_call_id"] == "call_w1"
+
+
+def test_redaction_and_drop_tools_in_a_chain_leave_the_remembered_history_untouched():
+    first = {"request": {"input": "I am jane@corp.com"}, "response": out("Hi Jane", "r1")}
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"to": "jane@corp.com"}'}
+    second = {"request": {"previous_response_id": "r1", "input": "Mail me"},
+              "response": {**out("Sent", "r2"), "output": [call]}}  # fmt: skip
+    third = {"request": {"previous_response_id": "r2", "input": [{"type": "function_call_output", "call_id": "c1",
+                                                                 "output": "ok"}]},
+             "response": out("Done", "r3")}  # fmt: skip
+    convs, stats = stream([first, second, third], redact=True, drop_tools=True)
+    assert [m["content"] for m in convs[2]["messages"]] == ["I am <EMAIL>", "Hi Jane", "Mail me", "Done"]
+    assert stats.redacted == Counter(EMAIL=3)  # once in each written conversation, never twice in one
+    convs, _ = stream([first, second, third])
+    assert convs[2]["messages"][0]["content"] == "I am jane@corp.com"
+    assert convs[2]["messages"][3]["tool_calls"][0]["function"]["arguments"] == '{"to": "jane@corp.com"}'
