@@ -13,7 +13,7 @@ kvlistValue...) or flat dicts. The conversation comes from the first of these a 
    `gen_ai.assistant.message`, `gen_ai.tool.message` and `gen_ai.choice` events (payload in the
    event's body or attributes), and the oldest `gen_ai.content.prompt`/`completion` events;
 3. OpenLLMetry's flattened attributes (`gen_ai.prompt.N.role`, `gen_ai.completion.N.content`,
-   `...tool_calls.K.name`, `llm.request.functions.N.*`);
+   `...tool_calls.K.name`, `llm.request.functions.N.*`; read in rlcli.data.otel_flat, as is 4);
 4. OpenInference's (Arize Phoenix) flattened attributes (`llm.input_messages.N.message.role`,
    `...message.contents.K.message_content.text`, `...message.tool_calls.K.tool_call.function.name`,
    `llm.output_messages.N...`, `llm.tools.N.tool.json_schema`).
@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from rlcli.data.messages import Conversation, Message, Skip, conversation, convert_message, role_of, to_json
+from rlcli.data.otel_flat import check_end, first_reply, flattened, maybe_parts
 
 _LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "completion"})
 _ROLE_EVENTS = {
@@ -43,7 +44,6 @@ _ROLE_EVENTS = {
 _PLAIN_ROLES = ("user", "assistant", "system")  # a tuple: `in` compares by equality, so odd values cannot raise
 _DETAILS_EVENT = "gen_ai.client.inference.operation.details"
 _PREFIXES = ("gen_ai.", "llm.", "openinference.")
-_STOPS = {"length": "truncated", "max_tokens": "truncated", "content_filter": "blocked", "error": "error_response"}
 
 
 def value(v: Any) -> Any:
@@ -161,27 +161,13 @@ def _convert(span: Any, parts: Counter[str]) -> Conversation:
     if any(type(e) is dict and str(e.get("name", "")).startswith("gen_ai.") for e in events):
         return _events(events, attrs, parts)
     if "gen_ai.prompt.0.role" in attrs or "gen_ai.completion.0.role" in attrs or "gen_ai.prompt.0.content" in attrs:
-        return _flattened(attrs, "gen_ai.prompt.", "gen_ai.completion.", parts)
+        return flattened(attrs, "gen_ai.prompt.", "gen_ai.completion.", parts)
     if any(key.startswith(("llm.input_messages.", "llm.output_messages.")) for key in attrs):
-        return _flattened(attrs, "llm.input_messages.", "llm.output_messages.", parts)
+        return flattened(attrs, "llm.input_messages.", "llm.output_messages.", parts)
     operation = attrs.get("gen_ai.operation.name")
     if (isinstance(operation, str) and operation in _LLM_OPERATIONS) or attrs.get("openinference.span.kind") == "LLM":
         raise Skip("no_content")
     raise Skip("non_llm_span")
-
-
-def _check_end(reason: Any) -> None:
-    if isinstance(reason, list):
-        reason = reason[0] if reason else None
-    if isinstance(reason, str) and reason.lower() in _STOPS:
-        raise Skip(_STOPS[reason.lower()])
-
-
-def _reply(replies: list[Any], parts: Counter[str]) -> Any:
-    """The first output message; the others were other choices."""
-    if len(replies) > 1:
-        parts["extra_choice"] += len(replies) - 1
-    return replies[0] if replies else None
 
 
 # 1. The current semantic conventions: messages made of typed parts.
@@ -198,12 +184,12 @@ def _semconv(attrs: dict[str, Any], parts: Counter[str]) -> Conversation:
             messages.append({"role": m["role"], "content": text})
         else:
             messages += _part_message(m, parts, "user")
-    reply = _reply(outputs, parts)
+    reply = first_reply(outputs, parts)
     if reply is not None:
-        _check_end(reply.get("finish_reason") if isinstance(reply, dict) else None)
+        check_end(reply.get("finish_reason") if isinstance(reply, dict) else None)
         messages += _part_message(reply, parts, "assistant")
     else:
-        _check_end(attrs.get("gen_ai.response.finish_reasons"))
+        check_end(attrs.get("gen_ai.response.finish_reasons"))
     return conversation(messages, _json(attrs.get("gen_ai.tool.definitions")), parts)
 
 
@@ -306,7 +292,7 @@ def _events(events: list[Any], attrs: dict[str, Any], parts: Counter[str]) -> Co
             continue
         if name in _ROLE_EVENTS:
             p = _payload(event)
-            msg = {"role": p.get("role") or _ROLE_EVENTS[name], "content": _maybe_parts(p.get("content"))}
+            msg = {"role": p.get("role") or _ROLE_EVENTS[name], "content": maybe_parts(p.get("content"))}
             if p.get("tool_calls"):
                 msg["tool_calls"] = _json(p["tool_calls"])
             if p.get("id") is not None:
@@ -322,99 +308,11 @@ def _events(events: list[Any], attrs: dict[str, Any], parts: Counter[str]) -> Co
             completion = _json(_payload(event).get("gen_ai.completion")) or []
             choices += completion if isinstance(completion, list) else [completion]
     choices.sort(key=lambda c: c.get("index", 0) if isinstance(c, dict) and isinstance(c.get("index"), int) else 0)
-    choice = _reply(choices, parts)
+    choice = first_reply(choices, parts)
     if isinstance(choice, dict):
-        _check_end(choice.get("finish_reason"))
+        check_end(choice.get("finish_reason"))
         message = _json(choice.get("message", choice))
         if isinstance(message, dict):
-            message = {**message, "content": _maybe_parts(message.get("content"))}
+            message = {**message, "content": maybe_parts(message.get("content"))}
         messages += convert_message(message, parts, "assistant")
     return conversation(messages, _json(attrs.get("gen_ai.tool.definitions")), parts)
-
-
-def _maybe_parts(content: Any) -> Any:
-    """Content logged as JSON text of a part list stays text unless it really is a part list."""
-    if isinstance(content, str) and content.startswith('[{"type"'):
-        try:
-            return orjson.loads(content)
-        except ValueError:
-            return content
-    return content
-
-
-# 3 and 4. Flattened attributes: PREFIX.N.field (OpenLLMetry) or PREFIX.N.message.field (OpenInference).
-
-
-def _indexed(attrs: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
-    found: dict[int, dict[str, Any]] = {}
-    for key, val in attrs.items():
-        if not key.startswith(prefix):
-            continue
-        index, _, field = key[len(prefix) :].partition(".")
-        if index.isdigit():
-            found.setdefault(int(index), {})[_field(field)] = val
-    return [found[i] for i in sorted(found)]
-
-
-def _field(field: str) -> str:
-    """OpenInference's nested field names -> OpenLLMetry's.
-
-    message.tool_calls.0.tool_call.function.name -> tool_calls.0.name
-    """
-    field = field.removeprefix("message.")
-    for long, short in (("tool_call.function.", ""), ("tool_call.", ""), ("message_content.", "")):
-        field = field.replace(long, short)
-    return field
-
-
-def _flat_message(fields: dict[str, Any], default_role: str) -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": fields.get("role") or default_role, "content": _maybe_parts(fields.get("content"))}
-    contents = _grouped(fields, "contents.")
-    if contents and msg["content"] is None:
-        msg["content"] = [_content_part(c) for c in contents]
-    calls = _grouped(fields, "tool_calls.")
-    if calls:
-        msg["tool_calls"] = [{"id": c.get("id"), "function": {"name": c.get("name"), "arguments": c.get("arguments")}}
-                             for c in calls]  # fmt: skip
-    if fields.get("tool_call_id") is not None:
-        msg["tool_call_id"] = str(fields["tool_call_id"])
-    return msg
-
-
-def _content_part(c: dict[str, Any]) -> dict[str, Any]:
-    """An OpenInference content entry as a part: text kept, other kinds (image, audio...) counted by name."""
-    kind = c.get("type", "text")
-    if kind == "text":
-        return {"type": "text", "text": c.get("text", "")}
-    return {"type": kind if isinstance(kind, str) else "unknown_part"}
-
-
-def _grouped(fields: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
-    return _indexed({k: v for k, v in fields.items() if k.startswith(prefix)}, prefix)
-
-
-def _flattened(attrs: dict[str, Any], inputs: str, outputs: str, parts: Counter[str]) -> Conversation:
-    messages: list[Message] = []
-    for fields in _indexed(attrs, inputs):
-        messages += convert_message(_flat_message(fields, "user"), parts)
-    reply = _reply(_indexed(attrs, outputs), parts)
-    if reply is not None:
-        _check_end(reply.get("finish_reason"))
-        messages += convert_message(_flat_message(reply, "assistant"), parts)
-    return conversation(messages, _flat_tools(attrs, parts), parts)
-
-
-def _flat_tools(attrs: dict[str, Any], parts: Counter[str]) -> list[Any]:
-    tools = []
-    for fields in _indexed(attrs, "llm.tools."):  # OpenInference: a JSON schema per tool
-        schema = fields.get("tool.json_schema")
-        try:
-            tools.append(orjson.loads(schema) if isinstance(schema, str) else schema)
-        except ValueError:
-            parts["bad_tool_definition"] += 1
-    for fields in _indexed(attrs, "llm.request.functions."):  # OpenLLMetry
-        spec = {k: fields[k] for k in ("name", "description") if k in fields}
-        params = fields.get("parameters")
-        spec["parameters"] = params if params is not None else {}
-        tools.append(spec)
-    return tools
