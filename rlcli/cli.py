@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlcli import __version__
+from rlcli.choices import choices_of
 from rlcli.errors import EXIT_USAGE, run_guarded
 
 # name -> (one-line help, "module:function") or a group: name -> (help, {sub: ...})
@@ -125,13 +126,15 @@ def _base_type(annotation: Any) -> Any:
 def _add_function_args(parser: argparse.ArgumentParser, fn: Callable[..., Any]) -> None:
     _, helps = _doc_args(fn)
     hints = typing.get_type_hints(fn)
+    fixed = choices_of(fn)
     for name, param in inspect.signature(fn).parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
-        kind = _base_type(hints.get(name, str))
+        kind = str if name in fixed else _base_type(hints.get(name, str))
         help_text = helps.get(name, "")
         if param.default is inspect.Parameter.empty:
-            parser.add_argument(name, help=help_text, type=kind if kind in (int, float) else str)
+            parser.add_argument(name, help=help_text, type=kind if kind in (int, float) else str,
+                                choices=fixed.get(name))
             continue
         flags = ["--" + name.replace("_", "-"), *_ALIASES.get(name, ())]
         if kind is bool:
@@ -140,7 +143,7 @@ def _add_function_args(parser: argparse.ArgumentParser, fn: Callable[..., Any]) 
         else:
             typ = kind if kind in (int, float) else str
             shown = "" if param.default is None else f" (default: {param.default})"
-            parser.add_argument(*flags, dest=name, default=param.default, type=typ,
+            parser.add_argument(*flags, dest=name, default=param.default, type=typ, choices=fixed.get(name),
                                 help=help_text + shown, metavar=name.upper())
 
 
@@ -148,9 +151,16 @@ def _add_function_args(parser: argparse.ArgumentParser, fn: Callable[..., Any]) 
 _ALIASES: dict[str, tuple[str, ...]] = {"format": ("-f",), "output": ("-o",), "follow": ("-f",), "lines": ("-n",)}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (what was wrong, where the flags are listed), exit 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
 def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
     """Build only the parser the argv needs: the root, or one command's."""
-    root = argparse.ArgumentParser(
+    root = _Parser(
         prog="rlcli",
         description="Continual learning on your own hardware: serve, train, import, export.",
     )
@@ -166,7 +176,7 @@ def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
         path.append(name)
         help_text, node = node[name]
     if path:
-        parser = argparse.ArgumentParser(prog="rlcli " + " ".join(path), description=_lookup(path)[0])
+        parser = _Parser(prog="rlcli " + " ".join(path), description=_lookup(path)[0])
         parser.add_argument("--debug", action="store_true", help="show tracebacks")
     if isinstance(node, dict):
         sub = parser.add_subparsers(dest="_command", metavar="COMMAND")
