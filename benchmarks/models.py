@@ -30,8 +30,9 @@ from pathlib import Path
 from rlcli.config import rlcli_home, server_venv_dir
 from rlcli.model import ensure_embedded_model
 from rlcli.server import private
+from rlcli.server.private import RLCLI as RLCLI  # re-exported: the benchmarks import these from here
 from rlcli.server.private import PrivateServer
-from rlcli.server.private import free_port as free_port  # re-exported: the benchmarks import it from here
+from rlcli.server.private import free_port as free_port
 from rlcli.server.private import private_env as private_env
 
 LARGE_ARCH = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,

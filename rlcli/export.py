@@ -17,7 +17,6 @@ import shutil
 import tarfile
 import tempfile
 import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Literal
 

@@ -17,12 +17,12 @@ import json
 import math
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rlcli.config import portable
+from rlcli.files import staged_file
 from rlcli.server.private import private_server
 from rlcli.train.metrics import CORRECT, REWARD, TEST_CORRECT, TRAIN_NLL
 
@@ -123,10 +123,8 @@ def record(name: str, result: dict, results_dir: str | Path | None = None) -> Pa
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
     text = portable(json.dumps(result, indent=1), ROOT)  # committed: no paths of this machine
-    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as tmp:
-        tmp.write(text + "\n")
-    Path(tmp.name).chmod(0o644)  # a result is meant to be read (it holds figures, no user data)
-    Path(tmp.name).replace(path)
+    with staged_file(path, shared=True) as f:  # a result is meant to be read (it holds figures, no user data)
+        f.write((text + "\n").encode())
     print(json.dumps(json.loads(text)))
     return path
 

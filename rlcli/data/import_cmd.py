@@ -318,8 +318,6 @@ def import_cmd(
         min_score: langsmith only: keep runs whose mean feedback score is at least this
         feedback: langsmith only: a JSONL file of feedback records to attach to their runs
     """
-    if not isinstance(input, str):
-        raise UsageError("give INPUT as a file path, or - for stdin")
     importer = IMPORTERS[format]
     if format != "langsmith" and (min_score is not None or feedback):
         raise UsageError("--min-score and --feedback apply to LangSmith runs; add -f langsmith or drop them")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -67,3 +68,16 @@ def test_fire_values_become_the_choice_they_spell():
     assert bound.arguments == {"passes": "2", "loss": "ppo", "grader": None}
     with pytest.raises(UsageError, match="--passes 3: choose from auto, 1, 2"):
         choices.checked(train_rl, (), {"passes": 3})
+
+
+def test_fire_literals_for_text_flags_are_json_again_or_refused():
+    from rlcli.data.import_cmd import import_cmd
+    from rlcli.train.rl import train_rl
+
+    config = {"clip_low_threshold": 0.9}
+    assert choices.checked(train_rl, (), {"loss_config": config}).arguments["loss_config"] == json.dumps(config)
+    with pytest.raises(UsageError, match="--input needs a value"):
+        choices.checked(import_cmd, (True,), {})
+    with pytest.raises(UsageError, match="--input: fire read 2024 as Python int, not text; quote it"):
+        choices.checked(import_cmd, (2024,), {})
+    assert choices.checked(import_cmd, ("-",), {"output": "-"}).arguments == {"input": "-", "output": "-"}

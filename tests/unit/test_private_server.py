@@ -33,3 +33,17 @@ def test_a_given_home_is_the_callers_and_kept(tmp_path):
         with private.private_server("some-model", "--no-such-flag", home=tmp_path / "mine", venv=tmp_path / "venv"):
             pass
     assert (tmp_path / "mine" / "keep").read_text() == "x"
+
+
+def test_every_benchmark_imports_and_starts_its_server_here():
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    names = sorted(p.stem for p in (repo / "benchmarks").glob("*.py"))
+    code = ("import sys; sys.path.insert(0, 'benchmarks')\n"
+            f"for name in {names!r}: __import__(name)\n"
+            "import models, rlcli.server.private as private\n"
+            "print(models.free_port is private.free_port and models.private_env is private.private_env)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, timeout=120)
+    assert proc.stdout.strip() == "True", proc.stderr
