@@ -17,7 +17,7 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rlcli.config import ensure_api_key, resolve_base_url
 from rlcli.errors import EXIT_FAILED, UsageError
@@ -26,7 +26,7 @@ from rlcli.harbor.tasks import Task, load_tasks
 from rlcli.train import run as trainer
 from rlcli.train.folder import run_folder
 
-POLICIES = ("oracle", "nop", "model")
+Policy = Literal["oracle", "nop", "model"]
 DEFAULT_COMMAND_TIMEOUT_S = 120.0
 
 
@@ -85,7 +85,7 @@ async def run_all(tasks: list[Task], policy: str, client: Any, settings: Any, fo
     return list(await asyncio.gather(*(one(t) for t in tasks)))
 
 
-def run(task_dir: str, policy: str = "oracle", task_filter: str | None = None, limit: int | None = None,
+def run(task_dir: str, policy: Policy = "oracle", task_filter: str | None = None, limit: int | None = None,
         model: str | None = None, checkpoint: str | None = None, base_url: str | None = None,
         renderer: str | None = None, max_turns: int = 10, max_tokens: int = 1024, temperature: float = 1.0,
         command_timeout: float | None = None, sandbox_timeout: float | None = None, max_sandboxes: int = 4,
@@ -112,8 +112,6 @@ def run(task_dir: str, policy: str = "oracle", task_filter: str | None = None, l
     """
     from rlcli.harbor.agent import AgentSettings
     from rlcli.harbor.sandbox import remove_mine
-    if policy not in POLICIES:
-        raise UsageError(f"unknown --policy {policy!r}: choose {', '.join(POLICIES)}")
     if policy != "model" and (model or checkpoint):
         raise UsageError(f"--model and --checkpoint choose the agent of --policy model, not {policy}")
     trainer.check_numbers(max_turns=max_turns, max_tokens=max_tokens, temperature=temperature, limit=limit,

@@ -28,7 +28,8 @@ from rlcli.errors import UsageError
 from rlcli.harbor.images import prepare_images
 from rlcli.harbor.tasks import Task, load_tasks, split_tasks, tasks_hash
 from rlcli.train import rl_loop, run
-from rlcli.train.rl_loop import RlProgress, RlSettings
+from rlcli.train.losses import Passes
+from rlcli.train.rl_loop import RlLoss, RlProgress, RlSettings
 
 RECIPE_NAME = "rlcli_train_harbor"
 RESUME_KEYS = ("model", "renderer", "loss", "group_size", "groups_per_batch")
@@ -92,8 +93,8 @@ def build_config(folder: Path, url: str, s: Settings, train: list[Task], held: l
                            max_steps=s.steps, rollout_error_tolerance=True)
 
 
-def train_harbor(dataset: str | None = None, loss: str = "gspo", loss_config: str | None = None,
-                 passes: str = "auto", model: str | None = None, base_url: str | None = None,
+def train_harbor(dataset: str | None = None, loss: RlLoss = "gspo", loss_config: str | None = None,
+                 passes: Passes = "auto", model: str | None = None, base_url: str | None = None,
                  renderer: str | None = None, task_filter: str | None = None, limit: int | None = None,
                  eval_tasks: int = 0, eval_dataset: str | None = None, eval_every: int = 10,
                  group_size: int = run.GROUP_SIZE, groups_per_batch: int = 4, max_turns: int = 10,

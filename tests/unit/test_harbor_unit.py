@@ -269,6 +269,7 @@ def fake_served(served: set[str]):
 
 
 def test_train_harbor_fails_fast_on_loss_before_the_dataset(monkeypatch):
+    from rlcli.choices import call_checked
     from rlcli.harbor.train import train_harbor
     from rlcli.train import losses
 
@@ -277,9 +278,9 @@ def test_train_harbor_fails_fast_on_loss_before_the_dataset(monkeypatch):
         train_harbor(dataset=None)
     for kwargs, needle in [({"loss": "gspo", "passes": "1"}, "does not serve gspo fused"),
                            ({"loss": "dppo"}, "does not serve loss dppo"),
-                           ({"loss": "cross_entropy"}, "unknown --loss")]:
+                           ({"loss": "cross_entropy"}, "--loss cross_entropy: choose from gspo")]:
         with pytest.raises(UsageError, match=needle):  # not the dataset's error: the loss is planned first
-            train_harbor(dataset="missing@1.0", base_url="http://127.0.0.1:9", **kwargs)
+            call_checked(train_harbor, dataset="missing@1.0", base_url="http://127.0.0.1:9", **kwargs)
     with pytest.raises(UsageError, match="--group-size must be at least 2"):
         train_harbor(dataset=str(FIXTURES), group_size=1)
 
