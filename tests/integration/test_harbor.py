@@ -8,7 +8,7 @@ an image built from content unique to a test is removed by that test.
 The fixture tasks (tests/fixtures/harbor), with what their oracle (solution/solve.sh) and nop score:
     hello-file       write a file                         oracle 1    nop 0
     sum-numbers      reward.json {"reward", "has_file"}   oracle 1    nop 0
-    network-allowed  needs the network task.toml grants   oracle 1    nop 0
+    network-allowed  needs the network (`network = true`)  oracle 1    nop 0
     partial-credit   4 checks, reward = fraction passed   oracle 0.5  nop 0  (the oracle writes 2 of 4 lines)
     always-fails     must predict a fresh kernel UUID     oracle 0    nop 0
     forgets-reward   test.sh writes no reward file        oracle 0    nop 0  (both a counted grading error)
@@ -85,10 +85,10 @@ def results(folder: Path) -> dict[str, dict]:
     return {row["task"]: row for row in rows}
 
 
-def start_sandbox(client, name: str, lifetime_s: float = 120):
+def start_sandbox(client, name: str, lifetime_s: float = 120, network: str = "task"):
     from rlcli.harbor import images, sandbox, tasks
 
-    task = tasks.load_task(FIXTURES / name)
+    task = tasks.load_task(FIXTURES / name, network=network)
     return sandbox.Sandbox.start(client, images.ensure_image(client, task)[0], task, lifetime_s)
 
 
@@ -108,7 +108,7 @@ def test_oracle_scores_each_fixture_and_the_hang_is_killed(docker_client, env, t
     assert rows["sum-numbers"]["rewards"] == {"reward": 1.0, "has_file": 1.0}  # read from reward.json
     assert rows["partial-credit"]["rewards"] == {"reward": 0.5, "passed": 2.0, "total": 4.0}
     assert "wrote no /logs/verifier/reward" in rows["forgets-reward"]["grading_error"]
-    assert "3/7 passed" in proc.stderr and "1 grading error," in proc.stderr  # counted, not hidden
+    assert "3/7 rollouts passed" in proc.stderr and "1 grading error," in proc.stderr  # counted, not hidden
     markdown = (tmp_path / "out" / "hello-file.md").read_text()
     assert "bash /solution/solve.sh" in markdown and "## Verifier" in markdown
     # The hang: killed at 3 s inside the container. Its verifier then looked for survivors from inside.
@@ -146,8 +146,8 @@ def test_hanging_command_is_killed_inside_the_container(docker_client):
         box.remove()
 
 
-def test_no_network_by_default_and_limits_are_set(docker_client):
-    box = start_sandbox(docker_client, "hello-file")
+def test_no_network_when_the_task_says_so_and_limits_are_set(docker_client):
+    box = start_sandbox(docker_client, "hello-file", network="none")  # hello-file says nothing: Harbor's public
     try:
         assert box.exec("ls /sys/class/net", 10).output.split() == ["lo"]
         assert box.exec("getent hosts deb.debian.org", 20).exit_code != 0

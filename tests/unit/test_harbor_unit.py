@@ -76,7 +76,8 @@ def test_fixture_tasks_load():
     found, skipped = tasks.find_tasks(FIXTURES)
     assert [t.name for t in found] == NAMES and skipped == []
     by_name = {t.name: t for t in found}
-    assert by_name["network-allowed"].network.public and not by_name["hello-file"].network.public
+    # rlcli's older `network = true` still reads; a task that says nothing gets Harbor's default: public.
+    assert by_name["network-allowed"].network.public and by_name["hello-file"].network.public
     assert by_name["hello-file"].limits == Limits(1.0, 256, 128)
     assert by_name["sum-numbers"].limits.memory_mb == 512
     assert by_name["hangs"].agent_timeout_s == 20  # a plain oracle run of the fixtures ends
