@@ -189,3 +189,49 @@ def test_model_policy_runs_the_steps_in_one_conversation(docker_client, embedded
     assert trajectory.transitions[-1].metrics["harbor/steps"] == 2.0
     assert trajectory.transitions[-1].metrics["harbor/reward/lines"] == 1.0  # every key reaches metrics.jsonl
     assert left_running(docker_client, owner_id()) == []
+
+
+def test_cookbook_harbor_recipe_runs_on_local_docker(docker_client, embedded_model):
+    """tinker-cookbook's own Harbor environment (recipes/harbor_rl) with rlcli's Docker sandbox as its
+    SandboxInterface: a scripted model's tool call runs in the container and the cookbook's grader scores 1."""
+    from tinker_cookbook.completers import TokenCompleter, TokensWithLogprobs
+    from tinker_cookbook.rl.rollouts import do_single_rollout
+    from tinker_cookbook.sandbox import SandboxInterface
+
+    from rlcli.harbor.cookbook_sandbox import docker_sandbox_factory, harbor_recipe
+    from rlcli.harbor.sandbox import owner_id
+    from rlcli.train import renderers
+
+    renderers.register_local_tokenizer(embedded_model)
+    recipe, factory = harbor_recipe(), docker_sandbox_factory()
+    folder = REPO / "tests" / "fixtures" / "harbor" / "hello-file"
+    task = recipe.HarborTask(task_name="hello-file", instruction=(folder / "instruction.md").read_text(),
+                             task_dir=folder)
+    builder = recipe.HarborEnvGroupBuilder(task=task, model_name=embedded_model, group_size=1, max_turns=3,
+                                           renderer_name=renderers.choose_renderer(embedded_model),
+                                           sandbox_timeout=120, command_timeout=10, grader_timeout=30,
+                                           sandbox_factory=factory)
+    call = '<tool_call>\n{"name": "bash", "arguments": {"command": "echo hello > /root/hello.txt"}}\n</tool_call>'
+    replies = [call + "<|im_end|>", "Done.<|im_end|>"]
+    outputs: list[str] = []
+
+    async def rollout():
+        (env,) = await builder.make_envs()
+        tokenizer = renderers._load_tokenizer(embedded_model)
+
+        class Scripted(TokenCompleter):
+            async def __call__(self, model_input, stop, *, max_tokens=None):
+                outputs.append(tokenizer.decode(model_input.to_ints()))
+                tokens = tokenizer.encode(replies[len(outputs) - 1], add_special_tokens=False)
+                return TokensWithLogprobs(tokens, [0.0] * len(tokens))
+
+        assert isinstance(builder._sandboxes[0], SandboxInterface)  # the cookbook's protocol, checked at run time
+        try:
+            return await do_single_rollout(Scripted(), env)
+        finally:
+            await builder.cleanup()
+
+    trajectory = asyncio.run(rollout())
+    assert sum(t.reward for t in trajectory.transitions) == 1.0
+    assert '"exit_code": 0' in outputs[1]  # the command's result went back to the model
+    assert left_running(docker_client, owner_id()) == []
