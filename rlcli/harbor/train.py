@@ -32,7 +32,7 @@ from rlcli.train.losses import Passes
 from rlcli.train.rl_loop import RlLoss, RlProgress, RlSettings
 
 RECIPE_NAME = "rlcli_train_harbor"
-RESUME_KEYS = ("model", "renderer", "loss", "group_size", "groups_per_batch")
+RESUME_KEYS = ("model", "renderer", "loss", "group_size", "groups_per_batch", "network", "reward_key")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -140,3 +140,33 @@ def test_summary_table_says_why():
     assert "FAILED" in lines[2] and lines[2].endswith("exit 1")
     assert lines[3].startswith("allowlist") and lines[3].endswith("skipped: network_mode ...")
     assert "1/2 rollouts passed" in lines[-1] and "1 tasks whose image could not be made" in lines[-1]
+
+
+class FakeImages:
+    """docker's images API as ensure_image uses it: which images exist, and what was built."""
+
+    def __init__(self, present: set[str]):
+        self.present, self.built = present, []
+
+    def get(self, name: str):
+        import docker
+
+        if name not in self.present:
+            raise docker.errors.ImageNotFound(name)
+        return name
+
+
+def test_prebuilt_image_is_preferred_when_present(tmp_path, monkeypatch):
+    """Harbor prefers docker_image over the Dockerfile; without a registry, a missing one falls back to it."""
+    from rlcli.harbor import images
+
+    folder = Path(shutil.copytree(SEMANTICS / "multi-key", tmp_path / "both"))
+    toml = folder / "task.toml"
+    toml.write_text(toml.read_text().replace("[environment]", '[environment]\ndocker_image = "vendor/prebuilt:1"'))
+    task = tasks.load_task(folder)
+    built: list[str] = []
+    monkeypatch.setattr(images, "build_image", lambda client, t, tag: built.append(tag))
+    assert images.ensure_image(SimpleNamespace(images=FakeImages({"vendor/prebuilt:1"})), task) == \
+        ("vendor/prebuilt:1", False) and built == []
+    image, made = images.ensure_image(SimpleNamespace(images=FakeImages(set())), task)
+    assert made and image.startswith("rlcli-harbor/both:") and built == [image]
