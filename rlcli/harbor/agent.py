@@ -23,7 +23,7 @@ from tinker_cookbook.renderers.base import Message, Renderer, get_text_content
 from tinker_cookbook.rl.types import Env, StepResult
 
 from rlcli.harbor.phases import begin_step, end_step, finish
-from rlcli.harbor.sandbox import ExecResult, Sandbox, SandboxError, SandboxPool
+from rlcli.harbor.sandbox import ExecResult, Sandbox, SandboxError, SandboxPool, script_command
 from rlcli.harbor.taskconfig import Step
 from rlcli.harbor.tasks import Task
 
@@ -283,7 +283,7 @@ async def run_solution(sandbox: Sandbox, task: Task, step: Step, record: Record,
     name = f" for step {step.name}" if step.name else ""
     record.turns.append({"assistant": f"(oracle) runs the task's {solution.relative_to(task.path)}{name}",
                          "commands": []})
-    command = f"{sandbox.shell} /solution/solve.sh"
+    command = script_command("/solution/solve.sh")
     result = await asyncio.to_thread(sandbox.exec, command, settings.solve_budget(step), None, env=task.solution_env)
     record.add_command(command, result)
     return result.timed_out

@@ -299,6 +299,12 @@ class Sandbox:
         _remove(self.container)
 
 
+def script_command(path: str) -> str:
+    """Run a task's script as Harbor does: made executable and run directly, so its shebang chooses the
+    interpreter (a script without one runs in the shell, which falls back to reading it)."""
+    return f"chmod +x {path} 2>/dev/null; {path}"
+
+
 class _Capped:
     """A command's output, its first and last limit/2 bytes: errors tend to be at the end."""
 

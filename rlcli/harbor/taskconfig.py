@@ -159,14 +159,13 @@ def step_names(doc: dict[str, Any]) -> list[str]:
     return [t.get("name") for t in doc.get("steps") or [] if isinstance(t, dict) and isinstance(t.get("name"), str)]
 
 
-def unapplied(env: dict[str, Any], verifier: dict[str, Any]) -> list[str]:
+def unapplied(env: dict[str, Any], verifier: dict[str, Any], agent: dict[str, Any]) -> list[str]:
     """What the task asks for that rlcli's one local container does not do (said in the run's summary)."""
     notes = [f"{key} = {env[key]!r}" for key in UNAPPLIED if env.get(key) not in (None, [], {}, 0)]
     if verifier.get("environment") is not None or verifier.get("environment_mode") == "separate":
         notes.append("a separate verifier environment (the verifier runs in the agent's container)")
-    for key in ("user",):
-        if verifier.get(key) is not None:
-            notes.append(f"[verifier] {key}")
+    notes += [f"[{name}] user (commands run as the image's user)" for name, table in
+              (("agent", agent), ("verifier", verifier)) if table.get("user") is not None]
     return notes
 
 

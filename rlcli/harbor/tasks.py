@@ -173,7 +173,8 @@ def parse_task_toml(text: str, where: str = "task.toml",
             "build_timeout_s": taskconfig.positive(env, "build_timeout_sec", taskconfig.DEFAULT_BUILD_TIMEOUT_S, here),
             "workdir": workdir, "env": taskconfig.resolve_env(env.get("env"), here),
             "solution_env": taskconfig.resolve_env((doc.get("solution") or {}).get("env"), f"{where} [solution]"),
-            "reward_strategy": strategy, "notes": tuple(taskconfig.unapplied(env, verifier))}
+            "reward_strategy": strategy,
+            "notes": tuple(taskconfig.unapplied(env, verifier, doc.get("agent") or {}))}
 
 
 def _instructions(folder: Path, doc: dict[str, Any]) -> dict[str | None, str]:

@@ -19,7 +19,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from rlcli.harbor.sandbox import Sandbox
+from rlcli.harbor.sandbox import Sandbox, script_command
 from rlcli.harbor.taskconfig import Step
 from rlcli.harbor.tasks import Task
 
@@ -91,7 +91,7 @@ async def grade(sandbox: Sandbox, task: Task, step: Step) -> Verdict:
         folders, script = task.tests(step)
         for n, folder in enumerate(folders):
             await run(sandbox.put_folder, folder, "/tests", n == 0)
-        result = await run(sandbox.exec, f"{sandbox.shell} /tests/{script}", step.verifier_timeout_s,
+        result = await run(sandbox.exec, script_command(f"/tests/{script}"), step.verifier_timeout_s,
                            sandbox.workdir, env=step.verifier_env)
         files = [await run(sandbox.read_file, f"{REWARD_DIR}/reward.{ext}") for ext in ("json", "txt")]
     finally:

@@ -110,7 +110,7 @@ def test_oracle_scores_each_fixture_and_the_hang_is_killed(docker_client, env, t
     assert "wrote no /logs/verifier/reward" in rows["forgets-reward"]["grading_error"]
     assert "3/7 rollouts passed" in proc.stderr and "1 grading error," in proc.stderr  # counted, not hidden
     markdown = (tmp_path / "out" / "hello-file.md").read_text()
-    assert "bash /solution/solve.sh" in markdown and "## Verifier" in markdown
+    assert "; /solution/solve.sh" in markdown and "## Verifier" in markdown  # run directly: its shebang decides
     # The hang: killed at 3 s inside the container. Its verifier then looked for survivors from inside.
     hang = json.loads((tmp_path / "out" / "hangs.json").read_text())
     command = hang["turns"][0]["commands"][0]

@@ -5,7 +5,8 @@ The fixture tasks (tests/fixtures/harbor-semantics), with what their oracle and 
     phase-network         agent offline, verifier online     oracle 1     nop 0   (--network none: oracle 0)
     multi-key             {"correctness", "style"}           oracle 0.75  nop 0   (--reward-key style: 0.5)
     entrypoint-service    needs what its ENTRYPOINT starts   oracle 1     nop 0
-    multi-step            two steps, min_reward on the first oracle 1     nop 0   (nop stops after step 1)
+    multi-step            two steps, min_reward on the first oracle 1     nop 0   (nop stops after step 1;
+                          step 1's test.sh is a perl script: scripts run by their shebang)
     prebuilt-workdir-env  docker_image, workdir, env tables  oracle 1     nop 0
     allowlist             network_mode = "allowlist"         refused; with --network none: oracle 1
     broken-build          a RUN step that fails              skipped with the build's last line

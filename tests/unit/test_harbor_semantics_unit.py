@@ -170,3 +170,11 @@ def test_prebuilt_image_is_preferred_when_present(tmp_path, monkeypatch):
         ("vendor/prebuilt:1", False) and built == []
     image, made = images.ensure_image(SimpleNamespace(images=FakeImages(set())), task)
     assert made and image.startswith("rlcli-harbor/both:") and built == [image]
+
+
+def test_what_is_not_applied_is_named():
+    text = ('[agent]\nuser = "agent"\n[verifier.environment]\ncpus = 1\n'
+            '[environment]\ngpus = 1\nstorage_mb = 512\nhealthcheck = { command = "true" }\n')
+    notes = tasks.parse_task_toml(text, "t/task.toml")["notes"]
+    assert notes[:2] == ("storage_mb = 512", "gpus = 1") and notes[2].startswith("healthcheck")
+    assert "a separate verifier environment" in notes[3] and notes[4].startswith("[agent] user")
