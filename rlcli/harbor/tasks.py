@@ -299,9 +299,11 @@ def folder_hash(folder: Path) -> str:
 
 
 def tasks_hash(tasks: list[Task]) -> str:
-    """What --resume compares: task names with their environment, tests and instruction."""
-    parts = [f"{t.name}:{folder_hash(t.environment)}:{folder_hash(t.path / 'tests')}:{folder_hash(t.path / 'steps')}:"
-             f"{hashlib.sha256(t.instruction.encode()).hexdigest()}" for t in sorted(tasks, key=lambda t: t.name)]
+    """What --resume compares: task names with their environment, tests, steps and instruction (a task
+    without steps/ hashes as it did before steps existed, so older runs still resume)."""
+    parts = [f"{t.name}:{folder_hash(t.environment)}:{folder_hash(t.path / 'tests')}:"
+             + (f"{folder_hash(t.path / 'steps')}:" if (t.path / "steps").is_dir() else "")
+             + hashlib.sha256(t.instruction.encode()).hexdigest() for t in sorted(tasks, key=lambda t: t.name)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
