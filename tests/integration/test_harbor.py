@@ -235,12 +235,15 @@ def builder_contexts(since: float) -> list[str]:
 @pytest.mark.server
 @pytest.mark.timeout(600)
 def test_train_harbor_one_step(docker_client, server, tmp_path):
-    """One step over all 7 fixtures x 2 rollouts, one task's image built by the run itself (a file only
-    this test has joins its build context), with a TMPDIR of its own: afterwards no container and no build
-    context is left, neither rlcli's (in TMPDIR) nor the daemon's."""
+    """One step over all 7 fixtures and two of Harbor's newer forms (a multi-key reward.json, a multi-step
+    task) x 2 rollouts, one task's image built by the run itself (a file only this test has joins its build
+    context), with a TMPDIR of its own: afterwards no container and no build context is left, neither
+    rlcli's (in TMPDIR) nor the daemon's."""
     from rlcli.harbor import images, tasks
 
     dataset = Path(shutil.copytree(FIXTURES, tmp_path / "tasks"))
+    for name in ("multi-key", "multi-step"):
+        shutil.copytree(REPO / "tests" / "fixtures" / "harbor-semantics" / name, dataset / name)
     (dataset / "hello-file" / "environment" / "nonce.txt").write_text(f"{tmp_path}\n")
     tag = images.image_tag(tasks.load_task(dataset / "hello-file"))
     scratch = tmp_path / "tmpdir"
@@ -248,7 +251,7 @@ def test_train_harbor_one_step(docker_client, server, tmp_path):
     folder, started = tmp_path / "run", time.time()
     try:
         proc, owner = rlcli("train", "harbor", "--loss", "gspo", "--dataset", str(dataset), "--max-steps", "1",
-                            "--groups-per-batch", "7", "--group-size", "2", "--max-turns", "2", "--max-tokens", "32",
+                            "--groups-per-batch", "9", "--group-size", "2", "--max-turns", "2", "--max-tokens", "32",
                             "--command-timeout", "5", "--base-url", server.url, "--log-path", str(folder),
                             env=dict(server.env, TMPDIR=str(scratch)), timeout=540)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -256,8 +259,10 @@ def test_train_harbor_one_step(docker_client, server, tmp_path):
         metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
         step = next(m for m in metrics if "env/all/reward/total" in m)
         assert 0.0 <= step["env/all/reward/total"] <= 1.0 and step["env/all/harbor/grading_error"] > 0
+        assert {"env/all/harbor/reward/correctness", "env/all/harbor/reward/style"} <= set(step)  # every key
         records = [json.loads(p.read_text()) for p in (folder / "trajectories").rglob("*.json")]
-        assert len(records) == 14  # 7 tasks x 2 rollouts, each graded
+        assert len(records) == 18  # 9 tasks x 2 rollouts, each graded
+        assert all(r["steps"] and r["steps"][0]["name"] == "create" for r in records if r["task"] == "multi-step")
         assert all(r["stop"] and r["error"] is None for r in records)
         assert sorted(r["task"] for r in records if r["grading_error"]) == ["forgets-reward"] * 2
         markdown = next((folder / "trajectories").rglob("hello-file-0.md")).read_text()
