@@ -26,7 +26,7 @@ from rlcli.config import ensure_api_key, resolve_base_url
 from rlcli.errors import EXIT_FAILED, UsageError
 from rlcli.harbor.images import prepare_images
 from rlcli.harbor.summary import summary_table
-from rlcli.harbor.tasks import Task, load_tasks
+from rlcli.harbor.tasks import NetworkChoice, Task, load_tasks
 from rlcli.train import run as trainer
 from rlcli.train.folder import run_folder
 
@@ -93,7 +93,8 @@ def run(task_dir: str, policy: Policy = "oracle", task_filter: str | None = None
         model: str | None = None, checkpoint: str | None = None, base_url: str | None = None,
         renderer: str | None = None, max_turns: int = 10, max_tokens: int = 1024, temperature: float = 1.0,
         command_timeout: float | None = None, sandbox_timeout: float | None = None, max_sandboxes: int = 4,
-        rollouts: int = 1, network: str = "task", reward_key: str | None = None, output: str | None = None) -> int:
+        rollouts: int = 1, network: NetworkChoice = "task", reward_key: str | None = None,
+        output: str | None = None) -> int:
     """Run Harbor tasks in local Docker and grade them with their tests, without training.
 
     Args:

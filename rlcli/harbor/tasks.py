@@ -28,7 +28,7 @@ import tomllib
 import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rlcli.config import rlcli_home
 from rlcli.errors import UsageError
@@ -39,7 +39,7 @@ from rlcli.harbor.taskconfig import OFFLINE, Network, Step
 # Harbor's registry of datasets (name, version, tasks with git_url, git_commit_id, path).
 REGISTRY_URL = "https://raw.githubusercontent.com/laude-institute/harbor/main/registry.json"
 DATASET_SPEC = re.compile(r"^[A-Za-z0-9][\w.-]*@[\w.-]+$")
-NETWORK_CHOICES = ("task", "none")  # --network: as each task.toml says, or off for every phase
+NetworkChoice = Literal["task", "none"]  # --network: as each task.toml says, or off for every phase
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,7 @@ def refuse_allowlist(folder: Path, steps: tuple[Step, ...], baseline: Network) -
                          "run it in Harbor")
 
 
-def load_task(folder: Path, name: str | None = None, network: str = "task") -> Task:
+def load_task(folder: Path, name: str | None = None, network: NetworkChoice = "task") -> Task:
     """One task folder, checked; a UsageError says what is missing. network="none" turns every phase off."""
     toml = folder / "task.toml"
     text = toml.read_text(encoding="utf-8") if toml.is_file() else ""
@@ -228,7 +228,8 @@ def is_task_folder(path: Path) -> bool:
     return (path / "task.toml").is_file() or (path / "instruction.md").is_file()
 
 
-def find_tasks(root: Path, max_depth: int = 3, network: str = "task") -> tuple[list[Task], list[tuple[str, str]]]:
+def find_tasks(root: Path, max_depth: int = 3,
+               network: NetworkChoice = "task") -> tuple[list[Task], list[tuple[str, str]]]:
     """(tasks, [(folder, why skipped)]) under root: root itself if it is a task, else task folders below it.
 
     Harbor's downloads nest tasks one level down (<hash>/<task>/); folders that cannot run are
@@ -381,9 +382,7 @@ def _git(*args: str) -> None:
 
 
 def load_tasks(dataset: str, task_filter: str | None, limit: int | None, label: str = "--dataset",
-               network: str = "task", found_skipped: list[tuple[str, str]] | None = None) -> list[Task]:
-    if network not in NETWORK_CHOICES:
-        raise UsageError(f"unknown --network {network!r}: choose task (as each task.toml says) or none (no network)")
+               network: NetworkChoice = "task", found_skipped: list[tuple[str, str]] | None = None) -> list[Task]:
     tasks, skipped = find_tasks(resolve_dataset(dataset), network=network)
     if found_skipped is not None:
         found_skipped += skipped

@@ -26,7 +26,7 @@ from typing import Any
 from rlcli.config import resolve_base_url
 from rlcli.errors import UsageError
 from rlcli.harbor.images import prepare_images
-from rlcli.harbor.tasks import Task, load_tasks, split_tasks, tasks_hash
+from rlcli.harbor.tasks import NetworkChoice, Task, load_tasks, split_tasks, tasks_hash
 from rlcli.train import rl_loop, run
 from rlcli.train.losses import Passes
 from rlcli.train.rl_loop import RlLoss, RlProgress, RlSettings
@@ -45,7 +45,7 @@ class Settings(RlSettings):
     command_timeout: float = 120.0
     sandbox_timeout: float | None = None
     max_sandboxes: int = 4
-    network: str = "task"
+    network: NetworkChoice = "task"
     reward_key: str | None = None
 
 
@@ -115,7 +115,7 @@ def train_harbor(dataset: str | None = None, loss: RlLoss = "gspo", loss_config:
                  max_tokens: int = 1024, temperature: float = run.TEMPERATURE, lr: float = run.RL_LR,
                  lora_rank: int = run.LORA_RANK, command_timeout: float = 120.0, sandbox_timeout: float | None = None,
                  max_sandboxes: int = 4, max_steps: int | None = None, save_every: int = run.SAVE_EVERY,
-                 log_path: str | None = None, resume: bool = False, network: str = "task",
+                 log_path: str | None = None, resume: bool = False, network: NetworkChoice = "task",
                  reward_key: str | None = None, dry_run: bool = False) -> int:
     """Train a LoRA agent with RL on Harbor tasks run in local Docker; each rollout's test verdict is its reward.
 

@@ -61,8 +61,11 @@ def test_network_none_turns_every_phase_off():
     assert task.needs_network and task.describe_network() == "agent no-network, verifier public"
     forced = tasks.load_task(SEMANTICS / "phase-network", network="none")
     assert not forced.needs_network and forced.describe_network() == "no-network"
-    with pytest.raises(UsageError, match="unknown --network 'off'"):
-        tasks.load_tasks(str(SEMANTICS / "phase-network"), None, None, network="off")
+    from rlcli.choices import choices_of
+    from rlcli.harbor.run import run
+    from rlcli.harbor.train import train_harbor
+
+    assert choices_of(run)["network"] == choices_of(train_harbor)["network"] == ("task", "none")
 
 
 def test_semantics_fixtures_load():
