@@ -161,18 +161,9 @@ def _messages(system: str | None, history: list[dict[str, str]]) -> list[dict[st
     return ([{"role": "system", "content": system}] if system else []) + history
 
 
-def sample(
-    prompt: str | None = None,
-    checkpoint: str | None = None,
-    model: str | None = None,
-    system: str | None = None,
-    max_tokens: int = 256,
-    temperature: float = 0.7,
-    n: int = 1,
-    seed: int = 0,
-    base_url: str | None = None,
-    tokenizer: str | None = None,
-) -> int:
+def sample(prompt: str | None = None, checkpoint: str | None = None, model: str | None = None,
+           system: str | None = None, max_tokens: int = 256, temperature: float = 0.7, n: int = 1, seed: int = 0,
+           base_url: str | None = None, tokenizer: str | None = None) -> int:
     """Sample completions for one prompt, rendered with the model's chat template.
 
     Args:
@@ -203,16 +194,8 @@ def sample(
     return 0
 
 
-def chat(
-    checkpoint: str | None = None,
-    model: str | None = None,
-    system: str | None = None,
-    max_tokens: int = 256,
-    temperature: float = 0.7,
-    seed: int = 0,
-    base_url: str | None = None,
-    tokenizer: str | None = None,
-) -> int:
+def chat(checkpoint: str | None = None, model: str | None = None, system: str | None = None, max_tokens: int = 256,
+         temperature: float = 0.7, seed: int = 0, base_url: str | None = None, tokenizer: str | None = None) -> int:
     """Chat turn by turn: each stdin line is a user message; /reset clears the history, /exit or EOF ends.
 
     Args:

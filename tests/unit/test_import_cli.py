@@ -97,7 +97,7 @@ def test_bad_json_is_an_error_naming_its_line_or_skipped_and_counted():
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["-", "-f", "xml"], "unknown format 'xml'"),
+        (["-", "-f", "xml"], "argument --format/-f: invalid choice: 'xml'"),
         (["-", "--join-trace"], "-f otel"),
         (["-", "--min-score", "0.5"], "-f langsmith"),
         (["/no/such/file.jsonl"], "is not a file"),

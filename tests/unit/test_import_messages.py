@@ -196,6 +196,7 @@ def test_train_sl_names_the_first_bad_line(line, says):
 def test_every_fixture_output_loads_as_one_arrow_table():
     """FromConversationFileBuilder loads rows with datasets.Dataset.from_list: one Arrow schema for all."""
     pa = pytest.importorskip("pyarrow")
+    from rlcli.data import traces
     from rlcli.data.import_cmd import Run, langsmith
     from rlcli.data.importers import IMPORTERS
 
@@ -203,6 +204,10 @@ def test_every_fixture_output_loads_as_one_arrow_table():
     for fmt in ("openai", "anthropic", "messages"):
         Run().stream((FIXTURES / f"{fmt}.jsonl").read_bytes().splitlines(), IMPORTERS[fmt], rows.append)
     langsmith(Run(), (FIXTURES / "langsmith.jsonl").read_bytes().splitlines(), rows.append)
+    Run().stream((FIXTURES / "responses.jsonl").read_bytes().splitlines(), IMPORTERS["openai"], rows.append)
+    Run().stream((FIXTURES / "gemini.jsonl").read_bytes().splitlines(), IMPORTERS["gemini"], rows.append)
+    run = Run()
+    traces.stream(run, (FIXTURES / "otel.jsonl").read_bytes().splitlines(), run.emitter(rows.append))
     # Two tools whose schemas give the same field different types: fine as JSON-string parameters.
     clash = [
         {"type": "function", "function": {"name": "a", "parameters": {"default": 1}}},
@@ -213,4 +218,4 @@ def test_every_fixture_output_loads_as_one_arrow_table():
         record = {"tools": [tool], "messages": messages}
         rows.append(json.dumps(finalize(from_messages(record, Counter()), Options())).encode())
     table = pa.Table.from_pylist([json.loads(r) for r in rows])
-    assert table.num_rows == len(rows) == 3 + 6 + 4 + 6 + 2
+    assert table.num_rows == len(rows) == 3 + 6 + 4 + 6 + 7 + 4 + 6 + 2
