@@ -15,8 +15,8 @@ chats, tool calls, image parts, n>1 choices now and then) in a private temporary
 OpenTelemetry records (benchmarks/import_dumps.py, with a naive json loop for each).
 For those, json_passthrough also times (in-process) a loop that only copies each record's own message
 lists (no reshaping): the floor a first try sets. Writes benchmarks/receipts/import-<date>.json
-(import-<format>-<date>.json for the others): hardware, versions, config, every raw timing, medians,
-spread and the ratios. The dump is deleted at the end.
+(import-<format>-<date>.json for the others): hardware, versions, config, every raw timing (wall, and
+CPU seconds, which a loaded machine disturbs less), medians, spread and the ratios. The dump is deleted at the end.
 """
 
 from __future__ import annotations
@@ -161,8 +161,8 @@ def _vmhwm_kb(pid: int) -> int:
         return 0
 
 
-def _child(cmd: list[str]) -> tuple[float, float, float]:
-    """(seconds, peak RSS MB, ru_maxrss MB) of one child process.
+def _child(cmd: list[str]) -> tuple[float, float, float, float]:
+    """(seconds, peak RSS MB, ru_maxrss MB, CPU seconds) of one child process.
 
     Peak RSS is the kernel's high-water mark of the child's own memory (VmHWM), read every
     5 ms until it exits; the import's memory is flat, so the last reading is its peak.
@@ -182,13 +182,25 @@ def _child(cmd: list[str]) -> tuple[float, float, float]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise SystemExit(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr.read().decode()[-500:]}")
-    return seconds, peak_kb / 1024, usage.ru_maxrss / 1024  # Linux reports kilobytes
+    cpu = usage.ru_utime + usage.ru_stime
+    return seconds, peak_kb / 1024, usage.ru_maxrss / 1024, cpu  # Linux reports kilobytes
 
 
-def _timed(fn, *args) -> float:
-    start = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - start
+class _Clock:
+    """Wall and CPU seconds of each timed call, kept under the variant's name.
+
+    CPU time is what the work itself cost: on a machine that other jobs load, wall time also holds
+    the time spent waiting for a core, which swings far more between rounds.
+    """
+
+    def __init__(self, times: dict, cpu: dict) -> None:
+        self.times, self.cpu = times, cpu
+
+    def run(self, name: str, fn, *args) -> None:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        fn(*args)
+        self.times[name].append(time.perf_counter() - start)
+        self.cpu[name].append(time.process_time() - cpu_start)
 
 
 def _versions() -> dict:
@@ -217,7 +229,7 @@ def _hardware() -> dict:
     return {"cpu_model": model, "cpu_count": os.cpu_count(), "memory_gb": round(mem / 2**20, 1)}
 
 
-def _round(work: Path, dump: Path, times: dict, rss: dict, format: str) -> None:
+def _round(work: Path, dump: Path, clock: _Clock, rss: dict, format: str) -> None:
     from rlcli.data.import_cmd import import_cmd
 
     rlcli_bin = str(Path(sys.executable).with_name("rlcli"))
@@ -232,21 +244,22 @@ def _round(work: Path, dump: Path, times: dict, rss: dict, format: str) -> None:
         finally:
             sys.argv = saved
 
-    times["json_baseline"].append(_timed(run_baseline))
+    clock.run("json_baseline", run_baseline)
     if format in PASSTHROUGH:
         passthrough = compile(PASSTHROUGH[format], "passthrough", "exec")
         saved, sys.argv = sys.argv, ["passthrough", str(dump), str(work / "pass.jsonl")]
         try:
-            times["json_passthrough"].append(_timed(exec, passthrough, {"__name__": "passthrough"}))
+            clock.run("json_passthrough", exec, passthrough, {"__name__": "passthrough"})
         finally:
             sys.argv = saved
-    times["import_inprocess"].append(_timed(import_cmd, str(dump), fmt, str(work / "inproc.jsonl")))
+    clock.run("import_inprocess", import_cmd, str(dump), fmt, str(work / "inproc.jsonl"))
     for name, cmd in (
         ("import_subprocess", [rlcli_bin, "import", str(dump), "-f", fmt, "-o", str(work / "sub.jsonl")]),
         ("json_baseline_subprocess", [sys.executable, "-c", code, str(dump), str(work / "b.jsonl")]),
     ):
-        seconds, peak, upper = _child(cmd)
-        times[name].append(seconds)
+        seconds, peak, upper, cpu = _child(cmd)
+        clock.times[name].append(seconds)
+        clock.cpu[name].append(cpu)
         rss[name].append(peak)
         rss[name + "_ru_maxrss_upper_bound"].append(upper)
 
@@ -278,11 +291,18 @@ def main(
         names = ("json_baseline", "import_inprocess", "import_subprocess", "json_baseline_subprocess")
         extra = ("json_passthrough",) if format in PASSTHROUGH else ()
         times: dict[str, list[float]] = {k: [] for k in names + extra}
+        cpu: dict[str, list[float]] = {k: [] for k in names + extra}
         rss: dict[str, list[float]] = {k + sfx: [] for k in names[2:] for sfx in ("", "_ru_maxrss_upper_bound")}
         for _ in range(runs):
-            _round(work, dump, times, rss, format)
+            _round(work, dump, _Clock(times, cpu), rss, format)
         written = sum(1 for _ in open(work / "inproc.jsonl", "rb"))
         receipt = _receipt(dump.stat().st_size, records, runs, seed, times, rss, written, format)
+        receipt["cpu_s"] = cpu
+        med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+        receipt["ratio_cpu"] = {
+            "inprocess": med_cpu["json_baseline"] / med_cpu["import_inprocess"],
+            "subprocess": med_cpu["json_baseline_subprocess"] / med_cpu["import_subprocess"],
+        }
         # Other work on the machine slows both sides; rounds alternate so the ratio suffers least.
         receipt["load_average_1_5_15"] = {"before": load_before, "after": os.getloadavg()}
     finally:
@@ -291,7 +311,8 @@ def main(
     out = Path(receipt_dir) / f"import-{label}{dt.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(portable(json.dumps(receipt, indent=2), ROOT) + "\n")
-    print(json.dumps({"receipt": str(out), **receipt["ratio"], "peak_rss_mb": receipt["peak_rss_mb"]}))
+    print(json.dumps({"receipt": str(out), **receipt["ratio"], "cpu": receipt["ratio_cpu"],
+                      "peak_rss_mb": receipt["peak_rss_mb"]["import_subprocess"]}))  # fmt: skip
 
 
 def _receipt(size: int, records: int, runs: int, seed: int, times: dict, rss: dict, written: int, fmt: str) -> dict:

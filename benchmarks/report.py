@@ -158,7 +158,10 @@ def other_rows(receipts: list[dict]) -> list[str]:
             continue
         shown.add(fmt)
         ratio, rss = r["ratio"], r.get("peak_rss_mb", {}).get("import_subprocess")
-        extra = f"; peak RSS {rss:.0f} MB" if rss and fmt != "openai" else ""
+        extra = ""
+        if "ratio_cpu" in r:  # CPU seconds: what the work cost, without the waits of a loaded machine
+            extra += f" (CPU time {r['ratio_cpu']['inprocess']:.1f}×, {r['ratio_cpu']['subprocess']:.1f}×)"
+        extra += f"; peak RSS {rss:.0f} MB" if rss and fmt != "openai" else ""
         if "inprocess_speedup_vs_json_passthrough" in ratio:
             extra += f"; {ratio['inprocess_speedup_vs_json_passthrough']:.1f}× a loop that only copies message lists"
         rows.append(f"| `rlcli import` vs a json-module loop, {r['config']['bytes'] / 1e6:.0f} MB "
