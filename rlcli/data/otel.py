@@ -132,15 +132,21 @@ def _json(v: Any) -> Any:
 
 def from_span(span: Any, parts: Counter[str]) -> Conversation | str:
     """One span -> its LLM call's conversation, or the reason it has none."""
+    if type(span) is dict and not span.get("events") and type(attrs := span.get("attributes")) is list:
+        # An HTTP, database... span (most of a trace) is told from its raw attribute keys, undecoded.
+        if not any(type(a) is dict and str(a.get("key")).startswith(_PREFIXES) for a in attrs):
+            return "non_llm_span"
     try:
         conv = _convert(span, parts)
     except Skip as skip:
         return skip.reason
-    trace, sid = ids(span)
+    trace, sid = span.get("traceId"), span.get("spanId")
+    if trace is None:  # the console exporter's form, or snake_case
+        trace, sid = ids(span)
     if trace:
-        conv["trace_id"] = trace
+        conv["trace_id"] = str(trace)
     if sid:
-        conv["span_id"] = sid
+        conv["span_id"] = str(sid)
     return conv
 
 
@@ -196,6 +202,10 @@ def _semconv(attrs: dict[str, Any], parts: Counter[str]) -> Conversation:
 def _system_parts(value: Any, parts: Counter[str]) -> list[Message]:
     if value is None:
         return []
+    if type(value) is list and len(value) == 1 and type(value[0]) is dict and value[0].get("type") == "text":
+        text = value[0].get("content")  # one text part: the common case
+        if type(text) is str:
+            return [{"role": "system", "content": text}] if text else []
     items = value if isinstance(value, list) else [value]
     texts = [t for t in (_part_text(p, parts) for p in items) if t]
     return [{"role": "system", "content": "\n".join(texts)}] if texts else []
