@@ -50,7 +50,7 @@ COMMANDS: dict[str, Any] = {
         },
     ),
     "import": (
-        "convert chat logs (openai|anthropic|messages|langsmith) to training JSONL",
+        "convert chat logs (openai|anthropic|gemini|messages|langsmith|otel) to training JSONL",
         "rlcli.data.import_cmd:import_cmd",
     ),
     "harbor": (

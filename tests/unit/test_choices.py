@@ -20,7 +20,7 @@ HARBOR_TASKS = str(REPO / "tests" / "fixtures" / "harbor")
 BAD = [
     (["export", "tinker://r/sampler_weights/1", "--format", "zip"], ["export.py", "tinker://r/sampler_weights/1",
                                                                      "--format", "zip"], "--format", "zip"),
-    (["import", "-", "-f", "gemini"], ["import.py", "--input=-", "--format", "gemini"], "--format", "gemini"),
+    (["import", "-", "-f", "xml"], ["import.py", "--input=-", "--format", "xml"], "--format", "xml"),
     (["train", "rl", "--loss", "dro"], ["train_rl.py", "--loss", "dro"], "--loss", "dro"),
     (["train", "rl", "--passes", "3"], ["train_rl.py", "--passes", "3"], "--passes", "3"),
     (["train", "harbor", "--loss", "cross_entropy"], ["harbor.py", "train", "--loss", "cross_entropy"], "--loss",
@@ -55,7 +55,7 @@ def test_choices_are_read_from_literal_annotations():
     from rlcli.data.importers import IMPORTERS
     from rlcli.train.rl import train_rl
 
-    assert choices.choices_of(import_cmd) == {"format": tuple(IMPORTERS)}  # one name per importer
+    assert choices.choices_of(import_cmd) == {"format": (*IMPORTERS, "otel")}  # one name per importer, and otel
     assert choices.choices_of(train_rl) == {"loss": ("gspo", "cispo", "dppo", "ppo", "importance_sampling"),
                                             "passes": ("auto", "1", "2"),
                                             "grader": ("auto", "gsm8k", "numeric", "exact")}
