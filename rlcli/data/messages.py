@@ -5,7 +5,8 @@ ShareGPT) into normalized messages; `finalize` applies the user's flags (drop to
 drop thinking, redact) to a whole conversation, removes empty turns, merges
 consecutive same-role turns and checks that something trainable is left. Pure code.
 
-The shape is what tinker-cookbook's FromConversationFileBuilder and renderers read:
+The shape is what tinker-cookbook's renderers read (through rlcli.train.sl_data) and what its own
+FromConversationFileBuilder loads:
 - every message has `role` (system|user|assistant|tool) and `content`, always a str.
   `developer` becomes `system` (renderers know system; gpt-oss maps it back itself);
   LangChain (human, ai) and ShareGPT (from/value, gpt) names are mapped.

@@ -182,14 +182,15 @@ def recipe(folder: Path, url: str, data: Dataset, s: Settings) -> Iterator[Calla
 
     from tinker_cookbook.renderers import TrainOnWhat
     from tinker_cookbook.supervised import train
-    from tinker_cookbook.supervised.data import FromConversationFileBuilder
     from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+
+    from rlcli.train.sl_data import ConversationFileBuilder
 
     with private_copy(data.payload) as data_path:
         common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=s.model, renderer_name=s.renderer,
                                                 max_length=s.max_length, batch_size=s.batch_size,
                                                 train_on_what=TrainOnWhat(s.train_on_what))
-        builder = FromConversationFileBuilder(common_config=common, file_path=data_path, test_size=s.test_size)
+        builder = ConversationFileBuilder(common_config=common, file_path=data_path, test_size=s.test_size)
         config = train.Config(log_path=str(folder), model_name=s.model, recipe_name=RECIPE_NAME,
                               renderer_name=s.renderer, dataset_builder=builder, learning_rate=s.lr,
                               num_epochs=s.epochs, lora_rank=s.lora_rank, base_url=url, save_every=s.save_every,

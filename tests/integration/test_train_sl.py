@@ -130,3 +130,16 @@ def test_resume_continues_from_the_last_checkpoint(server, tmp_path):
     assert steps == list(range(resume_step, 8))
     assert rows(run / "checkpoints.jsonl")[-1]["name"] == "final"
     assert (run / MODELS_FILE).read_text() == ""  # the crashed attempt's slot and the resumed one's: both freed
+
+
+def test_imported_tool_calls_train(server, tmp_path):
+    """Logged tool calls (OpenAI shape, as `rlcli import` writes them) go through a real SFT step."""
+    imported = run_rlcli("import", str(REPO / "tests" / "fixtures" / "import" / "openai.jsonl"), "-f", "openai",
+                         check=True).stdout
+    assert '"tool_calls"' in imported
+    proc = run_rlcli(*TRAIN, "--dataset", "-", "--batch-size", "2", "--max-steps", "2", "--save-every", "0",
+                     "--renderer", "qwen3", "--log-path", str(tmp_path / "run"), "--base-url", server.url,
+                     env=server.env, input=imported, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [r for r in rows(tmp_path / "run" / "metrics.jsonl") if "train_mean_nll" in r]
+    assert len(steps) == 2 and all(r["train_mean_nll"] > 0 for r in steps)
