@@ -64,6 +64,11 @@ COMMANDS: dict[str, Any] = {
     "eval": ("score a checkpoint or the base model on train rl's held-out problems", "rlcli.evaluate:evaluate"),
     "export": ("download sampler weights as a PEFT adapter or merged Hugging Face model", "rlcli.export:export"),
     "doctor": ("check this machine and the server: one line per check, with the fix", "rlcli.doctor:doctor"),
+    "tenant": ("API keys of a server a team shares (`serve start --tenants`)", {
+        "add": ("add a tenant and print its key once", "rlcli.tenants:add"),
+        "list": ("list tenants and their quotas (never keys)", "rlcli.tenants:list_"),
+        "revoke": ("remove a tenant; servers refuse its key from the next request", "rlcli.tenants:revoke"),
+    }),
     "model": ("the embedded tiny model", _functions_of("rlcli.model", {
         "install": "put the shipped model in RLCLI_HOME (no build) and print its folder",
         "build": "run the recipe that made the shipped model; say whether the bytes match",

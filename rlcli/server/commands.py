@@ -87,6 +87,8 @@ def start(
     name: str = "default",
     extensions: bool = True,
     slots: int | None = None,
+    tenants: bool = False,
+    insecure: bool = False,
 ) -> int:
     """Start SkyRL's Tinker API server and wait until its engine serves requests.
 
@@ -109,6 +111,9 @@ def start(
             LoRA cost per adapter used); --no-extensions: stock SkyRL
         slots: LoRA models the jax server holds at once (default 4; each costs memory, and on stock SkyRL
             step time too); a full server refuses a new model naming this flag
+        tenants: check API keys (`rlcli tenant add`) and keep each tenant's models, futures and checkpoints
+            its own; needed, or --insecure, for a --host other than loopback
+        insecure: allow a non-loopback --host without --tenants (a trusted network only: SkyRL checks no keys)
     """
     if backend not in server_venv.BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(server_venv.BACKENDS)}")
@@ -128,24 +133,30 @@ def start(
                          "(`rlcli serve status`; `rlcli serve stop` first)")
     process.check_port_free(host, port)
     model = _resolve_model(base_model)
-    if not _is_loopback(host):
+    from rlcli import tenants as tenancy
+
+    tenancy.check_exposure(host, tenants, insecure, _is_loopback(host))
+    tenant_env, internal_key = tenancy.server_env() if tenants else ({}, None)
+    if not _is_loopback(host) and not tenants:
         print(f"rlcli: warning: binding {host}: SkyRL checks no credentials, so anyone who can reach "
               f"this port can train on and download from the server", file=sys.stderr)
     venv_dir = server_venv.ensure_server_venv(backend, python, venv)
     lock_fd = process.acquire_lock(state_dir)
     try:
         state = _spawn(venv_dir, state_dir, lock_fd, model, backend, host, port, backend_cfg,
-                       checkpoints_base, ray_address, extensions)
+                       checkpoints_base, ray_address, extensions, tenant_env)
     finally:
         os.close(lock_fd)  # the launcher holds its own copy for as long as it lives
     state.settings = dict(base_model=model, backend=backend, host=host, port=port, gpus=gpus, nodes=nodes,
                           tp=tp, backend_config=backend_config, checkpoints_base=checkpoints_base,
                           python=python, venv=venv, ray_address=ray_address, extensions=extensions,
-                          slots=slots)
+                          slots=slots, tenants=tenants, insecure=insecure)
     process.write_state(state_dir, state)
     sized = f", {slots} LoRA slots" if slots else ""
     print(f"rlcli: server {name!r} starting at {state.url} (backend {backend}{sized}, model {model}); "
           f"log: {process.layout(state_dir)['log']}", file=sys.stderr)
+    if internal_key:
+        os.environ["TINKER_API_KEY"] = internal_key  # this start's own key, for the readiness round trip
     if wait > 0:
         try:
             process.wait_ready(state, process.layout(state_dir)["log"], wait)
@@ -160,7 +171,7 @@ def start(
 
 def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: str, host: str, port: int,
            backend_cfg: dict, checkpoints_base: str | None, ray_address: str | None,
-           extensions: bool = True) -> process.ServerState:
+           extensions: bool = True, tenant_env: dict | None = None) -> process.ServerState:
     paths = process.layout(state_dir)
     for key in ("checkpoints", "lora"):
         paths[key].mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -178,6 +189,9 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
     # runtime/rlcli_wake.py: API and engine wake each other instead of polling on 100 ms / 50 ms timers.
     # runtime/rlcli_lora.py: a step computes the LoRA adapters of its batch only, not every slot.
     env["RLCLI_SERVER_EXTENSIONS"] = SERVER_EXTENSIONS if extensions else ""
+    if tenant_env:  # runtime/rlcli_tenants.py: API keys and isolation; loaded even with --no-extensions
+        env.update(tenant_env)
+        env["RLCLI_SERVER_EXTENSIONS"] = ",".join(filter(None, [env["RLCLI_SERVER_EXTENSIONS"], "rlcli_tenants"]))
     cmd = [str(venv_dir / "bin" / "python"), str(LAUNCHER), "supervise", "--log", str(paths["log"]),
            "--max-log-bytes", str(MAX_LOG_BYTES), "--", *api_args]
     proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -1,0 +1,162 @@
+"""A server a team shares (`serve start --tenants`): keys, deny by default, isolation, quotas, revoke.
+
+One dedicated real server for this module (the session server runs without tenants). Tenants: alice
+(at most 2 models) and bob (at most 1 model), added with `rlcli tenant add` in the server's home.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+
+import pytest
+
+from rlcli.client import CAPABILITIES_ROUTE
+from rlcli.server.private import private_server
+from tests.conftest import run_rlcli, shared_server_venv
+
+pytestmark = pytest.mark.server
+
+
+def call(url: str, method: str = "GET", payload: dict | None = None, key: str | None = None) -> tuple:
+    """(status, JSON answer, headers) of one raw request; errors are answers too."""
+    data = None if payload is None else json.dumps(payload).encode()
+    headers = {"Content-Type": "application/json", **({"X-API-Key": key} if key else {})}
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, json.loads(resp.read() or b"{}"), resp.headers
+    except urllib.error.HTTPError as e:
+        body = e.read()
+        try:
+            answer = json.loads(body or b"{}")
+        except ValueError:
+            answer = {"raw": body.decode(errors="replace")}
+        return e.code, answer, e.headers
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, embedded_model):
+    home = tmp_path_factory.mktemp("rlcli-tenants-home")
+    keys = {}
+    for name, quota in (("alice", "2"), ("bob", "1")):
+        env = dict(os.environ, RLCLI_HOME=str(home))
+        proc = run_rlcli("tenant", "add", name, "--max-models", quota, env=env, check=True, timeout=60)
+        keys[name] = proc.stdout.strip()
+    assert (home / "tenants.json").stat().st_mode & 0o077 == 0
+    assert all(k.startswith("tml-") and k not in (home / "tenants.json").read_text() for k in keys.values())
+    with private_server(embedded_model, "--tenants", "--slots", "3", home=home, venv=shared_server_venv(),
+                        timeout=900) as srv:
+        yield srv, keys
+
+
+def test_every_route_is_checked_or_public(shared):
+    srv, keys = shared
+    status, caps, _ = call(srv.url + CAPABILITIES_ROUTE, key=keys["alice"])
+    assert status == 200, caps
+    gate = caps["rlcli_tenants"]
+    public = set(gate["public"])
+    assert public == {"GET /api/v1/healthz"}
+    assert len(gate["routes"]) > 20  # SkyRL's ~30 routes, the docs and rlcli's own
+    unchecked = []
+    for route in gate["routes"]:
+        methods, path = route.split(" ", 1)
+        path = path.replace("{", "").replace("}", "").replace(":path", "")  # any value: it must not get that far
+        for method in methods.split(","):
+            method = "GET" if method in ("*", "HEAD") else method
+            for key in (None, "tml-wrong", keys["alice"] + "x"):
+                got, _, _ = call(srv.url + path, method, {} if method in ("POST", "PUT") else None, key=key)
+                if got != 401 and f"{method} {path}" not in public:
+                    unchecked.append((method, path, key, got))
+    assert unchecked == [], f"answered without a valid key: {unchecked}"
+    assert call(srv.url + "/api/v1/healthz")[0] == 200
+    assert call(srv.url + "/api/v1/no-such-route")[0] == 401  # unknown paths too: deny by default
+
+
+def _alice_trains(srv, key: str, monkeypatch):
+    """The stock tinker client, unchanged, with TINKER_API_KEY: a model, one step, a sampler checkpoint."""
+    import tinker
+
+    monkeypatch.setenv("TINKER_API_KEY", key)
+    service = tinker.ServiceClient(base_url=srv.url)
+    client = service.create_lora_training_client(base_model=srv.model, rank=2, seed=0)
+    tokens = list(range(5, 21))
+    datum = tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens[:-1]),
+                         loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    fb = client.forward_backward([datum], "cross_entropy")
+    fb.result()
+    client.optim_step(tinker.AdamParams(learning_rate=1e-3)).result()
+    path = client.save_weights_for_sampler("t0").result().path
+    return client, path
+
+
+def test_isolation_between_tenants(shared, monkeypatch):
+    srv, keys = shared
+    alice, bob = keys["alice"], keys["bob"]
+    client, path = _alice_trains(srv, alice, monkeypatch)
+    model_id = client.model_id
+    assert path.startswith(f"tinker://{model_id}/")
+    api = srv.url + "/api/v1"
+    # bob sees nothing of alice's: her model, run, checkpoints, futures and sampler path answer 404 ...
+    status, own_session, _ = call(f"{api}/create_session", "POST", {"tags": [], "sdk_version": "t"}, key=bob)
+    assert status == 200
+    foreign = [
+        ("POST", f"{api}/get_info", {"model_id": model_id}),
+        ("GET", f"{api}/training_runs/{model_id}", None),
+        ("GET", f"{api}/training_runs/{model_id}/checkpoints", None),
+        ("GET", f"{api}/models/{model_id}/checkpoints", None),
+        ("POST", f"{api}/retrieve_future", {"request_id": "1"}),
+        ("POST", f"{api}/create_sampling_session",
+         {"session_id": own_session["session_id"], "model_path": path, "sampling_session_seq_id": 0}),
+        ("POST", f"{api}/optim_step", {"model_id": model_id, "adam_params": {"learning_rate": 1.0}}),
+        ("POST", f"{api}/unload_model", {"model_id": model_id}),
+        ("DELETE", f"{api}/training_runs/{model_id}/checkpoints/sampler_weights/t0", None),
+    ]
+    for method, url, payload in foreign:
+        status, answer, _ = call(url, method, payload, key=bob)
+        assert status == 404, (url, status, answer)
+    # ... exactly as an id that does not exist at all
+    assert call(f"{api}/get_info", "POST", {"model_id": "model_nothere"}, key=bob)[:2] == \
+        call(f"{api}/get_info", "POST", {"model_id": model_id}, key=bob)[:2]
+    # listings: each sees only its own runs
+    assert call(f"{api}/training_runs", key=bob)[1]["training_runs"] == []
+    runs = call(f"{api}/training_runs", key=alice)[1]["training_runs"]
+    assert [r["training_run_id"] for r in runs] == [model_id]
+    # nothing changed for alice: her model is still there and her checkpoint listed
+    status, info, _ = call(f"{api}/get_info", "POST", {"model_id": model_id}, key=alice)
+    assert status == 200 and info["model_id"] == model_id
+    status, ckpts, _ = call(f"{api}/training_runs/{model_id}/checkpoints", key=alice)
+    assert status == 200 and "t0" in json.dumps(ckpts)
+
+
+def test_weight_decay_refused_and_quota_answers_429(shared, monkeypatch):
+    srv, keys = shared
+    api = srv.url + "/api/v1"
+    bob = keys["bob"]
+    _, session, _ = call(f"{api}/create_session", "POST", {"tags": [], "sdk_version": "t"}, key=bob)
+    create = {"session_id": session["session_id"], "base_model": srv.model, "lora_config": {"rank": 1, "seed": 0}}
+    status, first, _ = call(f"{api}/create_model", "POST", create, key=bob)
+    assert status == 200, first
+    status, answer, _ = call(f"{api}/optim_step", "POST",
+                             {"model_id": first["model_id"], "adam_params": {"weight_decay": 0.1}}, key=bob)
+    assert status == 400 and "weight_decay" in answer["detail"]
+    status, answer, headers = call(f"{api}/create_model", "POST", create, key=bob)  # bob's limit is 1 model
+    assert status == 429 and int(headers["Retry-After"]) > 0, answer
+    assert call(f"{api}/retrieve_future", "POST", {"request_id": first["request_id"]}, key=bob)[0] == 200
+    status, unloaded, _ = call(f"{api}/unload_model", "POST", {"model_id": first["model_id"]}, key=bob)
+    assert status == 200
+    call(f"{api}/retrieve_future", "POST", {"request_id": unloaded["request_id"]}, key=bob)
+    status, second, _ = call(f"{api}/create_model", "POST", create, key=bob)  # room again after the unload
+    assert status == 200, second
+    call(f"{api}/retrieve_future", "POST", {"request_id": second["request_id"]}, key=bob)
+
+
+def test_revoke_takes_effect_on_the_next_request(shared):
+    srv, keys = shared
+    url = srv.url + "/api/v1/training_runs"
+    assert call(url, key=keys["bob"])[0] == 200
+    run_rlcli("tenant", "revoke", "bob", env=srv.env, check=True, timeout=60)
+    assert call(url, key=keys["bob"])[0] == 401
+    assert call(url, key=keys["alice"])[0] == 200
