@@ -153,6 +153,22 @@ def test_weight_decay_refused_and_quota_answers_429(shared, monkeypatch):
     call(f"{api}/retrieve_future", "POST", {"request_id": second["request_id"]}, key=bob)
 
 
+def test_cli_takes_the_key_and_doctor_checks_it(shared):
+    srv, keys = shared
+    env = dict(srv.env, TINKER_BASE_URL=srv.url)
+    env.pop("TINKER_API_KEY", None)
+    alice_runs = call(srv.url + "/api/v1/training_runs", key=keys["alice"])[1]["training_runs"]
+    assert alice_runs, "test_isolation_between_tenants leaves alice a run"
+    listed = run_rlcli("--api-key", keys["alice"], "run", "list", env=env, timeout=120)
+    assert alice_runs[0]["training_run_id"] in listed.stdout, listed.stdout + listed.stderr
+    listed = run_rlcli("run", "list", env=dict(env, TINKER_API_KEY=keys["bob"]), timeout=120)
+    assert alice_runs[0]["training_run_id"] not in listed.stdout + listed.stderr
+    refused = run_rlcli("doctor", env=env, timeout=120)
+    assert "fail  api-key" in refused.stdout and "TINKER_API_KEY" in refused.stdout, refused.stdout
+    accepted = run_rlcli("doctor", "--api-key", keys["alice"], env=env, timeout=120)
+    assert "ok    api-key" in accepted.stdout, accepted.stdout
+
+
 def test_revoke_takes_effect_on_the_next_request(shared):
     srv, keys = shared
     url = srv.url + "/api/v1/training_runs"
