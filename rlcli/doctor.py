@@ -157,6 +157,23 @@ def check_api_key(srv: Server) -> Check:
     return Check("api-key", "ok", "the server accepts this key" if key else "the server checks no keys")
 
 
+def check_database() -> Check:
+    """Can the server venv reach the database `serve start` uses (RLCLI_DATABASE_URL or the recorded one)?"""
+    from rlcli.server import database, process
+
+    state = process.read_state(config.server_state_dir())
+    url = os.environ.get(database.ENV) or (state.settings.get("database_url") if state else None)
+    if not url:
+        return Check("database", "ok", "sqlite in the server's folder (the embedded default)")
+    venv = config.server_venv_dir()
+    if not (venv / "bin" / "python").exists():
+        return Check("database", "warn", f"{database.redacted(url)}: no server venv to check it with")
+    why = database.check(url, venv)
+    if why:
+        return Check("database", "fail", f"cannot connect to {database.redacted(url)}: {why}")
+    return Check("database", "ok", f"{database.redacted(url)} answers")
+
+
 def check_backend(srv: Server) -> Check:
     if not srv.reachable:
         return Check("backend", "warn", "skipped: the server is not reachable")
@@ -268,6 +285,7 @@ def run_checks(srv: Server) -> list[Check]:
         ("server-venv", check_server_venv),
         ("server", lambda: check_server(srv)),
         ("api-key", lambda: check_api_key(srv)),
+        ("database", check_database),
         ("backend", lambda: check_backend(srv)),
         ("cuda", check_cuda),
         ("docker", check_docker),

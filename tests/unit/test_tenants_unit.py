@@ -116,3 +116,17 @@ def test_owners_survive_a_restart(tmp_path):
     assert again.owner == {"model_a": "alice", "7": "alice"} and again.models == {"alice": set()}
     assert (tmp_path / "owners.jsonl").stat().st_mode & 0o777 == 0o600
     assert json.loads((tmp_path / "owners.jsonl").read_text().splitlines()[0]) == ["model", "model_a", "alice"]
+
+
+def test_database_url_keeps_the_password_off_the_command_line(monkeypatch):
+    from rlcli.server import database
+
+    monkeypatch.delenv(database.ENV, raising=False)
+    assert database.resolve(None) == (None, {})
+    url, env = database.resolve("postgresql://team:s3cret@db.local:5432/tinker")
+    assert url == "postgresql+psycopg2://team@db.local:5432/tinker" and env == {"PGPASSWORD": "s3cret"}
+    assert database.redacted("postgresql://team:s3cret@db:5432/t") == "postgresql://team:***@db:5432/t"
+    monkeypatch.setenv(database.ENV, "sqlite:////tmp/x.db")
+    assert database.resolve(None) == ("sqlite:////tmp/x.db", {})
+    with pytest.raises(UsageError, match="--database-url"):
+        database.resolve("mysql://x@y/z")
