@@ -130,3 +130,53 @@ def test_database_url_keeps_the_password_off_the_command_line(monkeypatch):
     assert database.resolve(None) == ("sqlite:////tmp/x.db", {})
     with pytest.raises(UsageError, match="--database-url"):
         database.resolve("mysql://x@y/z")
+
+
+def test_gate_counts_queued_requests_and_releases_them_when_done(home, capsys):
+    """max_queued against a stand-in app: the third queued request answers 429 + Retry-After; a retrieved
+    future (done, even failed) frees its place, a pending one (408) does not."""
+    gate = gate_module()
+    tenants.add("carol", max_queued=2)
+    key = capsys.readouterr().out.strip()
+    answers = iter(range(100))
+    retrieve_status = {"code": 408}
+
+    async def app(scope, receive, send):
+        body = json.loads((await receive())["body"] or b"{}")
+        if scope["path"] == "/api/v1/retrieve_future":
+            await send({"type": "http.response.start", "status": retrieve_status["code"], "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+            return
+        answer = {"request_id": str(next(answers)), "model_id": body.get("model_id")}
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
+
+    owners = gate.Owners(home / "owners.jsonl")
+    owners.owner["model_c"] = "carol"
+    middleware = gate.TenantGate(app, gate.Keys(home / "tenants.json", None), owners)
+
+    def post(path: str, payload: dict) -> tuple[int, dict]:
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": json.dumps(payload).encode(), "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
+                 "headers": [(b"x-api-key", key.encode())]}
+        asyncio.run(middleware(scope, receive, send))
+        return sent[0]["status"], dict(sent[0]["headers"])
+
+    step = {"model_id": "model_c"}
+    assert post("/api/v1/forward_backward", step)[0] == 200
+    assert post("/api/v1/forward_backward", step)[0] == 200
+    status, headers = post("/api/v1/forward_backward", step)
+    assert status == 429 and int(headers[b"retry-after"]) > 0
+    assert post("/api/v1/retrieve_future", {"request_id": "0"})[0] == 408  # still pending: still counted
+    assert post("/api/v1/forward_backward", step)[0] == 429
+    retrieve_status["code"] = 400  # done, with an error: no longer waiting
+    post("/api/v1/retrieve_future", {"request_id": "0"})
+    assert post("/api/v1/forward_backward", step)[0] == 200
+    assert post("/api/v1/retrieve_future", {"request_id": "99"})[0] == 404  # not carol's: as if absent

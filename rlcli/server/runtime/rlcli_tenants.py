@@ -36,6 +36,8 @@ INTERNAL_ENV = "RLCLI_TENANTS_INTERNAL"
 INTERNAL_TENANT = "_rlcli"
 OWNERS_FILE = "tenant-owners.jsonl"  # in the server's working folder (its state folder)
 PUBLIC = {("GET", "/api/v1/healthz")}  # the only requests answered without a key
+# Server-wide controls (SkyRL's torch profiler): no tenant's business; they answer 404 as unknown paths do.
+ADMIN = {"/start_profiling", "/stop_profiling", "/profiling_status"}
 ID_FIELDS = ("session_id", "model_id", "sampling_session_id", "request_id", "sampler_id")
 RETRY_AFTER_S = 2
 # Routes that queue work for the engine (a future each): what max_queued counts and limits.
@@ -194,8 +196,8 @@ class TenantGate:
                 status_box[0] = message["status"]
             elif message["type"] == "http.response.body":
                 chunks.append(message.get("body", b""))
-                if not message.get("more_body") and status_box[0] == 200:
-                    self._learn(tenant, path, body, b"".join(chunks))
+                if not message.get("more_body"):
+                    self._settle(tenant, path, body, status_box[0], b"".join(chunks))
             await send(message)
 
         await self.app(scope, replay, capture)
@@ -203,6 +205,8 @@ class TenantGate:
     def _refusal(self, tenant: str, quota: dict, method: str, path: str, body) -> tuple | None:
         if tenant == INTERNAL_TENANT:
             return None
+        if path in ADMIN:
+            return 404, "Not Found", None
         for ident in _named_ids(method, path, body):
             if self.owners.owner.get(ident) != tenant:
                 _state["hidden"] += 1
@@ -225,17 +229,22 @@ class TenantGate:
                          "first"), [(b"retry-after", str(RETRY_AFTER_S).encode())]
         return None
 
-    def _learn(self, tenant: str, path: str, body, raw: bytes) -> None:
+    def _settle(self, tenant: str, path: str, body, status: int, raw: bytes) -> None:
+        """After SkyRL answered: a future that is done (any answer but 408, pending) leaves the queue count;
+        ids a successful request created become the tenant's."""
+        owners = self.owners
+        if path == "/api/v1/retrieve_future" and isinstance(body, dict):
+            if status != 408:
+                with owners.lock:
+                    owners.queued.get(tenant, set()).discard(str(body.get("request_id")))
+            return
+        if status != 200:
+            return
         try:
             answer = json.loads(raw)
         except ValueError:
             return
         if not isinstance(answer, dict):
-            return
-        owners = self.owners
-        if path == "/api/v1/retrieve_future" and isinstance(body, dict):
-            with owners.lock:
-                owners.queued.get(tenant, set()).discard(str(body.get("request_id")))
             return
         if path == "/api/v1/unload_model" and isinstance(body, dict):
             owners.record("unload", str(body.get("model_id")), tenant)
