@@ -20,6 +20,7 @@ SkyRL 0.4.0 checks no credentials. This wraps SkyRL's whole ASGI app, so nothing
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -237,6 +238,12 @@ class TenantGate:
             if status != 408:
                 with owners.lock:
                     owners.queued.get(tenant, set()).discard(str(body.get("request_id")))
+            # save_weights_for_sampler's result names the sampling session SkyRL made for the caller's model
+            if status == 200 and b'"sampling_session_id"' in raw:
+                with contextlib.suppress(ValueError, AttributeError):
+                    made = json.loads(raw).get("sampling_session_id")
+                    if made and str(made) not in owners.owner:
+                        owners.record("sampling", str(made), tenant)
             return
         if status != 200:
             return
