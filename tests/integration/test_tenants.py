@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.error
 import urllib.request
 
@@ -159,6 +160,25 @@ def test_isolation_between_tenants(shared, monkeypatch):
     for method, url, payload in foreign:
         status, answer, _ = call(url, method, payload, key=bob)
         assert status == 404, (url, status, answer)
+    # every route of the server, with alice's ids in every path parameter and id field: all 404 for bob
+    gate = call(srv.url + CAPABILITIES_ROUTE, key=alice)[1]["rlcli_tenants"]
+    body = {"session_id": own_session["session_id"], "model_id": model_id, "request_id": "1", "path": path,
+            "model_path": path, "tinker_path": path}
+    leaked, tried = [], 0
+    for route in gate["routes"]:
+        methods, template = route.split(" ", 1)
+        if "{" not in template and "POST" not in methods:
+            continue
+        url = srv.url + re.sub(r"\{[^}]*\}", model_id, template)
+        for method in set(methods.split(",")) - {"HEAD"}:
+            needs_id = "{" in template or method == "POST"
+            if not needs_id or template in ("/api/v1/create_session", "/api/v1/client/config",
+                                            "/api/v1/telemetry", "/start_profiling", "/stop_profiling"):
+                continue
+            got, tried = call(url, method, body if method == "POST" else None, key=bob), tried + 1
+            if got[0] != 404:
+                leaked.append((method, template, got[0]))
+    assert leaked == [] and tried >= 15, f"answered bob with alice's ids: {leaked} ({tried} tried)"
     # ... exactly as an id that does not exist at all
     assert call(f"{api}/get_info", "POST", {"model_id": "model_nothere"}, key=bob)[:2] == \
         call(f"{api}/get_info", "POST", {"model_id": model_id}, key=bob)[:2]
