@@ -135,6 +135,27 @@ def test_two_tenants_train_and_sample_at_once(shared):
         assert results[name][0] in runs and results[other][0] not in runs
 
 
+def _proto_forward_backward(url: str, model_id: str, key: str) -> tuple[int, bytes]:
+    """A forward_backward body exactly as the tinker SDK encodes it."""
+    import tinker
+    from tinker.proto.request_conv import forward_backward_request_to_proto
+    from tinker.types import ForwardBackwardInput, ForwardBackwardRequest
+
+    tokens = list(range(5, 13))
+    datum = tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens[:-1]),
+                         loss_fn_inputs={"target_tokens": tokens[1:], "weights": [0.0] * (len(tokens) - 1)})
+    request = ForwardBackwardRequest(model_id=model_id, forward_backward_input=ForwardBackwardInput(
+        data=[datum], loss_fn="cross_entropy"))
+    req = urllib.request.Request(f"{url}/api/v1/forward_backward",
+                                 data=forward_backward_request_to_proto(request).SerializeToString(),
+                                 headers={"Content-Type": "application/x-protobuf", "X-API-Key": key})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
 def test_isolation_between_tenants(shared, monkeypatch):
     srv, keys = shared
     alice, bob = keys["alice"], keys["bob"]
@@ -160,6 +181,10 @@ def test_isolation_between_tenants(shared, monkeypatch):
     for method, url, payload in foreign:
         status, answer, _ = call(url, method, payload, key=bob)
         assert status == 404, (url, status, answer)
+    # forward_backward as the tinker SDK sends it (protobuf, not JSON) on alice's model: 404 too
+    assert _proto_forward_backward(srv.url, model_id, bob)[0] == 404
+    assert _proto_forward_backward(srv.url, model_id, alice)[0] == 200
+    assert call(f"{api}/forward_backward", "POST", None, key=bob)[0] in (404, 415, 422)  # names nothing
     # every route of the server, with alice's ids in every path parameter and id field: all 404 for bob
     gate = call(srv.url + CAPABILITIES_ROUTE, key=alice)[1]["rlcli_tenants"]
     body = {"session_id": own_session["session_id"], "model_id": model_id, "request_id": "1", "path": path,

@@ -9,6 +9,8 @@ SkyRL 0.4.0 checks no credentials. This wraps SkyRL's whole ASGI app, so nothing
   `Authorization: Bearer`) except PUBLIC (health). Unknown paths, /docs and /openapi.json included: 401.
 - Keys: RLCLI_TENANTS_FILE (rlcli/tenants.py writes it, SHA-256 hashes only), reread when it changes,
   so a revoked key is refused from the next request on.
+- Bodies are read as JSON, forward_backward's also as the protobuf the tinker SDK sends (decoded by SkyRL's
+  own parser); any other body is refused (422), so no request names an id the gate did not see.
 - Isolation: the ids a tenant's requests create (sessions, models, sampling sessions, futures) are
   recorded as its own (in OWNERS_FILE in the server's state folder, so a restart keeps them). A request
   naming an id or a tinker:// path that is not the caller's answers 404 as if it did not exist; the
@@ -171,10 +173,9 @@ class TenantGate:
             message = await receive()
             raw += message.get("body", b"")
             more = message.get("more_body", False)
-        try:
-            body = json.loads(raw) if raw else None
-        except ValueError:
-            body = None
+        body = _parse_body(path, headers, raw)
+        if body is _UNREADABLE:  # fail closed: a body the gate cannot read could name anyone's ids
+            return await _answer(send, 422, {"detail": "request body is neither JSON nor a forward_backward proto"})
         refusal = self._refusal(tenant, quota, method, path, body)
         if refusal is not None:
             status, detail, extra = refusal
@@ -291,6 +292,32 @@ class TenantGate:
         answer["training_runs"] = runs[offset:offset + limit]
         answer["cursor"] = {"offset": offset, "limit": limit, "total_count": len(runs)}
         await _answer(send, start.get("status", 200), answer)
+
+
+_UNREADABLE = object()
+PROTO_ROUTES = {"/api/v1/forward_backward"}  # the tinker SDK sends these as protobuf (SkyRL decodes them)
+
+
+def _parse_body(path: str, headers: dict, raw: bytes):
+    """The request's body as a dict (JSON, or the forward_backward proto as SkyRL reads it), None when empty."""
+    if not raw:
+        return None
+    content_type = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+    if path in PROTO_ROUTES and content_type == b"application/x-protobuf":
+        from skyrl.tinker.proto_serialization import parse_forward_backward_request
+
+        try:
+            if headers.get(b"content-encoding", b"").strip().lower() == b"zstd":
+                import zstandard
+
+                raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=1 << 30)
+            return parse_forward_backward_request(raw)[0]
+        except Exception:
+            return _UNREADABLE
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return _UNREADABLE
 
 
 def _not_found(path: str) -> str:
