@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/tenant_fairness.py [--flood 24] [--reps 3]
 
 One private server with tenants `flood` and `quiet`. Each rep: `quiet` times one forward_backward
-(8 x 32 tokens) on an idle server (alone), then `flood` submits --flood forward_backwards of the same
+(8 x 64 tokens) on an idle server (alone), then `flood` submits --flood forward_backwards of the same
 size as raw requests, each queued (answered with its id) before `quiet` submits its one, timed until its
 result (flooded).
 If the engine served strictly in arrival order, flooded would be about (flood + 1) x alone; SkyRL's
@@ -26,31 +26,34 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import summary, versions, write_receipt  # noqa: E402
+from tenant_overhead import sdk_forward_backward  # noqa: E402
 
 from rlcli.server.private import PACKAGE_PARENT, RLCLI, private_server  # noqa: E402
 
 
-def post(url: str, key: str, payload: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json", "X-API-Key": key})
+def post(url: str, key: str, payload: dict | bytes) -> dict:
+    proto = isinstance(payload, bytes)  # forward_backward: the SDK's protobuf body
+    req = urllib.request.Request(url, data=payload if proto else json.dumps(payload).encode(), headers={
+        "Content-Type": "application/x-protobuf" if proto else "application/json", "X-API-Key": key})
     with urllib.request.urlopen(req, timeout=600) as resp:
         return json.loads(resp.read())
 
 
-def result(base: str, key: str, request_id: str) -> dict:
+def result(base: str, key: str, request_id: str) -> bytes:
+    """The future's answer, as bytes (SkyRL answers forward_backward's in protobuf)."""
+    req = urllib.request.Request(f"{base}/api/v1/retrieve_future", data=json.dumps({"request_id": request_id}).encode(),
+                                 headers={"Content-Type": "application/json", "X-API-Key": key})
     while True:
         try:
-            return post(f"{base}/api/v1/retrieve_future", key, {"request_id": request_id})
+            with urllib.request.urlopen(req, timeout=600) as resp:
+                return resp.read()
         except urllib.error.HTTPError as e:
             if e.code != 408:
                 raise
 
 
-def step_body(model_id: str, n: int = 8, length: int = 32) -> dict:
-    tokens = list(range(5, 5 + length + 1))
-    datum = {"model_input": {"chunks": [{"type": "encoded_text", "tokens": tokens[:-1]}]},
-             "loss_fn_inputs": {"target_tokens": {"data": tokens[1:]}, "weights": {"data": [1.0] * length}}}
-    return {"model_id": model_id, "forward_backward_input": {"data": [datum] * n, "loss_fn": "cross_entropy"}}
+def step_body(model_id: str) -> bytes:
+    return sdk_forward_backward(model_id)
 
 
 def main() -> None:
@@ -94,7 +97,7 @@ def main() -> None:
                   f"{flooded[-1]:.2f}s (the flood took {flood_total[-1]:.2f}s)", flush=True)
     ratio = summary(flooded)["median"] / summary(alone)["median"]
     path = write_receipt("tenant-fairness", {
-        "versions": versions("tinker"), "flood_requests": args.flood, "batch": "8 x 32 tokens",
+        "versions": versions("tinker"), "flood_requests": args.flood, "batch": "8 x 64 tokens",
         "quiet_alone_s": summary(alone), "quiet_flooded_s": summary(flooded), "flood_total_s": summary(flood_total),
         "flooded_over_alone": ratio, "raw": {"alone": alone, "flooded": flooded, "flood_total": flood_total}})
     print(f"quiet waits {ratio:.1f}x its idle time behind {args.flood} flood requests; receipt {path}")
