@@ -180,3 +180,26 @@ def test_gate_counts_queued_requests_and_releases_them_when_done(home, capsys):
     post("/api/v1/retrieve_future", {"request_id": "0"})
     assert post("/api/v1/forward_backward", step)[0] == 200
     assert post("/api/v1/retrieve_future", {"request_id": "99"})[0] == 404  # not carol's: as if absent
+
+
+def test_gate_refuses_a_body_it_cannot_read(home, capsys):
+    """Fail closed: a body that is neither JSON nor forward_backward's proto could name any id unseen."""
+    gate = gate_module()
+    tenants.add("dave")
+    key = capsys.readouterr().out.strip()
+    reached, sent = [], []
+
+    async def app(scope, receive, send):
+        reached.append(scope["path"])
+
+    async def receive():
+        return {"type": "http.request", "body": b"\x08\x01model_x", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    middleware = gate.TenantGate(app, gate.Keys(home / "tenants.json", None), gate.Owners(home / "owners.jsonl"))
+    scope = {"type": "http", "method": "POST", "path": "/api/v1/optim_step", "query_string": b"",
+             "headers": [(b"x-api-key", key.encode()), (b"content-type", b"application/octet-stream")]}
+    asyncio.run(middleware(scope, receive, send))
+    assert reached == [] and sent[0]["status"] == 422
