@@ -96,7 +96,7 @@ def start(
     Args:
         base_model: Hugging Face id or local model folder; default: rlcli's embedded tiny model
         backend: jax (runs anywhere), fsdp or megatron (Linux + CUDA, on Ray)
-        host: address to bind; anything but loopback exposes an unauthenticated server
+        host: address to bind; anything but loopback needs --tenants (keys checked) or --insecure
         port: port to bind
         gpus: GPUs per node (fsdp/megatron placement; jax: devices used)
         nodes: nodes for fsdp/megatron; more than one runs on an existing Ray cluster (--ray-address)

@@ -176,6 +176,8 @@ class TenantGate:
         body = _parse_body(path, headers, raw)
         if body is _UNREADABLE:  # fail closed: a body the gate cannot read could name anyone's ids
             return await _answer(send, 422, {"detail": "request body is neither JSON nor a forward_backward proto"})
+        if path == "/api/v1/create_model" and quota.get("max_models") and "app" in scope:
+            await self._forget_unloaded(scope["app"], tenant)
         refusal = self._refusal(tenant, quota, method, path, body)
         if refusal is not None:
             status, detail, extra = refusal
@@ -203,6 +205,27 @@ class TenantGate:
             await send(message)
 
         await self.app(scope, replay, capture)
+
+    async def _forget_unloaded(self, app, tenant: str) -> None:
+        """Models SkyRL unloaded itself (a session that stopped its heartbeat) no longer count as held."""
+        held = sorted(self.owners.models.get(tenant, ()))
+        engine = getattr(app.state, "db_engine", None)
+        if not held or engine is None:
+            return
+        from skyrl.tinker.db_models import ModelDB
+        from sqlmodel import select
+        from sqlmodel.ext.asyncio.session import AsyncSession
+
+        query = select(ModelDB.model_id, ModelDB.status).where(ModelDB.model_id.in_(held))
+        try:
+            async with AsyncSession(engine) as session:
+                rows = (await session.exec(query)).all()
+        except Exception as e:  # the count stays as the gate knows it; the quota errs on the strict side
+            log(f"could not read model states ({type(e).__name__}: {e})")
+            return
+        live = {model_id for model_id, status in rows if status not in ("unloaded", "unloading")}
+        for model_id in set(held) - live:
+            self.owners.record("unload", model_id, tenant)
 
     def _refusal(self, tenant: str, quota: dict, method: str, path: str, body) -> tuple | None:
         if tenant == INTERNAL_TENANT:
