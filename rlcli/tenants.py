@@ -86,16 +86,44 @@ def add(name: str, max_models: int | None = None, max_queued: int | None = None)
     return 0
 
 
-def list_() -> int:
-    """List the tenants: name, quotas, when added (never keys)."""
+OWNERS_FILE = "tenant-owners.jsonl"  # the server's record of who created what (runtime/rlcli_tenants.py)
+
+
+def models_held(server: str = "default") -> dict[str, int]:
+    """Models each tenant created and did not unload, as the server's owners record says."""
+    held: dict[str, set[str]] = {}
+    try:
+        lines = (config.server_state_dir(server) / OWNERS_FILE).read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        try:
+            kind, ident, tenant = json.loads(line)
+        except ValueError:
+            continue
+        if kind == "model":
+            held.setdefault(tenant, set()).add(ident)
+        elif kind == "unload":
+            held.get(tenant, set()).discard(ident)
+    return {tenant: len(ids) for tenant, ids in held.items()}
+
+
+def list_(name: str = "default") -> int:
+    """List the tenants: name, quotas, models held on the server, when added (never keys).
+
+    Args:
+        name: which managed server's usage to show
+    """
     tenants = load()
     if not tenants:
         print(f"no tenants in {tenants_file()}: `rlcli tenant add NAME`", file=sys.stderr)
         return 0
-    print(f"{'name':<20} {'max-models':>10} {'max-queued':>10}  added")
-    for name, t in sorted(tenants.items()):
+    held = models_held(name)
+    print(f"{'name':<20} {'max-models':>10} {'max-queued':>10} {'models':>7}  added")
+    for tenant, t in sorted(tenants.items()):
         added = time.strftime("%Y-%m-%d %H:%M", time.gmtime(t.get("created", 0)))
-        print(f"{name:<20} {t.get('max_models') or '-':>10} {t.get('max_queued') or '-':>10}  {added} UTC")
+        print(f"{tenant:<20} {t.get('max_models') or '-':>10} {t.get('max_queued') or '-':>10} "
+              f"{held.get(tenant, 0):>7}  {added} UTC")
     return 0
 
 

@@ -260,6 +260,10 @@ def test_cli_takes_the_key_and_doctor_checks_it(shared):
 
 def test_revoke_takes_effect_on_the_next_request(shared):
     srv, keys = shared
+    listed = run_rlcli("tenant", "list", env=srv.env, check=True, timeout=60).stdout
+    assert "bob" in listed and keys["bob"] not in listed
+    bob_row = next(line for line in listed.splitlines() if line.startswith("bob "))
+    assert bob_row.split()[3] == "1"  # the model bob holds after the quota test
     url = srv.url + "/api/v1/training_runs"
     assert call(url, key=keys["bob"])[0] == 200
     run_rlcli("tenant", "revoke", "bob", env=srv.env, check=True, timeout=60)
