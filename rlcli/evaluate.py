@@ -18,13 +18,15 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rlcli.errors import UsageError
 from rlcli.train.heldout import Grader
 from rlcli.train.metrics import TEST_CORRECT as CORRECT
 from rlcli.train.metrics import TEST_REWARD as REWARD
 from rlcli.train.traces import Env, Reward, Turn
+
+Policy = Literal["oracle", "nop"]
 
 
 def sampler_path(checkpoint: str) -> str:
@@ -68,7 +70,7 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
              samples: int = 1, temperature: float = 0.0, max_tokens: int = 256,
              base_url: str | None = None, renderer: str | None = None, output: str | None = None,
              env: Env = "problems", reward: Reward = "match", match: str = "normalized", turn: Turn = "last",
-             rubric: str | None = None) -> int:
+             rubric: str | None = None, policy: Policy | None = None) -> int:
     """Score a checkpoint (or the base model) on the problems `rlcli train rl` holds out.
 
     Args:
@@ -91,7 +93,11 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
         match: as train rl's --match
         turn: as train rl's --turn
         rubric: as train rl's --rubric
+        policy: with --env tools: oracle (replays the logged calls and answer) or nop (calls and says
+            nothing) instead of a model: checks an environment, asks no server
     """
+    if policy or env == "tools":
+        return _play(env, dataset, policy, match, output)
     from rlcli.train.heldout import choose_dataset
     from rlcli.train.traces import spec_from_flags
 
@@ -114,6 +120,22 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
           f"{result['dataset']} ({samples} answer{'s' * (samples > 1)} each, temperature {temperature:g}) "
           f"in {result['seconds']:.1f} s", file=sys.stderr)
     print(line)
+    return 0
+
+
+def _play(env: str, dataset: str | None, policy: str | None, match: str, output: str | None) -> int:
+    from rlcli.train import rewards, tools_env
+
+    if env != "tools" or not policy or not dataset:
+        raise UsageError("--policy oracle|nop plays --env tools --dataset TRACES.jsonl without a model: "
+                         "pass all three (a model on --env tools: train rl --env tools)")
+    result = tools_env.run_policy(dataset, policy, rewards.check_match(match))
+    if output:
+        Path(output).expanduser().write_text(json.dumps(result, indent=1) + "\n")
+    print(f"rlcli: policy {policy}: reward {result['reward']:.3f}, answers correct {result['correct']:.3f}, call "
+          f"precision {result['precision']:.3f} recall {result['recall']:.3f} on {result['problems']} problems of "
+          f"{result['dataset']}", file=sys.stderr)
+    print(json.dumps(result))
     return 0
 
 

@@ -29,7 +29,7 @@ from rlcli.train.traces import Problem, Spec
 
 
 def read(spec: Spec) -> tuple[traces.Traces, rewards.Rubric | None]:
-    found = traces.read_traces(spec.path, spec.turn)
+    found = traces.read_traces(spec.path, spec.turn, tools_env=spec.env == "tools")
     if spec.reward == "verdict":
         found = traces.with_verdicts(found)
     return found, rewards.read_rubric(spec.rubric) if spec.rubric else None
@@ -43,7 +43,7 @@ def load(spec: Spec, batch_size: int, eval_size: int | None) -> Data:
     if not train:
         raise UsageError(f"{spec.path}: every problem is held out: lower --eval-size")
     digest = found.sha256 if rubric is None else f"{found.sha256}+{hash_file(spec.rubric)}"
-    label = f"replay file {spec.path}: {found.summary()}"
+    label = f"{'tool traces' if spec.env == 'tools' else 'replay file'} {spec.path}: {found.summary()}"
     path = str(Path(spec.path).expanduser().resolve())
     rubric_path = str(Path(spec.rubric).expanduser().resolve()) if spec.rubric else None
     return Data(label, None, len(train), math.ceil(len(train) / batch_size), digest, held_out, spec.label,
@@ -112,6 +112,40 @@ class ReplayEnv(Env):
                           logs={"source": self.problem.source, "trace_id": self.problem.trace_id})
 
 
+class ToolsEnv(Env):
+    """A tool-using conversation replayed (rlcli.train.tools_env): the logged calls answer with their outputs."""
+
+    def __init__(self, problem: Problem, renderer: renderers.Renderer, spec: Spec, rubric: Any = None):
+        from rlcli.train.tools_env import Episode, tool_specs
+
+        self.problem, self.renderer, self.episode = problem, renderer, Episode(problem, spec.match)
+        system = "\n".join(traces.text_of(m) for m in problem.prompt if m["role"] == "system")
+        prefix = renderer.create_conversation_prefix_with_tools(tool_specs(problem.tools), system)
+        self.history = prefix + renderer_messages([m for m in problem.prompt if m["role"] != "system"])
+        self.reply = ""
+
+    async def initial_observation(self) -> tuple[tinker.ModelInput, Any]:
+        return self.renderer.build_generation_prompt(self.history), self.renderer.get_stop_sequences()
+
+    async def step(self, action: list[int], *, extra: Any = None) -> StepResult:
+        message, termination = self.renderer.parse_response(action)
+        calls = [c.model_dump() for c in message.get("tool_calls") or []]
+        malformed = len(message.get("unparsed_tool_calls") or []) + (not termination.is_clean)
+        self.reply = renderers.get_text_content(message)
+        observations, done = self.episode.respond(calls, self.reply, malformed)
+        stop = self.renderer.get_stop_sequences()
+        logs = {"source": self.problem.source, "trace_id": self.problem.trace_id}
+        if done:
+            parts = self.episode.score()
+            return StepResult(reward=parts["reward/tools"], episode_done=True,
+                              next_observation=tinker.ModelInput.empty(), next_stop_condition=stop,
+                              metrics=parts, logs=logs)
+        self.history = [*self.history, message, *renderer_messages(observations)]
+        return StepResult(reward=0.0, episode_done=False,
+                          next_observation=self.renderer.build_generation_prompt(self.history),
+                          next_stop_condition=stop, logs=logs)
+
+
 @dataclass(frozen=True)
 class ReplayGroup(EnvGroupBuilder):
     """group_size samples of one problem; with --reward judge, the judge ranks them together."""
@@ -150,6 +184,7 @@ def datasets(spec: Spec, eval_size: int, batch_size: int, group_size: int, rende
     import random
 
     found, rubric = read(spec)
+    env_class = ToolsEnv if spec.env == "tools" else ReplayEnv
     if sha256 and not sha256.startswith(found.sha256):
         raise UsageError(f"{spec.path} changed after it was checked: rerun the command")
     judge = None
@@ -162,11 +197,11 @@ def datasets(spec: Spec, eval_size: int, batch_size: int, group_size: int, rende
         random.Random(seed).shuffle(train)
 
     def group(p: Problem, size: int) -> ReplayGroup:
-        return ReplayGroup(partial(ReplayEnv, p, renderer, spec, rubric), size, judge if size > 1 else None)
+        return ReplayGroup(partial(env_class, p, renderer, spec, rubric), size, judge if size > 1 else None)
 
     # A held-out problem is sampled once: the judge ranks a group, so alone it is scored by match instead.
     test_spec = replace(spec, reward="match") if spec.reward == "judge" else spec
-    test_groups = [ReplayGroup(partial(ReplayEnv, p, renderer, test_spec, rubric), 1) for p in test]
+    test_groups = [ReplayGroup(partial(env_class, p, renderer, test_spec, rubric), 1) for p in test]
     return (ReplayDataset([group(p, group_size) for p in train], batch_size),
             ReplayDataset(test_groups, len(test_groups)) if test else None)
 
@@ -176,6 +211,7 @@ class ReplayBuilder(RLDatasetBuilder):
     """Rereads the checked traces when the recipe asks (the recipe writes builders into config.json)."""
 
     path: str
+    env: str
     turn: str
     reward: str
     match: str
@@ -191,12 +227,13 @@ class ReplayBuilder(RLDatasetBuilder):
 
     async def __call__(self) -> tuple[ReplayDataset, ReplayDataset | None]:
         renderer = renderers.get_renderer(self.renderer_name, tokenizer=get_tokenizer(self.model_name_for_tokenizer))
-        spec = Spec(self.path, self.turn, self.reward, self.match, self.rubric, self.judge)
+        spec = Spec(self.path, self.turn, self.reward, self.match, self.rubric, self.judge, self.env)
         return datasets(spec, self.eval_size, self.batch_size, self.group_size, renderer, self.seed, self.sha256)
 
 
 def builder(data: Data, model: str, renderer: str, batch_size: int, group_size: int) -> ReplayBuilder:
     spec: Spec = data.replay
-    return ReplayBuilder(path=spec.path, turn=spec.turn, reward=spec.reward, match=spec.match, rubric=spec.rubric,
-                         judge=spec.judge, sha256=data.sha256, eval_size=data.held_out, batch_size=batch_size,
-                         model_name_for_tokenizer=model, renderer_name=renderer, group_size=group_size)
+    return ReplayBuilder(path=spec.path, env=spec.env, turn=spec.turn, reward=spec.reward, match=spec.match,
+                         rubric=spec.rubric, judge=spec.judge, sha256=data.sha256, eval_size=data.held_out,
+                         batch_size=batch_size, model_name_for_tokenizer=model, renderer_name=renderer,
+                         group_size=group_size)

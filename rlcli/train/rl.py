@@ -132,7 +132,8 @@ def train_rl(loss: RlLoss = "gspo", dataset: str | None = None, dataset_path: st
         dry_run: plan the loss, check the data, print the plan; create no model
         max_operand: with --dataset arithmetic: draw x and y from 0..N (default 100, the cookbook's range)
         env: problems (--dataset is a problem set), or replay: --dataset is traces from `rlcli import`, the
-            policy writes a logged assistant turn and --reward scores it
+            policy writes a logged assistant turn and --reward scores it; or tools: traces that called tools,
+            the logged calls answer with their recorded output (answer match + call precision/recall)
         reward: with --env replay: match (the logged reply), verdict (good-verdict replies are targets,
             bad ones penalised), rubric (--rubric checks) or judge (a judge model ranks each group)
         match: how a reply matches the logged one: exact, normalized, number, or regex:PATTERN

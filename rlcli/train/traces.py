@@ -77,9 +77,19 @@ def prompt_key(prompt: list[dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(prompt, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
-def turn_indices(messages: list[dict[str, Any]], turn: str) -> list[int]:
-    assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    return assistants[-1:] if turn == "last" else assistants
+def turn_indices(messages: list[dict[str, Any]], turn: str, tools_env: bool = False) -> list[int]:
+    """The assistant turns that become problems; with tools_env, the turns that start a run of tool calls."""
+    if tools_env:
+        found = [i for i, m in enumerate(messages) if m["role"] == "assistant" and m.get("tool_calls")
+                 and not (i and messages[i - 1]["role"] in ("tool", "assistant"))]
+    else:
+        found = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    return found[-1:] if turn == "last" else found
+
+
+def until_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    end = next((i for i, m in enumerate(messages) if m["role"] == "user"), len(messages))
+    return messages[:end]
 
 
 def conversation_problems(conv: dict[str, Any], where: str, turn: str, tools_env: bool,
@@ -88,16 +98,16 @@ def conversation_problems(conv: dict[str, Any], where: str, turn: str, tools_env
     messages = conv["messages"]
     trace = str(conv.get("trace_id") or conv.get("run_id") or "")
     found = []
-    for i in turn_indices(messages, turn):
+    indices = turn_indices(messages, turn, tools_env)
+    if tools_env and not indices:
+        skipped["no_tool_call"] += 1
+    for i in indices:
         reply = messages[i]
         if not any(m["role"] == "user" for m in messages[:i]):
             skipped["no_user_turn_before"] += 1
         elif tools_env:
-            if reply.get("tool_calls"):
-                found.append(Problem(messages[:i], reply, where, trace, rewards.verdict_of(conv),
-                                     conv.get("tools") or [], messages[i + 1:]))
-            else:
-                skipped["no_tool_call"] += 1
+            found.append(Problem(messages[:i], reply, where, trace, rewards.verdict_of(conv),
+                                 conv.get("tools") or [], until_user(messages[i + 1:])))
         elif not text_of(reply).strip():
             skipped["tool_call_turn" if reply.get("tool_calls") else "empty_reply"] += 1
         else:
@@ -186,11 +196,14 @@ class Spec:
     match: str = "normalized"
     rubric: str | None = None
     judge: dict[str, Any] | None = None  # rlcli.train.judge.Judge settings, for --reward judge
+    env: str = "replay"  # or tools (rlcli.train.tools_env)
 
     @property
     def label(self) -> str:
         scored = {"match": f"match {self.match}", "verdict": f"verdict, match {self.match}",
                   "rubric": f"rubric {self.rubric}", "judge": "judge"}[self.reward]
+        if self.env == "tools":
+            return f"tools:answer match {self.match}, call precision/recall/turn:{self.turn}"
         return f"replay/{self.reward}:{scored}/turn:{self.turn}"
 
 
@@ -242,4 +255,7 @@ def spec_from_flags(env: str, dataset: str | None, dataset_path: str | None, gra
         raise UsageError(f"--dataset-path, --max-operand and --grader are for problem sets, not --env {env}: "
                          "drop them (--reward and --match say how replies are scored)")
     check_spec(reward, match, rubric, judge)
-    return Spec(dataset, turn, reward, match, rubric, judge)
+    if env == "tools" and (reward != "match" or rubric or judge):
+        raise UsageError("--env tools is scored by answer match and tool-call precision/recall: drop --reward, "
+                         "--rubric and the judge flags")
+    return Spec(dataset, turn, reward, match, rubric, judge, env)
