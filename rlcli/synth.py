@@ -36,12 +36,12 @@ def checkable_answer(reply: str) -> tuple[str | None, str]:
     text = reply.strip()
     if not text:
         return None, "empty_reply"
-    value = rewards.parse_json(text)
-    if isinstance(value, dict | list) or (value is not rewards._NOT_JSON and not isinstance(value, str)):
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")), "json"
     bare = text.rstrip(".!")
     if WHOLE_NUMBER.fullmatch(bare):
         return bare.replace("$", "").replace(",", "").rstrip("%"), "number"
+    value = rewards.parse_json(text)
+    if isinstance(value, dict | list) or (value is not rewards.NOT_JSON and not isinstance(value, str)):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")), "json"
     if found := TAIL_NUMBER.search(text):
         return found.group(1).replace(",", ""), "number"
     if "\n" not in bare and len(bare) <= SHORT_CHARS and len(bare.split()) <= SHORT_WORDS:

@@ -21,6 +21,7 @@ import tinker
 from tinker_cookbook import renderers
 from tinker_cookbook.rl.types import Env, EnvGroupBuilder, RLDataset, RLDatasetBuilder, StepResult, Trajectory
 from tinker_cookbook.tokenizer_utils import get_tokenizer
+from tinker_cookbook.utils import logtree
 
 from rlcli.errors import UsageError
 from rlcli.train import rewards, traces
@@ -43,7 +44,7 @@ def load(spec: Spec, batch_size: int, eval_size: int | None) -> Data:
     if not train:
         raise UsageError(f"{spec.path}: every problem is held out: lower --eval-size")
     digest = found.sha256 if rubric is None else f"{found.sha256}+{hash_file(spec.rubric)}"
-    label = f"{'tool traces' if spec.env == 'tools' else 'replay file'} {spec.path}: {found.summary()}"
+    label = found.label("tool traces" if spec.env == "tools" else "replay traces")
     path = str(Path(spec.path).expanduser().resolve())
     rubric_path = str(Path(spec.rubric).expanduser().resolve()) if spec.rubric else None
     return Data(label, None, len(train), math.ceil(len(train) / batch_size), digest, held_out, spec.label,
@@ -106,6 +107,10 @@ class ReplayEnv(Env):
         self.well_formed = rewards.format_ok(self.reply, termination.is_stop_sequence)
         value, parts = score(self.problem, self.reply, self.spec, self.rubric)
         parts["format"] = float(self.well_formed)
+        with logtree.scope_header("Replay"):  # the run folder's train.html: what was asked, said and scored
+            logtree.table_from_dict({"source": self.problem.source, "trace_id": self.problem.trace_id,
+                                     "logged": self.problem.text, "reply": self.reply,
+                                     **{k: f"{v:g}" for k, v in parts.items()}}, caption="Reward components")
         return StepResult(reward=rewards.total(value, self.well_formed), episode_done=True,
                           next_observation=tinker.ModelInput.empty(),
                           next_stop_condition=self.renderer.get_stop_sequences(), metrics=parts,

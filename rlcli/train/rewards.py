@@ -172,8 +172,8 @@ def passes(rule: dict[str, Any], reply: str) -> bool:
         return bool(reply.strip()) and len(reply.strip()) <= value
     parsed = parse_json(reply)
     if kind == "json":
-        return parsed is not _NOT_JSON
-    return parsed is not _NOT_JSON and not schema_errors(parsed, value)
+        return parsed is not NOT_JSON
+    return parsed is not NOT_JSON and not schema_errors(parsed, value)
 
 
 def rubric_score(reply: str, rules: list[dict[str, Any]]) -> float:
@@ -182,17 +182,17 @@ def rubric_score(reply: str, rules: list[dict[str, Any]]) -> float:
     return sum(r["weight"] for r in rules if passes(r, reply)) / total if total else 0.0
 
 
-_NOT_JSON = object()
+NOT_JSON = object()
 
 
 def parse_json(reply: str) -> Any:
-    """The JSON value of a reply (a ```json fence around it allowed), or _NOT_JSON."""
+    """The JSON value of a reply (a ```json fence around it allowed), or NOT_JSON."""
     text = reply.strip()
     fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.DOTALL)
     try:
         return json.loads(fenced.group(1) if fenced else text)
     except ValueError:
-        return _NOT_JSON
+        return NOT_JSON
 
 
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}

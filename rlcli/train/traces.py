@@ -63,6 +63,11 @@ class Traces:
         skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()))
         return f"{len(self.problems)} problems" + (f" (skipped: {skipped})" if skipped else "")
 
+    def label(self, kind: str) -> str:
+        """What the plan line calls the file: its kind, its path, and what was skipped."""
+        skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()))
+        return f"{kind} {self.source}" + (f" (skipped: {skipped})" if skipped else "")
+
 
 def text_of(message: dict[str, Any]) -> str:
     """A message's text: its content string, or its text parts joined (the shape allows a list of parts)."""
