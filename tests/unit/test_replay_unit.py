@@ -224,3 +224,29 @@ def test_a_degenerate_policy_does_not_score_well(tokenized, reward):
         assert mean(policy) <= 0.0, name
     if reward == "verdict":  # copying every logged reply, bad ones included, is penalised
         assert mean(lambda p: p.text) < logged
+
+
+# --- the command --------------------------------------------------------------------------------------
+
+
+def test_dry_run_plans_a_replay_run(monkeypatch, capsys, embedded_model, tmp_path):
+    from rlcli.train import losses, rl
+
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(var, "1")
+    monkeypatch.setattr(losses, "served_losses", lambda url, timeout=10.0: ("fake", set(losses.STOCK_JAX)))
+    assert rl.train_rl(env="replay", dataset=str(VERDICTS), reward="verdict", batch_size=2, group_size=4,
+                       base_url="http://127.0.0.1:9", model=embedded_model, log_path=str(tmp_path / "run"),
+                       dry_run=True, eval_size=1) == 0
+    out = capsys.readouterr().out
+    assert f"replay traces {VERDICTS} (skipped: 1 no_verdict): 6 problems" in out
+    assert "grader replay/verdict:verdict, match normalized/turn:last; 1 held-out problems" in out
+
+
+def test_eval_plays_tool_policies_without_a_server(tmp_path):
+    from tests.conftest import run_rlcli
+
+    proc = run_rlcli("eval", "--env", "tools", "--policy", "oracle", "--dataset", str(TOOLS), timeout=120)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["reward"] == 1.0, proc.stderr
+    proc = run_rlcli("eval", "--policy", "nop", "--dataset", str(TOOLS), timeout=120)
+    assert proc.returncode == 2 and "pass all three" in proc.stderr
