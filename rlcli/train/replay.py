@@ -71,7 +71,8 @@ def score(problem: Problem, reply: str, spec: Spec, rubric: rewards.Rubric | Non
     else:
         value = rewards.rubric_score(reply, rubric.checks_for(problem.trace_id, problem.source) if rubric else [])
         parts["correct"] = float(value == 1.0)
-    parts[f"reward/{spec.reward}"] = value
+    if spec.reward != "judge":  # the judge's own score comes per group (rlcli.train.judge), under the same key
+        parts[f"reward/{spec.reward}"] = value
     return value, parts
 
 

@@ -159,7 +159,7 @@ def train_rl(loss: RlLoss = "gspo", dataset: str | None = None, dataset_path: st
     from rlcli.train import envs  # the cookbook and `datasets`: only once the loss plan stands
 
     data = envs.load_data(name, path, batch_size, max_steps, grader, 0 if eval_every == 0 else eval_size,
-                          max_operand or heldout.ARITHMETIC_MAX, spec)
+                          max_operand or heldout.ARITHMETIC_MAX, spec and spec.on_server(url))
     steps = min(data.batches, max_steps or data.batches)
     s = Settings(model=t.model, renderer=t.renderer, dataset=name, loss=plan.loss, loss_config=dict(plan.config),
                  passes=plan.passes, batch_size=batch_size, group_size=group_size, lr=lr, max_tokens=max_tokens,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -202,6 +202,12 @@ class Spec:
     rubric: str | None = None
     judge: dict[str, Any] | None = None  # rlcli.train.judge.Judge settings, for --reward judge
     env: str = "replay"  # or tools (rlcli.train.tools_env)
+
+    def on_server(self, url: str) -> Spec:
+        """A Tinker judge without --judge-url runs on the training server."""
+        if self.judge and self.judge["kind"] == "tinker" and not self.judge.get("url"):
+            return replace(self, judge={**self.judge, "url": url})
+        return self
 
     @property
     def label(self) -> str:

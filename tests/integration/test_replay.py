@@ -2,8 +2,9 @@
 
 The trace set is one-digit sums the base model answers partly (in several wordings; `--match number`
 reads the last number). One run trains on it; the asserts are what holds through sampling noise: every
-step logs the reward's components, every rollout names its source line, and the reward of the last
-steps is above the first ones'. The synthesized QA file goes through `train rl` and `eval` unchanged.
+step logs the reward's components, every rollout names its source line, and the mean reward of the
+second half of the run is above the first half's (a run made while writing: 0.30 -> 0.41). The
+synthesized QA file goes through `train rl` and `eval` unchanged.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def rlcli(server, *args: str, timeout: float = 900):
     return proc
 
 
+@pytest.mark.slow  # 12 steps of 32 samples: about 6 minutes on a busy 2-core machine
 def test_replay_match_run_logs_components_and_sources_and_its_reward_rises(server, tmp_path):
     run = tmp_path / "run"
     steps = 12
@@ -48,9 +50,9 @@ def test_replay_match_run_logs_components_and_sources_and_its_reward_rises(serve
     sources = {s["steps"][0]["logs"]["source"] for s in summaries}
     assert sources and all(src.startswith("one_digit_sums.jsonl:") for src in sources)
     assert all(s["steps"][0]["logs"]["trace_id"].startswith("sum-") for s in summaries)
-    reward = [m["env/all/reward/match"] for m in metrics]
-    first, last = sum(reward[:4]) / 4, sum(reward[-4:]) / 4
-    print(f"match reward by step: {[round(r, 2) for r in reward]}; first 4 {first:.3f}, last 4 {last:.3f}")
+    reward = [m["env/all/reward/match"] for m in metrics]  # 32 samples a step: halves average 192 each
+    first, last = sum(reward[:steps // 2]) / (steps // 2), sum(reward[steps // 2:]) / (steps // 2)
+    print(f"match reward by step: {[round(r, 2) for r in reward]}; first half {first:.3f}, second {last:.3f}")
     assert 0.0 < first < 0.9  # the base model answers partly: there is room, and a signal
     assert last > first
 
@@ -74,3 +76,30 @@ def test_eval_replay_scores_the_held_out_prompts(server, tmp_path):
                 "--eval-size", "3", "--max-tokens", "16")
     result = json.loads(out.stdout.splitlines()[-1])
     assert result["problems"] == 3 and result["dataset"].startswith("replay traces")
+
+
+def test_judge_reward_through_an_openai_endpoint_and_a_tinker_judge_that_fails(server, tmp_path):
+    from rlcli.train import judge
+    from tests.unit.test_judge_unit import JudgeServer, ranker
+
+    srv = JudgeServer(ranker)
+    try:
+        run = tmp_path / "run"
+        rlcli(server, "train", "rl", "--env", "replay", "--dataset", str(SUMS), "--reward", "judge",
+              "--judge-openai", srv.url, "--judge-model", "loopback", "--batch-size", "2", "--group-size", "2",
+              "--max-tokens", "8", "--max-steps", "1", "--eval-every", "0", "--save-every", "0",
+              "--log-path", str(run))
+    finally:
+        srv.close()
+    step = rows(run / "metrics.jsonl")[0]
+    assert step["env/all/judge/failed"] == 0.0 and "env/all/reward/judge" in step and len(srv.requests) == 2
+    assert len(list((Path(server.env["RLCLI_HOME"]) / "judge-cache").iterdir())) == 2
+    # The embedded model as the judge on the real server: it writes no scores, and that is counted.
+    tinker_judge = judge.Judge.from_settings({"kind": "tinker", "checkpoint": None, "url": server.url},
+                                             home=tmp_path)
+    answers, ask = [], tinker_judge.ask
+    tinker_judge.ask = lambda text: answers.append(ask(text)) or answers[-1]
+    prompt = [{"role": "user", "content": "What is 2 + 5?"}]
+    assert tinker_judge.scores(prompt, "2 + 5 = 7.", ["7", "8"], []) is None
+    assert len(answers) == 1 and isinstance(answers[0], str)  # it answered: the answer held no scores
+    assert tinker_judge.counts == {"asked": 1, "cached": 0, "failed": 1}

@@ -160,6 +160,9 @@ def test_flags_are_checked_before_any_file():
         traces.judge_settings("x", None, None, None)
     spec = traces.spec_from_flags("replay", "t.jsonl", None, "auto", None, "judge", "number", "all", None, judge)
     assert spec.label == "replay/judge:judge/turn:all" and spec.judge["kind"] == "tinker"
+    assert spec.on_server("http://127.0.0.1:8000").judge["url"] == "http://127.0.0.1:8000"  # the training server
+    other = traces.judge_settings("base", "http://127.0.0.1:9000", None, None)
+    assert traces.Spec("t", reward="judge", judge=other).on_server("http://x").judge["url"] == "http://127.0.0.1:9000"
 
 
 # --- the env: each reward on real tokens, and what a degenerate policy earns -----------------------
