@@ -88,7 +88,8 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
         base_url: server URL (default: TINKER_BASE_URL, else the managed server)
         renderer: chat renderer (default: from the model name, or the tokenizer of a local folder)
         output: also write the JSON result to this file
-        env: problems, or replay: --dataset is traces, scored on the prompts train rl --env replay holds out
+        env: problems, or replay|tools: --dataset is traces, scored on the prompts train rl --env replay|tools
+            holds out
         reward: with --env replay: match, verdict or rubric, as train rl's (a judge ranks groups: not here)
         match: as train rl's --match
         turn: as train rl's --turn
@@ -96,7 +97,7 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
         policy: with --env tools: oracle (replays the logged calls and answer) or nop (calls and says
             nothing) instead of a model: checks an environment, asks no server
     """
-    if policy or env == "tools":
+    if policy:
         return _play(env, dataset, policy, match, output)
     from rlcli.train.heldout import choose_dataset
     from rlcli.train.traces import spec_from_flags
@@ -128,7 +129,7 @@ def _play(env: str, dataset: str | None, policy: str | None, match: str, output:
 
     if env != "tools" or not policy or not dataset:
         raise UsageError("--policy oracle|nop plays --env tools --dataset TRACES.jsonl without a model: "
-                         "pass all three (a model on --env tools: train rl --env tools)")
+                         "pass all three (or drop --policy to score the model)")
     result = tools_env.run_policy(dataset, policy, rewards.check_match(match))
     if output:
         Path(output).expanduser().write_text(json.dumps(result, indent=1) + "\n")

@@ -64,7 +64,7 @@ class Episode:
         """The tool messages answering one assistant turn, and whether the episode is over."""
         self.turns += 1
         self.malformed += malformed
-        if not calls and not malformed or self.turns >= MAX_TURNS:
+        if not calls or self.turns >= MAX_TURNS:  # an answer (a call that did not parse ends the episode too)
             self.answer = text
             return [], True
         out = []

@@ -103,3 +103,18 @@ def test_judge_reward_through_an_openai_endpoint_and_a_tinker_judge_that_fails(s
     assert tinker_judge.scores(prompt, "2 + 5 = 7.", ["7", "8"], []) is None
     assert len(answers) == 1 and isinstance(answers[0], str)  # it answered: the answer held no scores
     assert tinker_judge.counts == {"asked": 1, "cached": 0, "failed": 1}
+
+
+def test_tools_env_trains_and_scores_its_held_out_conversation(server, tmp_path):
+    run = tmp_path / "run"
+    proc = rlcli(server, "train", "rl", "--env", "tools", "--dataset", str(TRACES / "tools.jsonl"), "--batch-size",
+                 "2", "--group-size", "2", "--max-tokens", "24", "--max-steps", "1", "--eval-size", "1",
+                 "--eval-every", "1", "--save-every", "0", "--log-path", str(run))
+    assert "tool traces" in proc.stdout + proc.stderr and "(skipped: 1 no_tool_call)" in proc.stdout + proc.stderr
+    step = rows(run / "metrics.jsonl")[0]
+    for key in ("env/all/reward/tools", "env/all/precision", "env/all/recall", "env/all/correct",
+                "test/env/all/reward/tools"):
+        assert key in step, sorted(step)
+    assert step["test/env/all/total_episodes"] == 1
+    summaries = rows(run / "iteration_000000" / "train_rollout_summaries.jsonl")
+    assert {s["steps"][0]["logs"]["source"].split(":")[0] for s in summaries} == {"tools.jsonl"}
