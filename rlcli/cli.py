@@ -53,6 +53,12 @@ COMMANDS: dict[str, Any] = {
         "convert chat logs (openai|anthropic|gemini|messages|langsmith|otel) to training JSONL",
         "rlcli.data.import_cmd:import_cmd",
     ),
+    "synth": (
+        "problems synthesized from imported traces",
+        {
+            "qa": ("{question, answer} problems from traces whose final answer is checkable", "rlcli.synth:qa"),
+        },
+    ),
     "harbor": (
         "Harbor tasks in local Docker",
         {

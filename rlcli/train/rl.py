@@ -27,6 +27,7 @@ from rlcli.train.folder import last_checkpoint
 from rlcli.train.heldout import Grader, choose_dataset
 from rlcli.train.losses import Passes
 from rlcli.train.rl_loop import RlLoss, RlProgress, RlSettings
+from rlcli.train.traces import Env, Reward, Turn, judge_settings, spec_from_flags
 
 if TYPE_CHECKING:
     from rlcli.train.envs import Data  # imports the cookbook: only for the type checker
@@ -96,7 +97,10 @@ def train_rl(loss: RlLoss = "gspo", dataset: str | None = None, dataset_path: st
              temperature: float = run.TEMPERATURE, lora_rank: int = run.LORA_RANK, eval_every: int = 20,
              eval_size: int | None = None, grader: Grader = "auto", save_every: int = run.SAVE_EVERY,
              max_steps: int | None = None, load_checkpoint: str | None = None, log_path: str | None = None,
-             resume: bool = False, dry_run: bool = False, max_operand: int | None = None) -> int:
+             resume: bool = False, dry_run: bool = False, max_operand: int | None = None, env: Env = "problems",
+             reward: Reward = "match", match: str = "normalized", turn: Turn = "last", rubric: str | None = None,
+             judge: str | None = None, judge_url: str | None = None, judge_openai: str | None = None,
+             judge_model: str | None = None) -> int:
     """Train a LoRA with RL (tinker-cookbook's loop) and a loss computed on the server.
 
     Args:
@@ -127,9 +131,24 @@ def train_rl(loss: RlLoss = "gspo", dataset: str | None = None, dataset_path: st
         resume: continue the run in --log-path (default: the newest rl run) from its last checkpoint
         dry_run: plan the loss, check the data, print the plan; create no model
         max_operand: with --dataset arithmetic: draw x and y from 0..N (default 100, the cookbook's range)
+        env: problems (--dataset is a problem set), or replay: --dataset is traces from `rlcli import`, the
+            policy writes a logged assistant turn and --reward scores it; or tools: traces that called tools,
+            the logged calls answer with their recorded output (answer match + call precision/recall)
+        reward: with --env replay: match (the logged reply), verdict (good-verdict replies are targets,
+            bad ones penalised), rubric (--rubric checks) or judge (a judge model ranks each group)
+        match: how a reply matches the logged one: exact, normalized, number, or regex:PATTERN
+        turn: with --env replay: the last assistant turn of each conversation, or all of them
+        rubric: JSON file of checks (contains, not_contains, regex, min/max_length, json, json_schema)
+        judge: the judge for --reward judge: base (the server's base model) or tinker://RUN/sampler_weights/ID
+        judge_url: the Tinker server the judge runs on (default: the training server)
+        judge_openai: an OpenAI-compatible endpoint (http://HOST/v1) as the judge instead
+        judge_model: the model name the --judge-openai endpoint serves
     """
-    name, path, grader = choose_dataset(dataset, dataset_path, grader, max_operand,
-                                        0 if eval_every == 0 else eval_size)
+    spec = spec_from_flags(env, dataset, dataset_path, grader, max_operand, reward, match, turn, rubric,
+                           judge_settings(judge, judge_url, judge_openai, judge_model))
+    held = 0 if eval_every == 0 else eval_size
+    name, path, grader = ("replay", None, "auto") if spec else choose_dataset(dataset, dataset_path, grader,
+                                                                              max_operand, held)
     run.check_numbers(batch_size=batch_size, group_size=group_size, max_tokens=max_tokens, lora_rank=lora_rank,
                       max_steps=max_steps, save_every=save_every, eval_every=eval_every, eval_size=eval_size, lr=lr,
                       temperature=temperature)
@@ -140,7 +159,7 @@ def train_rl(loss: RlLoss = "gspo", dataset: str | None = None, dataset_path: st
     from rlcli.train import envs  # the cookbook and `datasets`: only once the loss plan stands
 
     data = envs.load_data(name, path, batch_size, max_steps, grader, 0 if eval_every == 0 else eval_size,
-                          max_operand or heldout.ARITHMETIC_MAX)
+                          max_operand or heldout.ARITHMETIC_MAX, spec and spec.on_server(url))
     steps = min(data.batches, max_steps or data.batches)
     s = Settings(model=t.model, renderer=t.renderer, dataset=name, loss=plan.loss, loss_config=dict(plan.config),
                  passes=plan.passes, batch_size=batch_size, group_size=group_size, lr=lr, max_tokens=max_tokens,
