@@ -64,7 +64,8 @@ def summarize(rounds: list[dict[str, float]]) -> dict[str, Any]:
 def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_path: str | None = None,
              eval_size: int | None = None, max_operand: int | None = None, grader: str = "auto",
              samples: int = 1, temperature: float = 0.0, max_tokens: int = 256,
-             base_url: str | None = None, renderer: str | None = None, output: str | None = None) -> int:
+             base_url: str | None = None, renderer: str | None = None, output: str | None = None,
+             server_timeout: float = 60.0) -> int:
     """Score a checkpoint (or the base model) on the problems `rlcli train rl` holds out.
 
     Args:
@@ -82,6 +83,7 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
         base_url: server URL (default: TINKER_BASE_URL, else the managed server)
         renderer: chat renderer (default: from the model name, or the tokenizer of a local folder)
         output: also write the JSON result to this file
+        server_timeout: seconds the server may go without answering before the command stops (0: wait for ever)
     """
     from rlcli.train.heldout import choose_dataset
 
@@ -89,8 +91,12 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
     name, path, grader = choose_dataset(dataset, dataset_path, grader, max_operand, eval_size)
     source = sampler_path(checkpoint) if checkpoint else None
     started = time.monotonic()
-    result = _evaluate(name, path, grader, source, eval_size, max_operand, samples, temperature, max_tokens,
-                       base_url, renderer)
+    from rlcli.config import resolve_base_url
+    from rlcli.watchdog import watch
+
+    with watch(resolve_base_url(base_url), server_timeout):
+        result = _evaluate(name, path, grader, source, eval_size, max_operand, samples, temperature, max_tokens,
+                           base_url, renderer)
     result["seconds"] = round(time.monotonic() - started, 2)
     line = json.dumps(result)
     if output:

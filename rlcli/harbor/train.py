@@ -31,7 +31,7 @@ from rlcli.train import rl_loop, run
 from rlcli.train.rl_loop import RlProgress, RlSettings
 
 RECIPE_NAME = "rlcli_train_harbor"
-RESUME_KEYS = ("model", "renderer", "loss", "group_size", "groups_per_batch")
+RESUME_KEYS = ("model", "renderer", "loss", "group_size", "groups_per_batch", "seed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +101,7 @@ def train_harbor(dataset: str | None = None, loss: str = "gspo", loss_config: st
                  lora_rank: int = run.LORA_RANK, command_timeout: float = 120.0, sandbox_timeout: float | None = None,
                  max_sandboxes: int = 4, max_steps: int | None = None, save_every: int = run.SAVE_EVERY,
                  log_path: str | None = None, resume: bool = False,
-                 dry_run: bool = False) -> int:
+                 dry_run: bool = False, seed: int = run.SEED, server_timeout: float = run.SERVER_TIMEOUT) -> int:
     """Train a LoRA agent with RL on Harbor tasks run in local Docker; each rollout's test verdict is its reward.
 
     Args:
@@ -132,6 +132,8 @@ def train_harbor(dataset: str | None = None, loss: str = "gspo", loss_config: st
         log_path: run folder (default: RLCLI_HOME/runs/harbor-<time>)
         resume: continue the run in --log-path (default: the newest harbor run) from its last checkpoint
         dry_run: plan the loss, find the tasks, print the plan; make no model and no container
+        seed: the run's seed (the LoRA's initialisation and every sampling seed; kept in the run folder)
+        server_timeout: seconds the server may go without answering before the run stops (0: wait for ever)
     """
     if not dataset:
         raise UsageError("pass --dataset DIR (a folder of Harbor tasks, or one task) or --dataset NAME@VERSION "
@@ -142,10 +144,10 @@ def train_harbor(dataset: str | None = None, loss: str = "gspo", loss_config: st
                       save_every=save_every, eval_every=eval_every, lr=lr, temperature=temperature,
                       groups_per_batch=groups_per_batch, max_turns=max_turns, max_sandboxes=max_sandboxes,
                       command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, limit=limit,
-                      eval_tasks=eval_tasks)
+                      eval_tasks=eval_tasks, seed=seed)
     url = resolve_base_url(base_url)
     plan = rl_loop.plan_losses(url, loss, loss_config, passes)  # first: an unservable loss fails before real work
-    t = run.target("harbor", log_path, resume, url, model, renderer, dry_run)
+    t = run.target("harbor", log_path, resume, url, model, renderer, dry_run, server_timeout)
     train, held = split_tasks(load_tasks(dataset, task_filter, limit), eval_tasks)
     if eval_dataset:
         held = load_tasks(eval_dataset, None, None, "--eval-dataset")
@@ -154,7 +156,7 @@ def train_harbor(dataset: str | None = None, loss: str = "gspo", loss_config: st
                  steps=max_steps or math.ceil(len(train) / groups_per_batch), max_turns=max_turns,
                  max_tokens=max_tokens, temperature=temperature, lr=lr, lora_rank=lora_rank, eval_every=eval_every,
                  command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, max_sandboxes=max_sandboxes,
-                 save_every=save_every, max_steps=max_steps)
+                 save_every=save_every, max_steps=max_steps, seed=seed)
     progress = RlProgress(s.steps, plan.loss, plan.passes)
     job = run.Job(settings=s, summary=describe(plan, dataset, train, held, s),
                   digest=("tasks_sha256", tasks_hash(train + held)), same_input="the same --dataset and filters",

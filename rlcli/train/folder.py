@@ -67,10 +67,39 @@ def claim(folder: Path) -> Iterator[None]:
         yield
 
 
+def parsed_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """(the rows of a JSONL file, how many lines did not parse): a write cut short by a kill or a full disk
+    leaves a torn last line, which is no row."""
+    rows, torn = [], 0
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                torn += 1
+    return rows, torn
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return parsed_lines(path)[0]
+
+
+def trim_for_resume(folder: Path, next_step: int) -> int:
+    """Before a resume from step next_step: drop metrics rows of the steps it will run again, and torn lines
+    of metrics.jsonl and checkpoints.jsonl (a checkpoint whose record was cut short was never complete).
+    Each file is rewritten in one rename. Returns how many metrics rows were dropped."""
+    from rlcli.files import staged_file
+
+    dropped = 0
+    for name in ("metrics.jsonl", "checkpoints.jsonl"):
+        path = folder / name
+        rows, torn = parsed_lines(path)
+        keep = [r for r in rows if name != "metrics.jsonl" or r.get("step", -1) < next_step]
+        if torn or len(keep) != len(rows):
+            dropped += len(rows) - len(keep)
+            with staged_file(path, shared=False) as f:
+                f.write("".join(json.dumps(r) + "\n" for r in keep).encode())
+    return dropped
 
 
 def read_info(folder: Path) -> dict[str, Any]:
