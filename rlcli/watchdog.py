@@ -7,8 +7,9 @@ answers it from its own event loop while the engine computes, so a long compile 
 it answering: only a server that has not answered for `timeout_s` seconds (refused, reset, or silent)
 counts as gone. Its engine dying takes the API down with it (SkyRL's API exits when its engine does),
 so that case is seen too. When the server is gone, the command's main thread gets ServerGone raised
-where it waits (a signal to that thread breaks any blocking wait); should unwinding itself hang, the
-process exits with the same line after GRACE_S.
+where it waits (a signal to that thread breaks any blocking wait); should the command not leave the
+watched block within GRACE_S (ServerGone caught on the way, a wait no signal reaches), the process exits
+with the same line.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Watch:
         self.url, self.timeout_s, self.message = url.rstrip("/"), timeout_s, message
         self.interval_s = min(5.0, max(timeout_s / 6, 0.25))
         self.gone: ServerGone | None = None
-        self.raised = False  # ServerGone left the block: the command's error handler prints it
+        self.closed = False  # the block has been left: the command is unwinding on its own
         self.noticed_after_s: float | None = None  # from the last good answer to the verdict
         self._stop = threading.Event()
         self._main = threading.main_thread().ident
@@ -63,6 +64,8 @@ class Watch:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread() and self.gone is None:
+            self._thread.join(timeout=1.0)  # not mid-request while the interpreter shuts down
 
     def _run(self) -> None:
         last_ok = time.monotonic()
@@ -80,11 +83,11 @@ class Watch:
     def _interrupt(self) -> None:
         signal.pthread_kill(self._main, SIGNAL)  # wakes the main thread out of select/lock waits
         time.sleep(GRACE_S)
-        # Still alive: unwinding or the interpreter's exit hung (a thread of the tinker client waiting on
-        # the dead server). Leave anyway, with the line if nobody printed it yet.
-        if not self.raised:
-            print(f"rlcli: error: {self.gone}", file=sys.stderr, flush=True)
-        sys.stderr.flush()
+        if self.closed:
+            return
+        # The block was never left: something caught ServerGone or waits where no signal reaches (a thread
+        # of the tinker client on the dead server). Leave anyway, with the line.
+        print(f"rlcli: error: {self.gone}", file=sys.stderr, flush=True)
         os._exit(EXIT_SERVER_GONE)
 
 
@@ -96,8 +99,8 @@ def watch(url: str, timeout_s: float | None = DEFAULT_TIMEOUT_S,
     if not timeout_s or threading.current_thread() is not threading.main_thread():
         yield None
         return
-    message = message or (lambda silent: f"the server at {url} stopped answering ({silent:.0f} s without an "
-                                         "answer): `rlcli serve start`, then run the command again")
+    message = message or (lambda silent: f"the server at {url} stopped answering (no answer for {silent:.0f} s): "
+                                         "restart it (`rlcli serve restart`), then run the command again")
     w = Watch(url, timeout_s, message)
 
     def on_signal(signum: int, frame: object) -> None:
@@ -109,11 +112,10 @@ def watch(url: str, timeout_s: float | None = DEFAULT_TIMEOUT_S,
     try:
         yield w
     except BaseException as e:
-        if w.gone is not None:
-            w.raised = True
-            if e is not w.gone:
-                raise w.gone from e  # whatever the dead server caused on the way (a failed request): one line
+        if w.gone is not None and e is not w.gone:
+            raise w.gone from e  # whatever the dead server caused on the way (a failed request): one line
         raise
     finally:
+        w.closed = True
         w.stop()
         signal.signal(SIGNAL, previous)

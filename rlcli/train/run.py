@@ -204,7 +204,7 @@ def gone_message(folder: Path, url: str, progress: ProgressLine) -> Callable[[fl
         last = runs.last_checkpoint(folder, "state_path")
         saved = f"the last checkpoint is {last['name']}" if last else "no checkpoint was saved yet"
         return (f"the server at {url} stopped answering {step} (no answer for {silent_s:.0f} s); {saved}: "
-                f"`rlcli serve start`, then rerun the same command with --log-path {folder} --resume")
+                f"restart it (`rlcli serve restart`), then rerun the same command with --log-path {folder} --resume")
     return message
 
 

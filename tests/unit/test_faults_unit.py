@@ -1,0 +1,101 @@
+"""Fast checks of the fault handling pieces: the watchdog's verdict, resume trimming, seeds, full-disk line.
+The real faults (kill -9, SIGSTOP, a full tmpfs) are in tests/faults/."""
+
+from __future__ import annotations
+
+import errno
+import http.server
+import json
+import threading
+import time
+
+import pytest
+
+from rlcli import errors, watchdog
+from rlcli.train import folder as runs
+from rlcli.train.hooks import sample_seed
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    answering = True
+
+    def do_GET(self):  # noqa: N802 - the stdlib's name
+        if not Health.answering:
+            time.sleep(5)  # silent: the client's request times out
+            return
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{"status": "ok"}')
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def health_server():
+    Health.answering = True
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def test_an_answering_server_is_never_declared_gone(health_server):
+    with watchdog.watch(health_server, 1.0) as w:
+        time.sleep(2.5)  # a long step: the health route keeps answering
+    assert w.gone is None
+
+
+def test_a_silent_server_raises_server_gone_in_the_main_thread(health_server):
+    with pytest.raises(watchdog.ServerGone) as gone, watchdog.watch(health_server, 1.0,
+                                                                    lambda s: f"gone after {s:.0f} s"):
+        Health.answering = False
+        threading.Event().wait(30)  # a blocking wait, as the tinker client's: the signal breaks it
+    assert str(gone.value).startswith("gone after") and gone.value.exit_code == errors.EXIT_SERVER_GONE
+
+
+def test_a_command_that_left_the_block_is_not_ended_later(health_server, monkeypatch):
+    monkeypatch.setattr(watchdog, "GRACE_S", 0.5)
+    with pytest.raises(watchdog.ServerGone), watchdog.watch(health_server, 0.5):
+        Health.answering = False
+        threading.Event().wait(30)
+    time.sleep(1.5)  # past the grace: this process (pytest) is still here
+
+
+def test_a_refused_connection_counts_as_silence():
+    with pytest.raises(watchdog.ServerGone), watchdog.watch("http://127.0.0.1:9", 0.5):
+        threading.Event().wait(30)
+
+
+def test_timeout_zero_watches_nothing():
+    with watchdog.watch("http://127.0.0.1:9", 0) as w:
+        pass
+    assert w is None
+
+
+def test_resume_trimming_drops_redone_steps_and_torn_lines(tmp_path):
+    rows = [{"step": i, "train_mean_nll": 1.0 / (i + 1)} for i in range(7)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 7, "tr')
+    (tmp_path / "checkpoints.jsonl").write_text('{"name": "000002", "batch": 3}\n{"name": "0000')
+    assert runs.trim_for_resume(tmp_path, 3) == 4
+    assert [r["step"] for r in runs.read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2]
+    assert runs.read_jsonl(tmp_path / "checkpoints.jsonl") == [{"name": "000002", "batch": 3}]
+    assert runs.trim_for_resume(tmp_path, 3) == 0  # nothing left to do
+
+
+def test_sample_seeds_depend_on_what_is_asked_not_when():
+    assert sample_seed(0, 1, [5, 6], 0) == sample_seed(0, 1, [5, 6], 0)
+    seeds = {sample_seed(0, 1, [5, 6], k) for k in range(4)}  # one group: four different samples
+    assert len(seeds) == 4 and sample_seed(1, 1, [5, 6], 0) != sample_seed(0, 1, [5, 6], 0)
+    assert all(0 <= s < 2**31 for s in seeds)
+
+
+def test_a_full_disk_is_one_line(capsys):
+    def write():
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/out.jsonl")
+
+    assert errors.run_guarded(write) == errors.EXIT_FAILED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["rlcli: error: no space left on the device writing /data/out.jsonl: free some space, then run "
+                   "the command again (a training run: with --resume; nothing half-written was kept)"]
