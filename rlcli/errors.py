@@ -51,9 +51,9 @@ def run_guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
             return _unexpected(e)
         if debug_enabled():
             traceback.print_exc()
-        where = f" writing {e.filename}" if e.filename else ""
+        where = f" ({e.filename})" if e.filename else ""
         print(f"rlcli: error: no space left on the device{where}: free some space, then run the command again "
-              "(a training run: with --resume; nothing half-written was kept)", file=sys.stderr)
+              "(a training run: with --resume)", file=sys.stderr)
         return EXIT_FAILED
     except Exception as e:  # an unexpected failure: still one line unless debugging
         return _unexpected(e)

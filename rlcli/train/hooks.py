@@ -213,11 +213,12 @@ def sample_seed(seed: int, client_index: int, prompt_tokens: list[int], occurren
 
 
 @contextlib.contextmanager
-def seeded_sampling(seed: int) -> Iterator[None]:
-    """Inside the block, each sample request that carries no seed gets sample_seed(...) as its seed."""
+def seeded_sampling(seed: int, first_client: int = 0) -> Iterator[None]:
+    """Inside the block, each sample request that carries no seed gets sample_seed(...) as its seed; the
+    first sampling client made counts as number first_client (a resumed RL loop starts at its step)."""
     cls = tinker.SamplingClient
     original_init, original_sample = cls.__init__, cls.sample
-    made = [0]
+    made = [first_client]
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)

@@ -187,12 +187,13 @@ def execute(job: Job, t: Target, resume: bool, dry_run: bool) -> int:
         return 0
     print(summary, file=sys.stderr)
     with runs.claim(t.folder), job.around():  # the lock first: a second trainer is refused before any work
+        start = 0
         if resume:
-            check_resume(t.folder, t.url, digest=job.digest, same_input=job.same_input, settings=job.settings,
-                         keys=job.resume_keys, resume_step=job.resume_step)
+            start = check_resume(t.folder, t.url, digest=job.digest, same_input=job.same_input,
+                                 settings=job.settings, keys=job.resume_keys, resume_step=job.resume_step)
         info = {job.digest[0]: job.digest[1], "base_url": t.url, **job.info, **asdict(job.settings)}
         (t.folder / runs.RUN_INFO).write_text(json.dumps(info, indent=1) + "\n")
-        run_recipe(t.folder, t.url, job, t.server_timeout)
+        run_recipe(t.folder, t.url, job, t.server_timeout, start)
     print(job.report(t.folder))
     return 0
 
@@ -208,24 +209,26 @@ def gone_message(folder: Path, url: str, progress: ProgressLine) -> Callable[[fl
     return message
 
 
-def run_recipe(folder: Path, url: str, job: Job, server_timeout: float = SERVER_TIMEOUT) -> None:
+def run_recipe(folder: Path, url: str, job: Job, server_timeout: float = SERVER_TIMEOUT, start: int = 0) -> None:
     """The trainer's cookbook loop inside the hooks; whatever happens, the server slots it took are freed,
-    and a server that stops answering for server_timeout seconds ends the run with one line."""
+    and a server that stops answering for server_timeout seconds ends the run with one line. `start`: the
+    step a resume begins at (the loops make one sampling client per step: its seeds continue from there)."""
     from rlcli import watchdog
     from rlcli.train.hooks import cookbook_logging, seeded_lora, seeded_sampling
 
     ensure_api_key()
     with (watchdog.watch(url, server_timeout, gone_message(folder, url, job.progress)) as watch,
           sigterm_as_interrupt(), server_slots(folder, url, job.settings.model, watch),
-          seeded_lora(job.settings.seed), seeded_sampling(job.settings.seed), job.recipe(folder, url) as start,
+          seeded_lora(job.settings.seed), seeded_sampling(job.settings.seed, start), job.recipe(folder, url) as start,
           cookbook_logging(job.progress)):
         start()
 
 
 def check_resume(folder: Path, url: str, *, digest: tuple[str, str], same_input: str, settings: TrainSettings,
-                 keys: tuple[str, ...], resume_step: Callable[[dict[str, Any]], int] = lambda row: 0) -> None:
+                 keys: tuple[str, ...], resume_step: Callable[[dict[str, Any]], int] = lambda row: 0) -> int:
     """Refuse to resume a run folder on other input or settings (Job's fields of those names); free the
-    slots a crashed attempt left; drop the metrics rows of the steps the resume will run again."""
+    slots a crashed attempt left; drop the metrics rows of the steps the resume will run again. Returns the
+    step the resume begins at."""
     info, (key, value), current = runs.read_info(folder), digest, asdict(settings)
     if info.get(key, value) != value:
         raise UsageError(f"{folder} was trained on other {key.split('_')[0]}: resume with {same_input}, "
@@ -238,11 +241,10 @@ def check_resume(folder: Path, url: str, *, digest: tuple[str, str], same_input:
         from rlcli.client import unload_models
 
         runs.note_models(folder, unload_models(url, leftover), append=False)
-    last = runs.last_checkpoint(folder, "state_path")
-    dropped = runs.trim_for_resume(folder, resume_step(last) if last else 0)
-    where = f"checkpoint {last['name']}" if last else "the start (no checkpoint was saved yet)"
-    redo = f"; the {dropped} metrics rows after it will be measured again" if dropped else ""
-    print(f"resuming {folder} from {where}{redo}", file=sys.stderr)
+    last, start = runs.resume_point(folder, resume_step)
+    where = f"checkpoint {last['name']} (step {start + 1})" if last else "the start (no checkpoint was saved yet)"
+    print(f"resuming {folder} from {where}", file=sys.stderr)
+    return start
 
 
 @contextlib.contextmanager

@@ -74,14 +74,31 @@ def test_timeout_zero_watches_nothing():
     assert w is None
 
 
-def test_resume_trimming_drops_redone_steps_and_torn_lines(tmp_path):
-    rows = [{"step": i, "train_mean_nll": 1.0 / (i + 1)} for i in range(7)]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 7, "tr')
-    (tmp_path / "checkpoints.jsonl").write_text('{"name": "000002", "batch": 3}\n{"name": "0000')
-    assert runs.trim_for_resume(tmp_path, 3) == 4
+def batch(row: dict) -> int:
+    return row["batch"]
+
+
+def write_rows(path, rows: list[dict], torn: str = "") -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + torn)
+
+
+def test_resume_drops_redone_steps_and_torn_lines(tmp_path):
+    write_rows(tmp_path / "metrics.jsonl", [{"step": i, "loss": 1.0} for i in range(7)], '{"step": 7, "lo')
+    write_rows(tmp_path / "checkpoints.jsonl", [{"name": "000002", "batch": 3, "state_path": "s2"}], '{"name": "0')
+    last, start = runs.resume_point(tmp_path, batch)
+    assert (last["name"], start) == ("000002", 3)
     assert [r["step"] for r in runs.read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2]
-    assert runs.read_jsonl(tmp_path / "checkpoints.jsonl") == [{"name": "000002", "batch": 3}]
-    assert runs.trim_for_resume(tmp_path, 3) == 0  # nothing left to do
+    assert runs.parsed_lines(tmp_path / "checkpoints.jsonl") == ([last], 0)
+
+
+def test_a_checkpoint_past_a_missing_metrics_row_is_not_resumed_from(tmp_path):
+    """The run died after saving checkpoint 000004 (ready for step 5) but before logging step 4's row."""
+    write_rows(tmp_path / "metrics.jsonl", [{"step": i} for i in range(4)])
+    write_rows(tmp_path / "checkpoints.jsonl", [{"name": "000002", "batch": 3, "state_path": "s2"},
+                                                {"name": "000004", "batch": 5, "state_path": "s4"}])
+    last, start = runs.resume_point(tmp_path, batch)
+    assert (last["name"], start) == ("000002", 3)  # steps 3 and 4 run again; each gets its row once
+    assert [c["name"] for c in runs.read_jsonl(tmp_path / "checkpoints.jsonl")] == ["000002"]
 
 
 def test_sample_seeds_depend_on_what_is_asked_not_when():
@@ -97,5 +114,5 @@ def test_a_full_disk_is_one_line(capsys):
 
     assert errors.run_guarded(write) == errors.EXIT_FAILED
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["rlcli: error: no space left on the device writing /data/out.jsonl: free some space, then run "
-                   "the command again (a training run: with --resume; nothing half-written was kept)"]
+    assert err == ["rlcli: error: no space left on the device (/data/out.jsonl): free some space, then run "
+                   "the command again (a training run: with --resume)"]
