@@ -193,7 +193,7 @@ def execute(job: Job, t: Target, resume: bool, dry_run: bool) -> int:
                                  settings=job.settings, keys=job.resume_keys, resume_step=job.resume_step)
         info = {job.digest[0]: job.digest[1], "base_url": t.url, **job.info, **asdict(job.settings)}
         (t.folder / runs.RUN_INFO).write_text(json.dumps(info, indent=1) + "\n")
-        run_recipe(t.folder, t.url, job, t.server_timeout, start)
+        run_recipe(t.folder, t.url, job, t.server_timeout, first_step=start)
     print(job.report(t.folder))
     return 0
 
@@ -209,9 +209,10 @@ def gone_message(folder: Path, url: str, progress: ProgressLine) -> Callable[[fl
     return message
 
 
-def run_recipe(folder: Path, url: str, job: Job, server_timeout: float = SERVER_TIMEOUT, start: int = 0) -> None:
+def run_recipe(folder: Path, url: str, job: Job, server_timeout: float = SERVER_TIMEOUT,
+               first_step: int = 0) -> None:
     """The trainer's cookbook loop inside the hooks; whatever happens, the server slots it took are freed,
-    and a server that stops answering for server_timeout seconds ends the run with one line. `start`: the
+    and a server that stops answering for server_timeout seconds ends the run with one line. first_step: the
     step a resume begins at (the loops make one sampling client per step: its seeds continue from there)."""
     from rlcli import watchdog
     from rlcli.train.hooks import cookbook_logging, seeded_lora, seeded_sampling
@@ -219,7 +220,7 @@ def run_recipe(folder: Path, url: str, job: Job, server_timeout: float = SERVER_
     ensure_api_key()
     with (watchdog.watch(url, server_timeout, gone_message(folder, url, job.progress)) as watch,
           sigterm_as_interrupt(), server_slots(folder, url, job.settings.model, watch),
-          seeded_lora(job.settings.seed), seeded_sampling(job.settings.seed, start), job.recipe(folder, url) as start,
+          seeded_lora(job.settings.seed), seeded_sampling(job.settings.seed, first_step), job.recipe(folder, url) as start,
           cookbook_logging(job.progress)):
         start()
 
