@@ -220,8 +220,8 @@ def run_recipe(folder: Path, url: str, job: Job, server_timeout: float = SERVER_
     ensure_api_key()
     with (watchdog.watch(url, server_timeout, gone_message(folder, url, job.progress)) as watch,
           sigterm_as_interrupt(), server_slots(folder, url, job.settings.model, watch),
-          seeded_lora(job.settings.seed), seeded_sampling(job.settings.seed, first_step), job.recipe(folder, url) as start,
-          cookbook_logging(job.progress)):
+          seeded_lora(job.settings.seed), seeded_sampling(job.settings.seed, first_step),
+          job.recipe(folder, url) as start, cookbook_logging(job.progress)):
         start()
 
 
