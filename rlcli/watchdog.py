@@ -23,7 +23,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 
-from rlcli.errors import EXIT_SERVER_GONE, RlcliError
+from rlcli.errors import EXIT_SERVER_GONE, RlcliError, UsageError
 
 DEFAULT_TIMEOUT_S = 60.0
 HEALTH_ROUTE = "/api/v1/healthz"
@@ -53,6 +53,7 @@ class Watch:
         self.interval_s = min(5.0, max(timeout_s / 6, 0.25))
         self.gone: ServerGone | None = None
         self.closed = False  # the block has been left: the command is unwinding on its own
+        self.last_ok = time.monotonic()  # the last answer from the health route
         self.noticed_after_s: float | None = None  # from the last good answer to the verdict
         self._stop = threading.Event()
         self._main = threading.main_thread().ident
@@ -68,12 +69,11 @@ class Watch:
             self._thread.join(timeout=1.0)  # not mid-request while the interpreter shuts down
 
     def _run(self) -> None:
-        last_ok = time.monotonic()
         while not self._stop.wait(self.interval_s):
             if healthy(self.url, min(10.0, max(self.timeout_s / 3, 1.0))):
-                last_ok = time.monotonic()
+                self.last_ok = time.monotonic()
                 continue
-            silent = time.monotonic() - last_ok
+            silent = time.monotonic() - self.last_ok
             if silent >= self.timeout_s and not self._stop.is_set():
                 self.noticed_after_s = silent
                 self.gone = ServerGone(self.message(silent))
@@ -112,6 +112,9 @@ def watch(url: str, timeout_s: float | None = DEFAULT_TIMEOUT_S,
     try:
         yield w
     except BaseException as e:
+        if w.gone is None and isinstance(e, Exception) and not isinstance(e, UsageError) and not healthy(url, 2.0):
+            # A request of the command's own gave up first (its timeout is shorter): the same verdict, now.
+            w.gone = ServerGone(message(time.monotonic() - w.last_ok))
         if w.gone is not None and e is not w.gone:
             raise w.gone from e  # whatever the dead server caused on the way (a failed request): one line
         raise

@@ -58,7 +58,7 @@ def test_a_frozen_server_is_noticed_by_sample(fault_server, timeout_s):
     assert proc.returncode == EXIT_SERVER_GONE, proc.stderr
     assert last_line(proc.stderr).startswith(f"rlcli: error: the server at {fault_server.url} stopped answering")
     assert "Traceback" not in proc.stderr
-    assert timeout_s <= took < timeout_s + NOTICE_BOUND_S
+    assert took < timeout_s + NOTICE_BOUND_S  # sooner when one of its own requests times out first
 
 
 def test_a_killed_server_stops_training_and_the_run_resumes(fault_server, tmp_path):

@@ -63,6 +63,18 @@ def test_a_command_that_left_the_block_is_not_ended_later(health_server, monkeyp
     time.sleep(1.5)  # past the grace: this process (pytest) is still here
 
 
+def test_a_request_that_gives_up_first_gets_the_same_verdict(health_server):
+    with pytest.raises(watchdog.ServerGone) as gone, watchdog.watch(health_server, 60.0, lambda s: "gone"):
+        Health.answering = False
+        raise TimeoutError("the command's own request timed out")
+    assert isinstance(gone.value.__cause__, TimeoutError)
+
+
+def test_an_error_of_an_answering_server_stays_itself(health_server):
+    with pytest.raises(ValueError), watchdog.watch(health_server, 60.0):
+        raise ValueError("a bad answer")
+
+
 def test_a_refused_connection_counts_as_silence():
     with pytest.raises(watchdog.ServerGone), watchdog.watch("http://127.0.0.1:9", 0.5):
         threading.Event().wait(30)
