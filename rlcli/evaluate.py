@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.errors import UsageError
+from rlcli.train.heldout import Grader
 from rlcli.train.metrics import TEST_CORRECT as CORRECT
 from rlcli.train.metrics import TEST_REWARD as REWARD
 
@@ -62,7 +63,7 @@ def summarize(rounds: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_path: str | None = None,
-             eval_size: int | None = None, max_operand: int | None = None, grader: str = "auto",
+             eval_size: int | None = None, max_operand: int | None = None, grader: Grader = "auto",
              samples: int = 1, temperature: float = 0.0, max_tokens: int = 256,
              base_url: str | None = None, renderer: str | None = None, output: str | None = None,
              server_timeout: float = 60.0) -> int:

@@ -18,8 +18,8 @@ import shutil
 import tarfile
 import tempfile
 import urllib.error
-import urllib.request
 from pathlib import Path
+from typing import Literal
 
 from rlcli.client import open_url, parse_tinker_path, training_run
 from rlcli.config import resolve_base_url
@@ -27,7 +27,7 @@ from rlcli.errors import RlcliError, UsageError
 from rlcli.files import staged_folder
 from rlcli.watchdog import watch
 
-FORMATS = ("peft", "merged")
+Format = Literal["peft", "merged"]  # what --format writes
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
@@ -141,7 +141,7 @@ def _check_output(output: str | None, force: bool) -> Path:
     return out
 
 
-def export(checkpoint: str, format: str = "peft", output: str | None = None, force: bool = False,
+def export(checkpoint: str, format: Format = "peft", output: str | None = None, force: bool = False,
            base_model: str | None = None, base_url: str | None = None, server_timeout: float = 60.0) -> int:
     """Download sampler weights and write a PEFT adapter folder, or a full model with the LoRA merged in.
 
@@ -154,8 +154,6 @@ def export(checkpoint: str, format: str = "peft", output: str | None = None, for
         base_url: server URL (default: TINKER_BASE_URL, else the managed server)
         server_timeout: seconds the server may go without answering before the command stops (0: wait for ever)
     """
-    if format not in FORMATS:
-        raise UsageError(f"--format {format!r}: choose peft or merged")
     run_id, kind, ckpt = parse_tinker_path(checkpoint)
     if kind == "weights":
         raise UsageError(f"{checkpoint} is a training checkpoint (optimizer state, not loadable weights): save "

@@ -162,19 +162,9 @@ def _messages(system: str | None, history: list[dict[str, str]]) -> list[dict[st
     return ([{"role": "system", "content": system}] if system else []) + history
 
 
-def sample(
-    prompt: str | None = None,
-    checkpoint: str | None = None,
-    model: str | None = None,
-    system: str | None = None,
-    max_tokens: int = 256,
-    temperature: float = 0.7,
-    n: int = 1,
-    seed: int = 0,
-    base_url: str | None = None,
-    tokenizer: str | None = None,
-    server_timeout: float = DEFAULT_TIMEOUT_S,
-) -> int:
+def sample(prompt: str | None = None, checkpoint: str | None = None, model: str | None = None,
+           system: str | None = None, max_tokens: int = 256, temperature: float = 0.7, n: int = 1, seed: int = 0,
+           base_url: str | None = None, tokenizer: str | None = None, server_timeout: float = DEFAULT_TIMEOUT_S) -> int:
     """Sample completions for one prompt, rendered with the model's chat template.
 
     Args:
@@ -207,17 +197,9 @@ def sample(
     return 0
 
 
-def chat(
-    checkpoint: str | None = None,
-    model: str | None = None,
-    system: str | None = None,
-    max_tokens: int = 256,
-    temperature: float = 0.7,
-    seed: int = 0,
-    base_url: str | None = None,
-    tokenizer: str | None = None,
-    server_timeout: float = DEFAULT_TIMEOUT_S,
-) -> int:
+def chat(checkpoint: str | None = None, model: str | None = None, system: str | None = None, max_tokens: int = 256,
+         temperature: float = 0.7, seed: int = 0, base_url: str | None = None, tokenizer: str | None = None,
+         server_timeout: float = DEFAULT_TIMEOUT_S) -> int:
     """Chat turn by turn: each stdin line is a user message; /reset clears the history, /exit or EOF ends.
 
     Args:

@@ -24,8 +24,9 @@ from rlcli.config import resolve_base_url
 from rlcli.errors import UsageError
 from rlcli.train import heldout, rl_loop, run
 from rlcli.train.folder import last_checkpoint
-from rlcli.train.heldout import choose_dataset
-from rlcli.train.rl_loop import RlProgress, RlSettings
+from rlcli.train.heldout import Grader, choose_dataset
+from rlcli.train.losses import Passes
+from rlcli.train.rl_loop import RlLoss, RlProgress, RlSettings
 
 if TYPE_CHECKING:
     from rlcli.train.envs import Data  # imports the cookbook: only for the type checker
@@ -88,12 +89,12 @@ def build_config(folder: Path, url: str, s: Settings, data: Data) -> Any:
                         base_url=url, max_steps=s.max_steps, load_checkpoint_path=s.load_checkpoint)
 
 
-def train_rl(loss: str = "gspo", dataset: str | None = None, dataset_path: str | None = None,
-             loss_config: str | None = None, passes: str = "auto", model: str | None = None,
+def train_rl(loss: RlLoss = "gspo", dataset: str | None = None, dataset_path: str | None = None,
+             loss_config: str | None = None, passes: Passes = "auto", model: str | None = None,
              base_url: str | None = None, renderer: str | None = None, batch_size: int = run.BATCH_SIZE,
              group_size: int = run.GROUP_SIZE, lr: float = run.RL_LR, max_tokens: int = 256,
              temperature: float = run.TEMPERATURE, lora_rank: int = run.LORA_RANK, eval_every: int = 20,
-             eval_size: int | None = None, grader: str = "auto", save_every: int = run.SAVE_EVERY,
+             eval_size: int | None = None, grader: Grader = "auto", save_every: int = run.SAVE_EVERY,
              max_steps: int | None = None, load_checkpoint: str | None = None, log_path: str | None = None,
              resume: bool = False, dry_run: bool = False, max_operand: int | None = None, seed: int = run.SEED,
              server_timeout: float = run.SERVER_TIMEOUT) -> int:

@@ -97,7 +97,7 @@ def test_bad_json_is_an_error_naming_its_line_or_skipped_and_counted():
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["-", "-f", "gemini"], "unknown format 'gemini'"),
+        (["-", "-f", "gemini"], "argument --format/-f: invalid choice: 'gemini'"),
         (["-", "--min-score", "0.5"], "-f langsmith"),
         (["/no/such/file.jsonl"], "is not a file"),
         (["-", "-o", "/no/such/dir/out.jsonl"], "does not exist"),
