@@ -51,7 +51,8 @@ def run_guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
             return _unexpected(e)
         if debug_enabled():
             traceback.print_exc()
-        where = f" ({e.filename})" if e.filename else ""
+        path = e.filename2 or e.filename  # a copy names its source first and its destination second
+        where = f" ({path})" if path else ""
         print(f"rlcli: error: no space left on the device{where}: free some space, then run the command again "
               "(a training run: with --resume)", file=sys.stderr)
         return EXIT_FAILED

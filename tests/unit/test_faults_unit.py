@@ -120,6 +120,14 @@ def test_sample_seeds_depend_on_what_is_asked_not_when():
     assert all(0 <= s < 2**31 for s in seeds)
 
 
+def test_a_full_disk_during_a_copy_names_the_destination(capsys):
+    def copy():
+        raise OSError(errno.ENOSPC, "No space left on device", "/tmp/src.bin", None, "/data/dst.bin")
+
+    assert errors.run_guarded(copy) == errors.EXIT_FAILED
+    assert "(/data/dst.bin)" in capsys.readouterr().err
+
+
 def test_a_full_disk_is_one_line(capsys):
     def write():
         raise OSError(errno.ENOSPC, "No space left on device", "/data/out.jsonl")
