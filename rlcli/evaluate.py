@@ -70,7 +70,8 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
              samples: int = 1, temperature: float = 0.0, max_tokens: int = 256,
              base_url: str | None = None, renderer: str | None = None, output: str | None = None,
              env: Env = "problems", reward: Reward = "match", match: str = "normalized", turn: Turn = "last",
-             rubric: str | None = None, policy: Policy | None = None) -> int:
+             rubric: str | None = None, policy: Policy | None = None,
+             server_timeout: float = 60.0) -> int:
     """Score a checkpoint (or the base model) on the problems `rlcli train rl` holds out.
 
     Args:
@@ -96,6 +97,7 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
         rubric: as train rl's --rubric
         policy: with --env tools: oracle (replays the logged calls and answer) or nop (calls and says
             nothing) instead of a model: checks an environment, asks no server
+        server_timeout: seconds the server may go without answering before the command stops (0: wait for ever)
     """
     if policy:
         return _play(env, dataset, policy, match, output)
@@ -111,8 +113,12 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
                                                                               max_operand, eval_size)
     source = sampler_path(checkpoint) if checkpoint else None
     started = time.monotonic()
-    result = _evaluate(name, path, grader, source, eval_size, max_operand, samples, temperature, max_tokens,
-                       base_url, renderer, spec)
+    from rlcli.config import resolve_base_url
+    from rlcli.watchdog import watch
+
+    with watch(resolve_base_url(base_url), server_timeout):
+        result = _evaluate(name, path, grader, source, eval_size, max_operand, samples, temperature, max_tokens,
+                           base_url, renderer, spec)
     result["seconds"] = round(time.monotonic() - started, 2)
     line = json.dumps(result)
     if output:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from rlcli.train.envs import Data  # imports the cookbook: only for the type checker
 
 RECIPE_NAME = "rlcli_train_rl"
-RESUME_KEYS = ("model", "renderer", "loss", "batch_size", "group_size", "grader", "eval_size")
+RESUME_KEYS = ("model", "renderer", "loss", "batch_size", "group_size", "grader", "eval_size", "seed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +100,8 @@ def train_rl(loss: RlLoss = "gspo", dataset: str | None = None, dataset_path: st
              resume: bool = False, dry_run: bool = False, max_operand: int | None = None, env: Env = "problems",
              reward: Reward = "match", match: str = "normalized", turn: Turn = "last", rubric: str | None = None,
              judge: str | None = None, judge_url: str | None = None, judge_openai: str | None = None,
-             judge_model: str | None = None) -> int:
+             judge_model: str | None = None, seed: int = run.SEED,
+             server_timeout: float = run.SERVER_TIMEOUT) -> int:
     """Train a LoRA with RL (tinker-cookbook's loop) and a loss computed on the server.
 
     Args:
@@ -143,19 +144,21 @@ def train_rl(loss: RlLoss = "gspo", dataset: str | None = None, dataset_path: st
         judge_url: the Tinker server the judge runs on (default: the training server)
         judge_openai: an OpenAI-compatible endpoint (http://HOST/v1) as the judge instead
         judge_model: the model name the --judge-openai endpoint serves
+        seed: the run's seed (the LoRA's initialisation and every sampling seed; kept in the run folder)
+        server_timeout: seconds the server may go without answering before the run stops (0: wait for ever)
     """
     spec = spec_from_flags(env, dataset, dataset_path, grader, max_operand, reward, match, turn, rubric,
                            judge_settings(judge, judge_url, judge_openai, judge_model))
     held = 0 if eval_every == 0 else eval_size
     name, path, grader = ("replay", None, "auto") if spec else choose_dataset(dataset, dataset_path, grader,
                                                                               max_operand, held)
-    run.check_numbers(batch_size=batch_size, group_size=group_size, max_tokens=max_tokens, lora_rank=lora_rank,
-                      max_steps=max_steps, save_every=save_every, eval_every=eval_every, eval_size=eval_size, lr=lr,
-                      temperature=temperature)
+    run.check_numbers(seed=seed, batch_size=batch_size, group_size=group_size, max_tokens=max_tokens,
+                      lora_rank=lora_rank, max_steps=max_steps, save_every=save_every, eval_every=eval_every,
+                      eval_size=eval_size, lr=lr, temperature=temperature)
     state = checkpoint_state(load_checkpoint)
     url = resolve_base_url(base_url)
     plan = rl_loop.plan_losses(url, loss, loss_config, passes)  # first: an unservable loss fails before real work
-    t = run.target("rl", log_path, resume, url, model, renderer, dry_run)
+    t = run.target("rl", log_path, resume, url, model, renderer, dry_run, server_timeout)
     from rlcli.train import envs  # the cookbook and `datasets`: only once the loss plan stands
 
     data = envs.load_data(name, path, batch_size, max_steps, grader, 0 if eval_every == 0 else eval_size,
@@ -165,7 +168,7 @@ def train_rl(loss: RlLoss = "gspo", dataset: str | None = None, dataset_path: st
                  passes=plan.passes, batch_size=batch_size, group_size=group_size, lr=lr, max_tokens=max_tokens,
                  temperature=temperature, lora_rank=lora_rank, max_steps=max_steps, save_every=save_every,
                  eval_every=eval_every, grader=data.grader, eval_size=data.held_out, load_checkpoint=state,
-                 max_operand=max_operand)
+                 max_operand=max_operand, seed=seed)
     progress = RlProgress(steps, plan.loss, plan.passes)
     job = run.Job(settings=s, summary=describe(plan, data, s, steps), digest=("dataset_sha256", data.sha256),
                   same_input="the same --dataset", resume_keys=RESUME_KEYS, progress=progress,
