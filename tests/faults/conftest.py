@@ -1,7 +1,8 @@
 """What the fault tests share: a throwaway server they may kill, a trainer they may kill, a small filesystem.
 
-A test that kills its server gets its own (`fault_server`, module-scoped, restartable); the others use the
-session's server from tests/conftest.py. Faults are real: kill -9 by pid, SIGSTOP, a tmpfs filled to the
+A test that kills its server gets its own (`fault_server`, module-scoped, restartable: the same home and
+port as rlcli.server.private's servers, started again after a kill); the others use the session's server
+from tests/conftest.py. Faults are real: kill -9 by pid, SIGSTOP, a tmpfs filled to the
 last byte. What this machine does not permit (mount as non-root, say) is skipped with the reason.
 """
 
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from rlcli.server import process
-from tests.conftest import REPO, RLCLI, free_port, run_rlcli, shared_server_venv
+from rlcli.server import private, process
+from tests.conftest import REPO, RLCLI, run_rlcli, shared_server_venv
 
 FIXTURES = REPO / "tests" / "fixtures"
 SL_DATA = FIXTURES / "sl_small.jsonl"  # 24 chats: batch 2 gives 12 steps per epoch
@@ -29,14 +30,12 @@ class FaultServer:
     """A private server under its own RLCLI_HOME, on its own port, that a test may kill and start again."""
 
     def __init__(self, home: Path, model: str):
-        self.home, self.model, self.port = home, model, free_port()
-        self.env = dict(os.environ, RLCLI_HOME=str(home), RLCLI_SERVER_VENV=str(shared_server_venv()),
-                        TINKER_API_KEY="tml-faults")
-        self.env.pop("TINKER_BASE_URL", None)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.home, self.model, self.port = home, model, private.free_port()
+        self.env = dict(private.private_env(home, shared_server_venv()), TINKER_API_KEY="tml-faults")
+        self.url = f"http://{private.HOST}:{self.port}"
 
     def start(self) -> None:
-        run_rlcli("serve", "start", "--base-model", self.model, "--port", str(self.port), "--slots", "3",
+        run_rlcli(*private.start_command(self.model, self.port, "--slots", "3")[len(RLCLI):],
                   env=self.env, check=True, timeout=900)
 
     def stop(self) -> None:
