@@ -23,6 +23,8 @@ from __future__ import annotations
 import functools
 import sys
 
+import pins
+
 NAME = "rlcli_slots"
 VERSION = "1.0"
 MARK = "_rlcli_resets_slot_gradients"
@@ -38,12 +40,8 @@ def _targets():
 
     impl = getattr(jax_backend, "JaxBackendImpl", None)
     accumulated = getattr(jax_backend, "AccumulatedGradients", None)
-    missing = [name for name, ok in (
-        ("JaxBackendImpl.create_model", callable(getattr(impl, "create_model", None))),
-        ("AccumulatedGradients.reset_adapter", callable(getattr(accumulated, "reset_adapter", None))),
-    ) if not ok]
-    if missing:
-        raise RuntimeError(f"{NAME}: this SkyRL lacks {', '.join(missing)}; it is not the version rlcli pins")
+    pins.require(NAME, {"JaxBackendImpl.create_model": getattr(impl, "create_model", None),
+                        "AccumulatedGradients.reset_adapter": getattr(accumulated, "reset_adapter", None)})
     return impl
 
 
