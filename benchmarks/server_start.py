@@ -191,9 +191,10 @@ def main() -> None:
                 s["first_over_steady"] = s["first_step_s"] / statistics.median(s["steady_step_s"])
                 # A warm-up at start moves time from the first step into the start: this sum shows both.
                 s["ready_plus_first_step_s"] = s["ready_s"] + s["first_step_s"]
+        keys = ("health_s", "engine_loop_s", "ready_s", "engine_create_model_s", "first_step_s", "first_over_steady",
+                "ready_plus_first_step_s")
         results[kind] = {key: summary([s[key] for s in starts if s.get(key) is not None])
-                         for key in ("health_s", "engine_loop_s", "ready_s", "engine_create_model_s", "first_step_s",
-                                     "first_over_steady", "ready_plus_first_step_s") if any(s.get(key) is not None for s in starts)}
+                         for key in keys if any(s.get(key) is not None for s in starts)}
     body = {"label": args.label, "rlcli_tree_commit": tree_commit(args.rlcli_tree),
             "versions": {**versions("tinker", "tinker-cookbook"), "server": server_versions()},
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "rlcli_tree"},

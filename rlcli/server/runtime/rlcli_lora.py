@@ -27,8 +27,6 @@ import functools
 import math
 import sys
 
-import pins
-
 NAME = "rlcli_lora"
 VERSION = "1.0"
 MARK = "_rlcli_lora_per_sequence"
@@ -47,6 +45,8 @@ def _targets():
     from skyrl.tx.layers import lora
 
     mixin, embed = getattr(lora, "LoRAMixin", None), getattr(lora, "LoRAEmbed", None)
+    import pins  # a sibling in runtime/: the launcher's folder is on sys.path
+
     pins.require(NAME, {"LoRAMixin.apply_lora": getattr(mixin, "apply_lora", None),
                         "LoRAMixin._apply_lora_weight": getattr(mixin, "_apply_lora_weight", None),
                         "LoRAEmbed._apply_lora_weight": getattr(embed, "_apply_lora_weight", None)})

@@ -23,8 +23,6 @@ from __future__ import annotations
 import functools
 import sys
 
-import pins
-
 NAME = "rlcli_slots"
 VERSION = "1.0"
 MARK = "_rlcli_resets_slot_gradients"
@@ -40,6 +38,8 @@ def _targets():
 
     impl = getattr(jax_backend, "JaxBackendImpl", None)
     accumulated = getattr(jax_backend, "AccumulatedGradients", None)
+    import pins  # a sibling in runtime/: the launcher's folder is on sys.path
+
     pins.require(NAME, {"JaxBackendImpl.create_model": getattr(impl, "create_model", None),
                         "AccumulatedGradients.reset_adapter": getattr(accumulated, "reset_adapter", None)})
     return impl

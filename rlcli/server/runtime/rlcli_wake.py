@@ -38,8 +38,6 @@ import select
 import socket
 import sys
 
-import pins
-
 NAME = "rlcli_wake"
 VERSION = "1.0"
 ENV_ID = "RLCLI_WAKE_ID"
@@ -128,6 +126,8 @@ def check_targets(role: str = "both") -> None:
         found.update({name: (callable if ok else None) for name, ok in by_name.items()})
         found.update({f"skyrl.tinker.api.{name}": (callable if hasattr(api, name) else None)
                       for name in ("FutureDB", "TERMINAL_STATUSES", "AsyncSession", "select")})
+    import pins  # a sibling in runtime/: the launcher's folder is on sys.path
+
     pins.require(NAME, found)
 
 

@@ -41,8 +41,6 @@ import sys
 import time
 from pathlib import Path
 
-import pins
-
 NAME = "rlcli_warmup"
 VERSION = "1.0"
 ENV_FILE = "RLCLI_WARMUP_FILE"  # set by `rlcli serve start`: where this model's recorded shapes live
@@ -65,6 +63,8 @@ def _targets():
     from skyrl.tx.utils import models
 
     impl = getattr(jax_backend, "JaxBackendImpl", None)
+    import pins  # a sibling in runtime/: the launcher's folder is on sys.path
+
     pins.require(NAME, {
         "JaxBackendImpl.forward_backward": getattr(impl, "forward_backward", None),
         "JaxBackendImpl.forward": getattr(impl, "forward", None),
