@@ -8,7 +8,8 @@ from __future__ import annotations
 
 
 def require(extension: str, targets: dict[str, object]) -> None:
-    """Raise unless every target (a name -> the object found under it, None when absent) is callable."""
-    missing = [name for name, found in targets.items() if not callable(found)]
+    """Raise unless every target is there: a name -> the object found under it (None when absent), which must be
+    callable, or -> True/False for a fact checked by the caller (e.g. a function that looks a global up by name)."""
+    missing = [name for name, found in targets.items() if not (found is True or callable(found))]
     if missing:
         raise RuntimeError(f"{extension}: this SkyRL lacks {', '.join(missing)}; it is not the version rlcli pins")

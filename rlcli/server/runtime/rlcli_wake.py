@@ -123,8 +123,8 @@ def check_targets(role: str = "both") -> None:
         by_name = {"api.lifespan calling poll_futures by name": "poll_futures" in lifespan.__code__.co_names,
                    "api.retrieve_future calling wait_for_future by name":
                        "wait_for_future" in api.retrieve_future.__code__.co_names}
-        found.update({name: (callable if ok else None) for name, ok in by_name.items()})
-        found.update({f"skyrl.tinker.api.{name}": (callable if hasattr(api, name) else None)
+        found.update(by_name)
+        found.update({f"skyrl.tinker.api.{name}": hasattr(api, name)
                       for name in ("FutureDB", "TERMINAL_STATUSES", "AsyncSession", "select")})
     import pins  # a sibling in runtime/: the launcher's folder is on sys.path
 
