@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/import_bench.py                 # 100 MB dump, 3 runs each
     .venv/bin/python benchmarks/import_bench.py --size_mb=10 --runs=5
+    .venv/bin/python benchmarks/import_bench.py --format=otel    # also responses, gemini (import_dumps.py)
 
 Generates a dump of realistic OpenAI request+response records (system prompts, multi-turn
 chats, tool calls, image parts, n>1 choices now and then) in a private temporary folder
@@ -10,8 +11,12 @@ chats, tool calls, image parts, n>1 choices now and then) in a private temporary
 - import_inprocess: rlcli.data.import_cmd.import_cmd(dump, output=...);
 - import_subprocess / json_baseline_subprocess: the same as child processes
   (`rlcli import DUMP -o OUT`), whose peak RSS comes from os.wait4.
-Writes benchmarks/receipts/import-<date>.json: hardware, versions, config, every raw
-timing, medians, spread and the ratios. The dump is deleted at the end.
+--format picks the dump: openai (above), or the same calls logged as OpenAI Responses, Gemini or
+OpenTelemetry records (benchmarks/import_dumps.py, with a naive json loop for each).
+For those, json_passthrough also times (in-process) a loop that only copies each record's own message
+lists (no reshaping): the floor a first try sets. Writes benchmarks/receipts/import-<date>.json
+(import-<format>-<date>.json for the others): hardware, versions, config, every raw timing (wall, and
+CPU seconds, which a loaded machine disturbs less), medians, spread and the ratios. The dump is deleted at the end.
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ from pathlib import Path
 
 import fire
 
-from rlcli.config import portable
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # import_dumps beside this file, run from anywhere
+from import_dumps import BASELINES, GENERATORS, PASSTHROUGH  # noqa: E402
+
+from rlcli.config import portable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 # The naive importer: what a person writes first. Run in-process and as a child, same code.
@@ -132,11 +140,15 @@ def record(rng: random.Random, i: int) -> dict:
     return {"request": request, "response": response}
 
 
-def make_dump(path: Path, size_mb: float, seed: int = 0) -> int:
-    rng, n, target = random.Random(seed), 0, int(size_mb * 1e6)
+def make_dump(path: Path, size_mb: float, seed: int = 0, format: str = "openai") -> int:
+    rng, n, target, state = random.Random(seed), 0, int(size_mb * 1e6), {}
+    shape = GENERATORS.get(format)
     with open(path, "w", encoding="utf-8") as f:
         while f.tell() < target:
-            f.write(json.dumps(record(rng, n), ensure_ascii=False) + "\n")
+            rec = record(rng, n)
+            if shape is not None:
+                rec = shape(rec, n, rng, state)
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
             n += 1
     return n
 
@@ -149,8 +161,8 @@ def _vmhwm_kb(pid: int) -> int:
         return 0
 
 
-def _child(cmd: list[str]) -> tuple[float, float, float]:
-    """(seconds, peak RSS MB, ru_maxrss MB) of one child process.
+def _child(cmd: list[str]) -> tuple[float, float, float, float]:
+    """(seconds, peak RSS MB, ru_maxrss MB, CPU seconds) of one child process.
 
     Peak RSS is the kernel's high-water mark of the child's own memory (VmHWM), read every
     5 ms until it exits; the import's memory is flat, so the last reading is its peak.
@@ -170,13 +182,25 @@ def _child(cmd: list[str]) -> tuple[float, float, float]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise SystemExit(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr.read().decode()[-500:]}")
-    return seconds, peak_kb / 1024, usage.ru_maxrss / 1024  # Linux reports kilobytes
+    cpu = usage.ru_utime + usage.ru_stime
+    return seconds, peak_kb / 1024, usage.ru_maxrss / 1024, cpu  # Linux reports kilobytes
 
 
-def _timed(fn, *args) -> float:
-    start = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - start
+class _Clock:
+    """Wall and CPU seconds of each timed call, kept under the variant's name.
+
+    CPU time is what the work itself cost: on a machine that other jobs load, wall time also holds
+    the time spent waiting for a core, which swings far more between rounds.
+    """
+
+    def __init__(self, times: dict, cpu: dict) -> None:
+        self.times, self.cpu = times, cpu
+
+    def run(self, name: str, fn, *args) -> None:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        fn(*args)
+        self.times[name].append(time.perf_counter() - start)
+        self.cpu[name].append(time.process_time() - cpu_start)
 
 
 def _versions() -> dict:
@@ -205,11 +229,13 @@ def _hardware() -> dict:
     return {"cpu_model": model, "cpu_count": os.cpu_count(), "memory_gb": round(mem / 2**20, 1)}
 
 
-def _round(work: Path, dump: Path, times: dict, rss: dict) -> None:
+def _round(work: Path, dump: Path, clock: _Clock, rss: dict, format: str) -> None:
     from rlcli.data.import_cmd import import_cmd
 
     rlcli_bin = str(Path(sys.executable).with_name("rlcli"))
-    baseline = compile(BASELINE, "baseline", "exec")
+    code = BASELINES.get(format, BASELINE)
+    baseline = compile(code, "baseline", "exec")
+    fmt = "openai" if format == "responses" else format  # -f openai reads Responses records
 
     def run_baseline() -> None:
         saved, sys.argv = sys.argv, ["baseline", str(dump), str(work / "base.jsonl")]
@@ -218,54 +244,82 @@ def _round(work: Path, dump: Path, times: dict, rss: dict) -> None:
         finally:
             sys.argv = saved
 
-    times["json_baseline"].append(_timed(run_baseline))
-    times["import_inprocess"].append(_timed(import_cmd, str(dump), "openai", str(work / "inproc.jsonl")))
+    clock.run("json_baseline", run_baseline)
+    if format in PASSTHROUGH:
+        passthrough = compile(PASSTHROUGH[format], "passthrough", "exec")
+        saved, sys.argv = sys.argv, ["passthrough", str(dump), str(work / "pass.jsonl")]
+        try:
+            clock.run("json_passthrough", exec, passthrough, {"__name__": "passthrough"})
+        finally:
+            sys.argv = saved
+    clock.run("import_inprocess", import_cmd, str(dump), fmt, str(work / "inproc.jsonl"))
     for name, cmd in (
-        ("import_subprocess", [rlcli_bin, "import", str(dump), "-o", str(work / "sub.jsonl")]),
-        ("json_baseline_subprocess", [sys.executable, "-c", BASELINE, str(dump), str(work / "b.jsonl")]),
+        ("import_subprocess", [rlcli_bin, "import", str(dump), "-f", fmt, "-o", str(work / "sub.jsonl")]),
+        ("json_baseline_subprocess", [sys.executable, "-c", code, str(dump), str(work / "b.jsonl")]),
     ):
-        seconds, peak, upper = _child(cmd)
-        times[name].append(seconds)
+        seconds, peak, upper, cpu = _child(cmd)
+        clock.times[name].append(seconds)
+        clock.cpu[name].append(cpu)
         rss[name].append(peak)
         rss[name + "_ru_maxrss_upper_bound"].append(upper)
 
 
-def main(size_mb: float = 100, runs: int = 3, seed: int = 0, receipt_dir: str = str(ROOT / "benchmarks/receipts")):
+def main(
+    size_mb: float = 100,
+    runs: int = 3,
+    seed: int = 0,
+    format: str = "openai",
+    receipt_dir: str = str(ROOT / "benchmarks/receipts"),
+):
     """Generate the dump, time every variant `runs` times, write the receipt and print its path.
 
     Args:
         size_mb: size of the generated dump in megabytes
         runs: rounds of timings (each round runs every variant once)
         seed: random seed of the generated records
+        format: openai, responses, gemini or otel: the shape the same generated calls are logged in
         receipt_dir: folder for the JSON receipt
     """
     work = Path(tempfile.mkdtemp(prefix="rlcli-import-bench-"))
     os.chmod(work, 0o700)  # the dump is synthetic, but the folder is private like any temp of ours
     try:
         dump = work / "dump.jsonl"
-        records = make_dump(dump, size_mb, seed)
+        if format != "openai" and format not in GENERATORS:
+            raise SystemExit(f"unknown format {format!r}; use openai, {', '.join(GENERATORS)}")
+        records = make_dump(dump, size_mb, seed, format)
         load_before = os.getloadavg()
         names = ("json_baseline", "import_inprocess", "import_subprocess", "json_baseline_subprocess")
-        times: dict[str, list[float]] = {k: [] for k in names}
+        extra = ("json_passthrough",) if format in PASSTHROUGH else ()
+        times: dict[str, list[float]] = {k: [] for k in names + extra}
+        cpu: dict[str, list[float]] = {k: [] for k in names + extra}
         rss: dict[str, list[float]] = {k + sfx: [] for k in names[2:] for sfx in ("", "_ru_maxrss_upper_bound")}
         for _ in range(runs):
-            _round(work, dump, times, rss)
+            _round(work, dump, _Clock(times, cpu), rss, format)
         written = sum(1 for _ in open(work / "inproc.jsonl", "rb"))
-        receipt = _receipt(dump.stat().st_size, records, runs, seed, times, rss, written)
+        receipt = _receipt(dump.stat().st_size, records, runs, seed, times, rss, written, format)
+        receipt["cpu_s"] = cpu
+        med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+        receipt["ratio_cpu"] = {
+            "inprocess": med_cpu["json_baseline"] / med_cpu["import_inprocess"],
+            "subprocess": med_cpu["json_baseline_subprocess"] / med_cpu["import_subprocess"],
+        }
         # Other work on the machine slows both sides; rounds alternate so the ratio suffers least.
         receipt["load_average_1_5_15"] = {"before": load_before, "after": os.getloadavg()}
     finally:
         shutil.rmtree(work)
-    out = Path(receipt_dir) / f"import-{dt.date.today().isoformat()}.json"
+    label = "" if format == "openai" else f"{format}-"
+    out = Path(receipt_dir) / f"import-{label}{dt.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(portable(json.dumps(receipt, indent=2), ROOT) + "\n")
-    print(json.dumps({"receipt": str(out), **receipt["ratio"], "peak_rss_mb": receipt["peak_rss_mb"]}))
+    print(json.dumps({"receipt": str(out), **receipt["ratio"], "cpu": receipt["ratio_cpu"],
+                      "peak_rss_mb": receipt["peak_rss_mb"]["import_subprocess"]}))  # fmt: skip
 
 
-def _receipt(size: int, records: int, runs: int, seed: int, times: dict, rss: dict, written: int) -> dict:
+def _receipt(size: int, records: int, runs: int, seed: int, times: dict, rss: dict, written: int, fmt: str) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
+    what = "openai request+response records" if fmt == "openai" else f"{fmt} records"
     return {
-        "benchmark": "rlcli import, openai request+response records",
+        "benchmark": f"rlcli import, {what}",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "hardware": _hardware(),
         "versions": _versions(),
@@ -274,7 +328,7 @@ def _receipt(size: int, records: int, runs: int, seed: int, times: dict, rss: di
             "records": records,
             "runs": runs,
             "seed": seed,
-            "format": "openai",
+            "format": fmt,
             "non_ascii_share_by_role": NON_ASCII,
         },
         "timings_s": times,
@@ -284,6 +338,17 @@ def _receipt(size: int, records: int, runs: int, seed: int, times: dict, rss: di
         "ratio": {
             "inprocess_speedup_vs_json": med["json_baseline"] / med["import_inprocess"],
             "subprocess_speedup_vs_json_subprocess": med["json_baseline_subprocess"] / med["import_subprocess"],
+            **(
+                {"inprocess_speedup_vs_json_passthrough": med["json_passthrough"] / med["import_inprocess"]}
+                if "json_passthrough" in med
+                else {}
+            ),
+        },
+        # Fastest runs against each other: on a loaded machine the least disturbed run is the closest
+        # to each side's own cost, so this ratio moves less with load than the medians' does.
+        "ratio_of_fastest": {
+            "inprocess": min(times["json_baseline"]) / min(times["import_inprocess"]),
+            "subprocess": min(times["json_baseline_subprocess"]) / min(times["import_subprocess"]),
         },
         "peak_rss_mb": {k: max(v) for k, v in rss.items()},
         "records_written": written,

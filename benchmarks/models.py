@@ -8,8 +8,8 @@ Sizes:
   parameters) with the embedded model's tokenizer, so that on CPU a step's compute, not HTTP, dominates.
   Built here with transformers' Qwen3Config from a seed; cached under RLCLI_HOME/models/.
 
-`bench_server` starts `rlcli serve start` under a private RLCLI_HOME in a temp folder, on a free port,
-reusing the shared server venv (RLCLI_SERVER_VENV, else ~/.rlcli/server-venv), and always stops it.
+`bench_server` is rlcli.server.private's server (a private RLCLI_HOME, a free port, the shared server
+venv, always stopped) with the benchmarks' LoRA table of 4 adapters.
 `engine_timings`/`LogCursor` read the engine's own per-request times from that server's log, and
 `wait_for_quiet` holds a benchmark until the (shared) machine's load average drops.
 """
@@ -22,17 +22,18 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from rlcli.config import rlcli_home, server_venv_dir
 from rlcli.model import ensure_embedded_model
+from rlcli.server import private
+from rlcli.server.private import RLCLI as RLCLI  # re-exported: the benchmarks import these from here
+from rlcli.server.private import PrivateServer
+from rlcli.server.private import free_port as free_port
+from rlcli.server.private import private_env as private_env
 
 LARGE_ARCH = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
                   intermediate_size=1536, max_position_embeddings=2048, tie_word_embeddings=True, rms_norm_eps=1e-6)
@@ -40,7 +41,6 @@ LARGE_NAME = "bench-qwen3-h512-l8"
 MARKER = "bench-model.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 SERVER_PACKAGES = ("skyrl", "tinker", "jax", "jaxlib", "flax", "optax", "transformers")
-RLCLI = [sys.executable, "-m", "rlcli.cli"]
 
 
 def model_dir(size: str, seed: int = 0) -> Path:
@@ -94,12 +94,6 @@ def build_large(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def server_versions(venv: Path | None = None) -> dict:
     """Versions of SkyRL, jax & co. as the server venv's own Python sees them."""
     python = (venv or server_venv_dir()) / "bin" / "python"
@@ -112,49 +106,15 @@ def server_versions(venv: Path | None = None) -> dict:
         return {"server_python": str(python), "error": str(e)}
 
 
-@dataclass
-class BenchServer:
-    url: str
-    model: str
-    home: Path
-    env: dict
-    start_command: list[str]
-    start_s: float  # wall time of `rlcli serve start` until the engine served a round trip
-
-    @property
-    def log(self) -> Path:
-        return self.home / "servers" / "default" / "server.log"
-
-
-def private_env(home: Path) -> dict:
-    """The environment of a private server: its own RLCLI_HOME, the shared server venv, no stray base URL."""
-    env = dict(os.environ, RLCLI_HOME=str(home), RLCLI_SERVER_VENV=str(server_venv_dir()))
-    env.pop("TINKER_BASE_URL", None)
-    return env
-
-
 def start_command(model: Path | str, port: int, max_lora_adapters: int = 4) -> list[str]:
-    return [*RLCLI, "serve", "start", "--base-model", str(model), "--port", str(port),
-            "--backend-config", json.dumps({"max_lora_adapters": max_lora_adapters})]
+    return private.start_command(model, port, "--backend-config", json.dumps({"max_lora_adapters": max_lora_adapters}))
 
 
-@contextlib.contextmanager
-def bench_server(model: Path | str, max_lora_adapters: int = 4, timeout: float = 900) -> Iterator[BenchServer]:
+def bench_server(model: Path | str, max_lora_adapters: int = 4,
+                 timeout: float = 900) -> contextlib.AbstractContextManager[PrivateServer]:
     """A server of our own for `model`, started under a private RLCLI_HOME; stopped (always) on exit."""
-    home = Path(tempfile.mkdtemp(prefix="rlcli-bench-home-"))  # mode 0700
-    env = private_env(home)
-    cmd = start_command(model, free_port(), max_lora_adapters)
-    try:
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-        elapsed = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise SystemExit(f"`rlcli serve start` failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-        url = proc.stdout.strip().splitlines()[-1]
-        yield BenchServer(url, str(model), home, env, cmd, elapsed)
-    finally:
-        subprocess.run([*RLCLI, "serve", "stop"], env=env, capture_output=True, timeout=120)
-        shutil.rmtree(home, ignore_errors=True)
+    return private.private_server(model, "--backend-config", json.dumps({"max_lora_adapters": max_lora_adapters}),
+                                  timeout=timeout)
 
 
 # The engine logs `(timing) process_batch_requests(forward_backward, n=1) took 0.100s` per request

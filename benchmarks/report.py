@@ -40,6 +40,10 @@ step (~0.3 s of ~1.3 s on the 26M model), so the newer rows sit above their floo
 machine load swings move single pairs far more than either (see each range)."""
 
 
+_IMPORT_LOGS = {"openai": "OpenAI logs", "responses": "OpenAI Responses logs", "gemini": "Gemini logs",
+                "otel": "OpenTelemetry traces"}
+
+
 def receipt_time(receipt: dict) -> str:
     """A sortable UTC stamp: common.write_receipt's created_utc, or the import benchmark's ISO date."""
     if "created_utc" in receipt:
@@ -149,11 +153,22 @@ def other_rows(receipts: list[dict]) -> list[str]:
                          f"{wrapper['rlcli'] - wrapper['bare']:.2f} µs per call")
         rows.append(f"| rlcli's loss route vs a bare tinker client, tiny model | {'; '.join(parts)} "
                     f"| {_load(r)} | `{r['_file']}` |")
-    for r in newest(receipts, "import")[:1]:
-        ratio = r["ratio"]
-        rows.append(f"| `rlcli import` vs a json-module loop, {r['config']['bytes'] / 1e6:.0f} MB OpenAI logs "
-                    f"| {ratio['inprocess_speedup_vs_json']:.1f}× faster in-process, "
-                    f"{ratio['subprocess_speedup_vs_json_subprocess']:.1f}× as a command | {_load(r)} "
+    shown: set[str] = set()
+    for r in newest(receipts, "import"):  # the newest receipt of each log format
+        fmt = r["config"].get("format", "openai")
+        if fmt in shown:
+            continue
+        shown.add(fmt)
+        ratio, rss = r["ratio"], r.get("peak_rss_mb", {}).get("import_subprocess")
+        extra = ""
+        if "ratio_cpu" in r:  # CPU seconds: what the work cost, without the waits of a loaded machine
+            extra += f" (CPU time {r['ratio_cpu']['inprocess']:.1f}×, {r['ratio_cpu']['subprocess']:.1f}×)"
+        extra += f"; peak RSS {rss:.0f} MB" if rss and fmt != "openai" else ""
+        if "inprocess_speedup_vs_json_passthrough" in ratio:
+            extra += f"; {ratio['inprocess_speedup_vs_json_passthrough']:.1f}× a loop that only copies message lists"
+        rows.append(f"| `rlcli import` vs a json-module loop, {r['config']['bytes'] / 1e6:.0f} MB "
+                    f"{_IMPORT_LOGS.get(fmt, fmt)} | {ratio['inprocess_speedup_vs_json']:.1f}× faster in-process, "
+                    f"{ratio['subprocess_speedup_vs_json_subprocess']:.1f}× as a command{extra} | {_load(r)} "
                     f"| `{r['_file']}` |")
     for r in newest(receipts, "cli-startup")[:1]:
         help_s = r.get("results", {}).get("--help", {}).get("median")

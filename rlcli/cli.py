@@ -20,21 +20,25 @@ from collections.abc import Callable
 from typing import Any
 
 from rlcli import __version__
+from rlcli.choices import choices_of
 from rlcli.errors import EXIT_USAGE, run_guarded
+
+
+def _functions_of(module: str, helps: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """Commands that are functions of one module, each named as its function: {name: (help, target)}."""
+    return {name: (help_text, f"{module}:{name}") for name, help_text in helps.items()}
+
 
 # name -> (one-line help, "module:function") or a group: name -> (help, {sub: ...})
 COMMANDS: dict[str, Any] = {
-    "serve": (
-        "run SkyRL's Tinker API server on this machine",
-        {
-            "start": ("start the server and wait until it serves requests", "rlcli.server.commands:start"),
-            "stop": ("stop the server and every process it started", "rlcli.server.commands:stop"),
-            "status": ("say whether the server is running, starting or dead", "rlcli.server.commands:status"),
-            "logs": ("print (or follow) the server log", "rlcli.server.commands:logs"),
-            "restart": ("stop, then start with the same settings", "rlcli.server.commands:restart"),
-            "install": ("build or verify the server venv without starting", "rlcli.server.commands:install"),
-        },
-    ),
+    "serve": ("run SkyRL's Tinker API server on this machine", _functions_of("rlcli.server.commands", {
+        "start": "start the server and wait until it serves requests",
+        "stop": "stop the server and every process it started",
+        "status": "say whether the server is running, starting or dead",
+        "logs": "print (or follow) the server log",
+        "restart": "stop, then start with the same settings",
+        "install": "build or verify the server venv without starting",
+    })),
     "demo": ("a short real job on the server: LoRA, SFT steps, save, sample", "rlcli.demo:demo"),
     "train": (
         "train a model on the server",
@@ -46,8 +50,14 @@ COMMANDS: dict[str, Any] = {
         },
     ),
     "import": (
-        "convert chat logs (openai|anthropic|messages|langsmith) to training JSONL",
+        "convert chat logs (openai|anthropic|gemini|messages|langsmith|otel) to training JSONL",
         "rlcli.data.import_cmd:import_cmd",
+    ),
+    "synth": (
+        "problems synthesized from imported traces",
+        {
+            "qa": ("{question, answer} problems from traces whose final answer is checkable", "rlcli.synth:qa"),
+        },
     ),
     "harbor": (
         "Harbor tasks in local Docker",
@@ -60,23 +70,18 @@ COMMANDS: dict[str, Any] = {
     "eval": ("score a checkpoint or the base model on train rl's held-out problems", "rlcli.evaluate:evaluate"),
     "export": ("download sampler weights as a PEFT adapter or merged Hugging Face model", "rlcli.export:export"),
     "doctor": ("check this machine and the server: one line per check, with the fix", "rlcli.doctor:doctor"),
-    "model": (
-        "the embedded tiny model",
-        {
-            "install": ("put the shipped model in RLCLI_HOME (no build) and print its folder", "rlcli.model:install"),
-            "build": ("run the recipe that made the shipped model; say whether the bytes match",
-                      "rlcli.model:build"),
-        },
-    ),
+    "model": ("the embedded tiny model", _functions_of("rlcli.model", {
+        "install": "put the shipped model in RLCLI_HOME (no build) and print its folder",
+        "build": "run the recipe that made the shipped model; say whether the bytes match",
+    })),
 }
 
 # Commands whose raw arguments go to the official tinker CLI (`rlcli checkpoint list --run-id R`).
-PASSTHROUGH: dict[str, tuple[str, str]] = {
-    "checkpoint": ("tinker's checkpoint commands against this server (list, info, delete, ...)",
-                   "rlcli.passthrough:checkpoint"),
-    "run": ("tinker's training-run commands against this server (list, info)", "rlcli.passthrough:run"),
-    "session": ("tinker's session commands against this server", "rlcli.passthrough:session"),
-}
+PASSTHROUGH: dict[str, tuple[str, str]] = _functions_of("rlcli.passthrough", {
+    "checkpoint": "tinker's checkpoint commands against this server (list, info, delete, ...)",
+    "run": "tinker's training-run commands against this server (list, info)",
+    "session": "tinker's session commands against this server",
+})
 
 # Third-party packages whose versions --version reports, with the pins the server venv uses.
 _VERSION_PACKAGES = ("tinker", "tinker-cookbook")
@@ -125,13 +130,15 @@ def _base_type(annotation: Any) -> Any:
 def _add_function_args(parser: argparse.ArgumentParser, fn: Callable[..., Any]) -> None:
     _, helps = _doc_args(fn)
     hints = typing.get_type_hints(fn)
+    fixed = choices_of(fn)
     for name, param in inspect.signature(fn).parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
-        kind = _base_type(hints.get(name, str))
+        kind = str if name in fixed else _base_type(hints.get(name, str))
         help_text = helps.get(name, "")
         if param.default is inspect.Parameter.empty:
-            parser.add_argument(name, help=help_text, type=kind if kind in (int, float) else str)
+            parser.add_argument(name, help=help_text, type=kind if kind in (int, float) else str,
+                                choices=fixed.get(name))
             continue
         flags = ["--" + name.replace("_", "-"), *_ALIASES.get(name, ())]
         if kind is bool:
@@ -140,7 +147,7 @@ def _add_function_args(parser: argparse.ArgumentParser, fn: Callable[..., Any]) 
         else:
             typ = kind if kind in (int, float) else str
             shown = "" if param.default is None else f" (default: {param.default})"
-            parser.add_argument(*flags, dest=name, default=param.default, type=typ,
+            parser.add_argument(*flags, dest=name, default=param.default, type=typ, choices=fixed.get(name),
                                 help=help_text + shown, metavar=name.upper())
 
 
@@ -148,9 +155,16 @@ def _add_function_args(parser: argparse.ArgumentParser, fn: Callable[..., Any]) 
 _ALIASES: dict[str, tuple[str, ...]] = {"format": ("-f",), "output": ("-o",), "follow": ("-f",), "lines": ("-n",)}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (what was wrong, where the flags are listed), exit 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+
+
 def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
     """Build only the parser the argv needs: the root, or one command's."""
-    root = argparse.ArgumentParser(
+    root = _Parser(
         prog="rlcli",
         description="Continual learning on your own hardware: serve, train, import, export.",
     )
@@ -166,7 +180,7 @@ def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
         path.append(name)
         help_text, node = node[name]
     if path:
-        parser = argparse.ArgumentParser(prog="rlcli " + " ".join(path), description=_lookup(path)[0])
+        parser = _Parser(prog="rlcli " + " ".join(path), description=_lookup(path)[0])
         parser.add_argument("--debug", action="store_true", help="show tracebacks")
     if isinstance(node, dict):
         sub = parser.add_subparsers(dest="_command", metavar="COMMAND")

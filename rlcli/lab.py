@@ -2,8 +2,9 @@
 
 Each step is an rlcli command run as a person would run it (`rlcli train rl ...`, `rlcli eval ...`),
 and every figure comes from what those commands write: a run folder's metrics.jsonl, `rlcli eval`'s
-JSON, a benchmark receipt. The fused-vs-2-pass notebook runs benchmarks/fused_vs_2pass.py, the same
-code `make bench` runs; this module puts benchmarks/ on the path for it (notebooks run from a checkout).
+JSON, a benchmark receipt. The fused-vs-2-pass notebook runs benchmarks/fused_vs_2pass.py as `make bench`
+does (notebooks run from a checkout) and plots its receipt. A notebook given no server starts a private
+one (rlcli.server.private, the same as the tests' and the benchmarks').
 
 Results: each notebook records its result as notebooks/results/<notebook>.json (`record`), and
 `make notebooks` writes the executed copy, outputs and plots included, beside it.
@@ -16,57 +17,69 @@ import json
 import math
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rlcli.config import portable
+from rlcli.files import staged_file
+from rlcli.server.private import private_server
 from rlcli.train.metrics import CORRECT, REWARD, TEST_CORRECT, TRAIN_NLL
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "notebooks" / "results"
 
 
-def benchmarks() -> Any:
-    """benchmarks/fused_vs_2pass.py as a module (benchmarks/*.py import each other by bare name)."""
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-    import fused_vs_2pass
-
-    return fused_vs_2pass
-
-
 @contextlib.contextmanager
-def server(base_url: str | None, model: str | None = None, size: str = "tiny") -> Iterator[str]:
+def server(base_url: str | None, model: str | None = None) -> Iterator[str]:
     """base_url as given; else a private server of our own for `model` (a folder or hub id; default the
-    benchmark model of `size`, "tiny" being the embedded one), stopped when the block ends."""
+    embedded model), stopped when the block ends."""
     if base_url:
         yield base_url
         return
-    benchmarks()
-    from models import bench_server, model_dir  # benchmarks/, on the path now
+    from rlcli.model import ensure_embedded_model
 
-    with bench_server(model or model_dir(size)) as srv:
+    # 3 LoRA slots (a table of 4): a notebook trains one model at a time, and memory stays low.
+    with private_server(model or ensure_embedded_model(quiet=True), "--slots", "3") as srv:
         yield srv.url
 
 
-def rlcli(*args: str, timeout: float = 3600) -> str:
-    """Run an rlcli command; its output's last lines are shown; a failure raises with its last lines."""
-    proc = subprocess.run([sys.executable, "-m", "rlcli.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout)
+def python(args: list[str], name: str, timeout: float = 3600) -> str:
+    """Run `python ARGS` (named `name`); its output's last lines are shown; a failure raises with them."""
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
     tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
     if proc.returncode != 0:
-        raise RuntimeError(f"rlcli {' '.join(args)} exited {proc.returncode}:\n{tail}")
+        raise RuntimeError(f"{name} exited {proc.returncode}:\n{tail}")
     print(tail)
     return proc.stdout
 
 
+def rlcli(*args: str, timeout: float = 3600) -> str:
+    """Run an rlcli command as a person would (`rlcli train rl ...`); its standard output."""
+    return python(["-m", "rlcli.cli", *args], f"rlcli {' '.join(args)}", timeout)
+
+
+def flags(**options: Any) -> list[str]:
+    """Options as command-line flags: batch_size=8 -> --batch-size 8; None values are left out."""
+    return [word for name, value in options.items() if value is not None
+            for word in ("--" + name.replace("_", "-"), str(value))]
+
+
+def fused_vs_2pass(loss: str, base_url: str | None, receipt_dir: str | None = None, **config: Any) -> tuple[dict, Path]:
+    """benchmarks/fused_vs_2pass.py for one loss, as `make bench` runs it (config: its flags, pairs=10 ->
+    --pairs 10; no wait for a quiet machine); the receipt it wrote, and where."""
+    script = ROOT / "benchmarks" / "fused_vs_2pass.py"
+    out = python([str(script), "--losses", loss, "--max-wait", "0",
+                  *flags(base_url=base_url, receipt_dir=receipt_dir, **config)], "benchmarks/fused_vs_2pass.py")
+    path = Path(out.strip().splitlines()[-1].removeprefix("receipt: "))
+    return json.loads(path.read_text()), path
+
+
 def dataset_flags(dataset: str, max_operand: int | None) -> list[str]:
-    flags = ["--dataset", dataset]
+    words = ["--dataset", dataset]
     if dataset == "arithmetic" and max_operand is not None:
-        flags += ["--max-operand", str(max_operand)]
-    return flags
+        words += ["--max-operand", str(max_operand)]
+    return words
 
 
 def evaluate(url: str, dataset: str, checkpoint: str | None = None, max_operand: int | None = None,
@@ -80,14 +93,10 @@ def evaluate(url: str, dataset: str, checkpoint: str | None = None, max_operand:
 
 
 def train_rl(url: str, folder: Path, dataset: str, loss: str, steps: int, max_operand: int | None = None,
-             **flags: Any) -> list[dict]:
+             **options: Any) -> list[dict]:
     """`rlcli train rl` into `folder`; flags are its options (batch_size=8 -> --batch-size 8). Its metrics rows."""
-    args = ["train", "rl", "--loss", loss, *dataset_flags(dataset, max_operand), "--max-steps", str(steps),
-            "--base-url", url, "--log-path", str(folder)]
-    for name, value in flags.items():
-        if value is not None:
-            args += ["--" + name.replace("_", "-"), str(value)]
-    rlcli(*args)
+    rlcli("train", "rl", "--loss", loss, *dataset_flags(dataset, max_operand), "--max-steps", str(steps),
+          "--base-url", url, "--log-path", str(folder), *flags(**options))
     return read_metrics(folder)
 
 
@@ -114,10 +123,8 @@ def record(name: str, result: dict, results_dir: str | Path | None = None) -> Pa
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
     text = portable(json.dumps(result, indent=1), ROOT)  # committed: no paths of this machine
-    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as tmp:
-        tmp.write(text + "\n")
-    Path(tmp.name).chmod(0o644)  # a result is meant to be read (it holds figures, no user data)
-    Path(tmp.name).replace(path)
+    with staged_file(path, shared=True) as f:  # a result is meant to be read (it holds figures, no user data)
+        f.write((text + "\n").encode())
     print(json.dumps(json.loads(text)))
     return path
 

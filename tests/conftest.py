@@ -1,19 +1,23 @@
 """Shared fixtures. Integration tests share ONE real SkyRL server per test session.
 
 The server runs from the shared server venv (RLCLI_SERVER_VENV, else ~/.rlcli/server-venv,
-built by `make server-venv`) under a private RLCLI_HOME in a temp folder, on a free port.
+built by `make server-venv`) under a private RLCLI_HOME in a temp folder, on a free port
+(rlcli.server.private, the same private server the benchmarks and notebooks start).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from rlcli.server.private import PrivateServer, private_server
+from rlcli.server.private import free_port as free_port  # tests/integration import it from here
 
 REPO = Path(__file__).resolve().parent.parent
 RLCLI = [sys.executable, "-m", "rlcli.cli"]
@@ -24,12 +28,6 @@ def ctrl_c_works() -> None:
     `make test &`) starts its background jobs with SIGINT ignored, and children inherit that. A command
     in a terminal's foreground has it at the default; give the child that."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def shared_server_venv() -> Path:
@@ -50,12 +48,6 @@ def run_rlcli(*args: str, env: dict | None = None, timeout: float = 900, check: 
     return proc
 
 
-class Server:
-    def __init__(self, home: Path, port: int, env: dict, model: str):
-        self.home, self.port, self.env, self.model = home, port, env, model
-        self.url = f"http://127.0.0.1:{port}"
-
-
 @pytest.fixture(scope="session")
 def embedded_model() -> str:
     env = dict(os.environ, RLCLI_HOME=str(shared_model_home()))
@@ -64,33 +56,21 @@ def embedded_model() -> str:
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory, embedded_model) -> Server:
+def server(tmp_path_factory, embedded_model) -> Iterator[PrivateServer]:
     """A real SkyRL server (jax backend, CPU, embedded model), started once, stopped at the end."""
     venv = shared_server_venv()
     if not (venv / "bin" / "python").exists():
         pytest.fail(f"no server venv at {venv}: run `make server-venv` first (`make test` does)")
-    home = tmp_path_factory.mktemp("rlcli-home")
-    port = free_port()
-    env = dict(os.environ, RLCLI_HOME=str(home), RLCLI_SERVER_VENV=str(venv))
-    env.pop("TINKER_BASE_URL", None)
     # A handful of LoRA slots keeps the engine's memory down: 7 usable (SkyRL's table of 8, slot 0 reserved).
-    run_rlcli("serve", "start", "--base-model", embedded_model, "--port", str(port),
-              "--slots", "7", env=env, check=True, timeout=900)
-    srv = Server(home, port, env, embedded_model)
-    yield srv
-    run_rlcli("serve", "stop", env=env, timeout=120)
+    with private_server(embedded_model, "--slots", "7", home=tmp_path_factory.mktemp("rlcli-home"), venv=venv,
+                        timeout=900) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="session")
 def stock_server(tmp_path_factory, embedded_model):
     """A second real server started with --no-extensions: stock SkyRL behaviour. Yields (url, env)."""
-    home = tmp_path_factory.mktemp("rlcli-stock-home")
-    port = free_port()
-    env = dict(os.environ, RLCLI_HOME=str(home), RLCLI_SERVER_VENV=str(shared_server_venv()))
-    env.pop("TINKER_BASE_URL", None)
-    try:
-        run_rlcli("serve", "start", "--no-extensions", "--base-model", embedded_model, "--port", str(port),
-                  "--backend-config", '{"max_lora_adapters": 3}', env=env, check=True, timeout=600)
-        yield f"http://127.0.0.1:{port}", env
-    finally:
-        run_rlcli("serve", "stop", env=env, timeout=120)
+    with private_server(embedded_model, "--no-extensions", "--backend-config", '{"max_lora_adapters": 3}',
+                        home=tmp_path_factory.mktemp("rlcli-stock-home"), venv=shared_server_venv(),
+                        timeout=600) as srv:
+        yield srv.url, srv.env

@@ -41,17 +41,21 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import orjson
 
-from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith
+from rlcli.data import chains, otel, traces
+from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith, from_openai
 from rlcli.data.messages import Conversation, Options, finalize
 from rlcli.errors import RlcliError, UsageError
 from rlcli.files import staged_file
 
 # run_id -> [(where the feedback record was read, its entry)]
 FeedbackTable = dict[str, list[tuple[str, dict[str, Any]]]]
+# IMPORTERS' names, then otel (its exports hold many spans: rlcli.data.traces streams them); a unit test
+# keeps them equal.
+Format = Literal["openai", "anthropic", "messages", "langsmith", "gemini", "otel"]
 Write = Callable[[bytes], Any]
 
 def _fast_dumps(value: Any) -> bytes:
@@ -106,7 +110,8 @@ class Run:
     stats: Stats = field(default_factory=Stats)
 
     def __post_init__(self) -> None:
-        self._parts: Counter[str] = Counter()  # one Counter, emptied after each record: no allocation
+        self.parts: Counter[str] = Counter()  # one Counter, emptied after each record: no allocation
+        self.seen: set[bytes] = set()  # digests of kept conversations, for --dedupe
 
     def records(self, lines: Iterable[bytes], where: str = "line") -> Iterator[tuple[int, Any]]:
         """(line number, decoded record) for each non-blank line; bad JSON stops or is counted."""
@@ -134,7 +139,7 @@ class Run:
         self.stats.dropped[reason] += 1
 
     def _keep_parts(self, lineno: int) -> None:
-        parts = self._parts
+        parts = self.parts
         if self.strict:
             kind, n = next(iter(parts.items()))
             raise UsageError(f"line {lineno}: {n} {kind} part(s) left out; --strict stops at the first drop")
@@ -144,29 +149,48 @@ class Run:
     def convert(self, record: Any, lineno: int, importer: Callable[..., Any]) -> Any:
         """A finalized conversation, a Feedback, or None when the record was dropped (and counted)."""
         try:
-            result = importer(record, self._parts)
+            result = importer(record, self.parts)
         except Exception as e:  # a shape no importer foresaw: name the line rather than show a traceback
             raise RlcliError(
                 f"line {lineno}: could not convert this record ({type(e).__name__}: {e}); "
                 "remove the line and please report its shape"
             ) from e
+        return self.finish(result, lineno)
+
+    def finish(self, result: Any, lineno: int) -> Any:
+        """Finalize a converted conversation and count its parts, or count the reason it was dropped.
+
+        Anything else (a Feedback, a Link) comes back as it is, its parts still waiting in `parts`.
+        """
         if type(result) is dict:
-            result = finalize(result, self.opts, self.stats.redacted)
+            result = finalize(result, self.opts, self.stats.redacted, self.seen)
         if type(result) is str:
-            self._parts.clear()  # parts of a dropped record were not left out of anything written
+            self.parts.clear()  # parts of a dropped record were not left out of anything written
             self.drop(f"line {lineno}", result)
             return None
-        if self._parts:
+        if self.parts and type(result) is dict:
             self._keep_parts(lineno)
         return result
 
     def stream(self, lines: Iterable[bytes], importer: Callable[..., Any], write: Write) -> None:
-        stats = self.stats
+        """Convert each record and write it; Responses records that continue others are joined first."""
+        emit = self.emitter(write)
+        if importer is from_openai:  # the one importer whose records may continue one another (Links)
+            chains.stream(self, lines, importer, emit)
+            return
         for lineno, record in self.records(lines):
-            conv = self.convert(record, lineno, importer)
-            if conv is not None:
-                write(encode(conv))
-                stats.written += 1
+            if (conv := self.convert(record, lineno, importer)) is not None:
+                emit(conv)
+
+    def emitter(self, write: Write) -> Callable[[Conversation], None]:
+        """A function that writes one finished conversation and counts it."""
+        stats = self.stats
+
+        def emit(conv: Conversation) -> None:
+            write(encode(conv))
+            stats.written += 1
+
+        return emit
 
 
 def _add_feedback(run: Run, table: FeedbackTable, fb: Feedback, at: str) -> None:
@@ -293,7 +317,7 @@ def _output(path: str) -> Iterator[IO[bytes]]:
 
 def import_cmd(
     input: str,
-    format: str = "openai",
+    format: Format = "openai",
     output: str = "-",
     strict: bool = False,
     skip_bad: bool = False,
@@ -302,12 +326,15 @@ def import_cmd(
     drop_thinking: bool = False,
     min_score: float | None = None,
     feedback: str | None = None,
+    dedupe: bool = False,
+    join_trace: bool = False,
 ) -> int:
     """Convert chat logs to training JSONL, one {"messages": [...]} per line; a summary goes to stderr.
 
     Args:
         input: JSONL file of logged records (a .gz file is decompressed), or - for stdin
-        format: the records' shape: openai, anthropic, messages or langsmith
+        format: the records' shape: openai (Chat Completions and Responses), anthropic, gemini, messages,
+            langsmith or otel (OpenTelemetry spans)
         output: file to write the conversations to; - for stdout
         strict: make any dropped record or part an error that names its line
         skip_bad: count and skip lines that are not valid JSON instead of stopping
@@ -316,19 +343,21 @@ def import_cmd(
         drop_thinking: leave out the assistant's reasoning (thinking) text
         min_score: langsmith only: keep runs whose mean feedback score is at least this
         feedback: langsmith only: a JSONL file of feedback records to attach to their runs
+        dedupe: drop conversations identical to one already written (counted as duplicate)
+        join_trace: otel only: keep each trace's last LLM call (it holds the conversation so far)
     """
-    if not isinstance(input, str):
-        raise UsageError("give INPUT as a file path, or - for stdin")
-    importer = IMPORTERS.get(format)
-    if importer is None:
-        raise UsageError(f"unknown format {format!r}; use one of: {', '.join(IMPORTERS)}")
+    importer = otel.from_span if format == "otel" else IMPORTERS[format]
     if format != "langsmith" and (min_score is not None or feedback):
         raise UsageError("--min-score and --feedback apply to LangSmith runs; add -f langsmith or drop them")
-    run = Run(Options(drop_tools, drop_thinking, redact), strict, skip_bad)
+    if join_trace and format != "otel":
+        raise UsageError("--join-trace joins OpenTelemetry spans; add -f otel or drop it")
+    run = Run(Options(drop_tools, drop_thinking, redact, dedupe), strict, skip_bad)
     try:
         with _input(input) as lines, _output(output) as out, _no_cycle_collector():
             if format == "langsmith":
                 langsmith(run, lines, out.write, min_score, feedback)
+            elif format == "otel":
+                traces.stream(run, lines, run.emitter(out.write), join_trace)
             else:
                 run.stream(lines, importer, out.write)
     except BrokenPipeError:  # `rlcli import ... | head`: the reader has all it wanted

@@ -20,6 +20,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from rlcli.data import responses
+from rlcli.data.gemini import from_gemini
 from rlcli.data.messages import (
     Conversation,
     Message,
@@ -29,6 +31,7 @@ from rlcli.data.messages import (
     read_texts,
     to_json,
 )
+from rlcli.data.responses import Link
 
 _PLAIN_ROLES = frozenset({"system", "user", "assistant"})
 # Wrapper keys under which loggers, proxies and batch files put the request and the response.
@@ -178,8 +181,11 @@ def _system(system: Any, parts: Counter[str]) -> list[Message]:
     return [{"role": "system", "content": text}] if text else []
 
 
-def from_openai(record: Any, parts: Counter[str]) -> Conversation | str:
-    """An OpenAI Chat Completions log record: a request, a response, or both side by side."""
+def from_openai(record: Any, parts: Counter[str]) -> Conversation | Link | str:
+    """An OpenAI Chat Completions or Responses API log record: a request, a response, or both.
+
+    A Responses record in a previous_response_id chain comes back as a Link (rlcli.data.chains joins it).
+    """
     return _guard(_openai, record, parts)
 
 
@@ -193,7 +199,9 @@ def _request_and_response(record: Any) -> tuple[dict[str, Any], Any]:
     return request or {}, response
 
 
-def _openai(record: Any, parts: Counter[str]) -> Conversation:
+def _openai(record: Any, parts: Counter[str]) -> Conversation | Link:
+    if (found := responses.split(record)) is not None:
+        return responses.convert(*found, parts)
     request, response = _request_and_response(record)
     messages = _convert_all(request.get("messages", []), parts)
     if response is not None:
@@ -313,4 +321,5 @@ IMPORTERS = {
     "anthropic": from_anthropic,
     "messages": from_messages,
     "langsmith": from_langsmith,
+    "gemini": from_gemini,
 }

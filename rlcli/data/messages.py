@@ -5,7 +5,8 @@ ShareGPT) into normalized messages; `finalize` applies the user's flags (drop to
 drop thinking, redact) to a whole conversation, removes empty turns, merges
 consecutive same-role turns and checks that something trainable is left. Pure code.
 
-The shape is what tinker-cookbook's FromConversationFileBuilder and renderers read:
+The shape is what tinker-cookbook's renderers read (through rlcli.train.sl_data) and what its own
+FromConversationFileBuilder loads:
 - every message has `role` (system|user|assistant|tool) and `content`, always a str.
   `developer` becomes `system` (renderers know system; gpt-oss maps it back itself);
   LangChain (human, ai) and ShareGPT (from/value, gpt) names are mapped.
@@ -24,7 +25,9 @@ concatenated as they are.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -35,11 +38,13 @@ Conversation = dict[str, Any]
 Message = dict[str, Any]
 
 ROLES = {
-    "system": "system", "developer": "system",
-    "user": "user", "human": "user",
+    "system": "system", "developer": "system", "instruction": "system", "instructions": "system",
+    "user": "user", "human": "user", "customer": "user",
     "assistant": "assistant", "ai": "assistant", "model": "assistant", "gpt": "assistant", "bot": "assistant",
-    "tool": "tool", "function": "tool",
+    "chatbot": "assistant", "agent": "assistant",
+    "tool": "tool", "function": "tool", "ipython": "tool", "observation": "tool",
 }  # fmt: skip
+# ROLES is matched as written first (the common case costs one lookup), then without case or spaces.
 # The last item of a LangChain-serialized message's `id` names its class.
 _LANGCHAIN_ROLES = {
     "HumanMessage": "user", "AIMessage": "assistant", "SystemMessage": "system",
@@ -62,6 +67,7 @@ class Options:
     drop_tools: bool = False
     drop_thinking: bool = False
     redact: bool = False
+    dedupe: bool = False
 
 
 def to_json(value: Any) -> str:
@@ -146,6 +152,18 @@ def _tool_call(call: Any, parts: Counter[str]) -> dict[str, Any] | None:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
+def role_of(raw: Any) -> str:
+    """One of the four roles for a logged role name (any case, common aliases); else the record is dropped
+    under `unknown_role:<name>`, so the summary says which names were not understood."""
+    if isinstance(raw, str):
+        role = ROLES.get(raw) or ROLES.get(raw.strip().lower())
+        if role:
+            return role
+        name = re.sub(r"[^\w.-]", "?", raw.strip())[:24] or "?"
+        raise Skip(f"unknown_role:{name}")
+    raise Skip("unknown_role")
+
+
 def _unwrap_langchain(msg: dict[str, Any]) -> dict[str, Any]:
     """{lc, type: constructor, id: [..., Class], kwargs} or {type, data} -> a plain dict with a role."""
     if msg.get("lc") and isinstance(msg.get("kwargs"), dict):
@@ -194,9 +212,7 @@ def _convert(msg: Any, parts: Counter[str], default_role: str | None) -> list[Me
     if raw_role is None:  # LangChain's flattened {type: human, content} form; else the caller's default
         kind = msg.get("type")
         raw_role = kind if isinstance(kind, str) and kind in ROLES else default_role
-    role = ROLES.get(raw_role) if isinstance(raw_role, str) else None
-    if role is None:
-        raise Skip("unknown_role")
+    role = role_of(raw_role)
     content = msg["content"] if "content" in msg else msg.get("value")
     got = _read_content(content, parts)
     if role == "assistant":
@@ -284,8 +300,15 @@ def conversation(messages: list[Message], tools: Any, parts: Counter[str]) -> Co
     return conv
 
 
-def finalize(conv: Conversation, opts: Options, redactions: Counter[str] | None = None) -> Conversation | str:
-    """Apply --drop-tools/--drop-thinking/--redact, drop empty turns, merge same-role neighbours, check."""
+def finalize(
+    conv: Conversation, opts: Options, redactions: Counter[str] | None = None, seen: set[bytes] | None = None
+) -> Conversation | str:
+    """Apply --drop-tools/--drop-thinking/--redact, drop empty turns, merge same-role neighbours, check.
+
+    With opts.dedupe, `seen` holds a digest of every conversation kept so far (messages and tools, after
+    the steps above and before redaction, which could make two different texts equal): a repeat is
+    "duplicate". Ids an importer attaches (run_id, trace_id...) are not part of the digest.
+    """
     messages = conv["messages"]
     if opts.drop_tools:
         conv.pop("tools", None)
@@ -302,12 +325,25 @@ def finalize(conv: Conversation, opts: Options, redactions: Counter[str] | None 
         return "no_assistant_reply"
     if len(roles) == 1:  # a reply with no prompt would teach the model to say it unprompted
         return "no_prompt"
+    conv["messages"] = messages
+    if opts.dedupe and seen is not None:
+        digest = _digest([messages, conv.get("tools")])
+        if digest in seen:
+            return "duplicate"
+        seen.add(digest)
     if opts.redact:
         from rlcli.data.redact import redact_messages  # only paid for when asked
 
         redact_messages(messages, redactions)
-    conv["messages"] = messages
     return conv
+
+
+def _digest(value: Any) -> bytes:
+    try:
+        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # a lone surrogate or a huge integer: json takes both
+        text = json.dumps(value, sort_keys=True).encode()
+    return hashlib.blake2b(text, digest_size=16).digest()
 
 
 def _tidy(messages: list[Message]) -> tuple[list[Message], set[str]]:

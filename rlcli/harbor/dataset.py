@@ -96,14 +96,17 @@ class HarborDatasetBuilder(RLDatasetBuilder):
     max_sandboxes: int
     trajectories: str
     seed: int = 0
+    network: str = "task"  # --network: "none" turns every phase off
+    reward_key: str | None = None
 
     async def __call__(self) -> tuple[HarborDataset, HarborDataset | None]:
         renderer = get_renderer(self.renderer_name, get_tokenizer(self.model_name))
-        settings = AgentSettings(self.max_turns, self.command_timeout_s, self.sandbox_timeout_s)
+        settings = AgentSettings(self.max_turns, self.command_timeout_s, self.sandbox_timeout_s,
+                                 reward_key=self.reward_key)
         pool = SandboxPool(connect(pool_size=2 * self.max_sandboxes + 8), self.max_sandboxes)
         shared, folder = Shared(renderer, settings, pool), Path(self.trajectories)
-        train = [load_task(Path(p), n) for p, n in zip(self.task_paths, self.task_names, strict=True)]
-        held = [load_task(Path(p), n) for p, n in zip(self.eval_paths, self.eval_names, strict=True)]
+        train = [load_task(Path(p), n, self.network) for p, n in zip(self.task_paths, self.task_names, strict=True)]
+        held = [load_task(Path(p), n, self.network) for p, n in zip(self.eval_paths, self.eval_names, strict=True)]
         dataset = HarborDataset(train, self.groups_per_batch, self.group_size, self.steps, shared, folder, self.seed)
         # Held-out tasks: one rollout each, all in one batch, every --eval-every steps. The cookbook's evaluator
         # reuses its groups each time: eval/<task>-0.md, then <task>-0-round2.md, ...

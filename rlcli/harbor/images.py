@@ -1,5 +1,10 @@
 """Task images: one per task content (a hash of environment/), built once and shared by every rollout.
 
+A prebuilt `docker_image` from task.toml is preferred when it is on this machine (as Harbor prefers it);
+when it is not, the task's Dockerfile is built instead (no registry to pull from here). A task whose
+image cannot be made is reported with the reason and left out; the other tasks run. A base image
+(FROM) that is not on this machine always gets the hint to build it offline.
+
 The build context (environment/ as a tar stream, .dockerignore applied) is written to an anonymous
 temporary file: docker-py would put it in a named file under $TMPDIR and delete it only when the upload
 returns, so a run killed mid-upload (SIGKILL, the OOM killer) would leave the tarball behind. An
@@ -55,9 +60,45 @@ def build_context(folder: Path) -> IO[bytes]:
     return context
 
 
+BASE_HINT = "`make base-image` builds debian:bookworm(-slim) offline; other images: `docker load` them"
+
+
+def base_images(dockerfile: Path) -> list[str]:
+    """The images a Dockerfile starts FROM (stage names and ${ARG} forms left out: they are not pulled)."""
+    stages, found = set(), []
+    for line in dockerfile.read_text(encoding="utf-8", errors="replace").splitlines():
+        words = line.split()
+        if len(words) < 2 or words[0].upper() != "FROM":
+            continue
+        args = [w for w in words[1:] if not w.startswith("--")]
+        if not args:
+            continue
+        if len(args) >= 3 and args[1].upper() == "AS":
+            stages.add(args[2].lower())
+        if args[0].lower() not in stages and "$" not in args[0] and args[0].lower() != "scratch":
+            found.append(args[0])
+    return found
+
+
+def missing_base(client: Any, task: Task) -> str | None:
+    import docker
+
+    for image in base_images(task.environment / "Dockerfile"):
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            return image
+        except docker.errors.APIError:
+            return None
+    return None
+
+
 def build_image(client: Any, task: Task, tag: str) -> None:
     import docker
 
+    if base := missing_base(client, task):
+        raise RlcliError(f"building the image of task {task.name} failed: its base image {base} is not on this "
+                         f"machine and no registry is reachable ({BASE_HINT})")
     with build_context(task.environment) as context:
         try:
             client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True,
@@ -65,23 +106,25 @@ def build_image(client: Any, task: Task, tag: str) -> None:
         except docker.errors.BuildError as e:
             lines = [str(c.get("stream") or c.get("error") or "").strip() for c in e.build_log]
             tail = " | ".join(line for line in lines if line)[-400:]
-            hint = " (FROM debian:bookworm(-slim) offline: `make base-image` builds it)" if "pull" in tail else ""
+            hint = f" ({BASE_HINT})" if any(w in tail for w in ("pull", "not found", "manifest")) else ""
             raise RlcliError(f"building the image of task {task.name} failed: {tail}{hint}") from None
         except docker.errors.APIError as e:
             raise RlcliError(f"building the image of task {task.name} failed: {e.explanation or e}") from None
 
 
 def ensure_image(client: Any, task: Task) -> tuple[str, bool]:
-    """(image, built now): the task's image, built from environment/ unless this content has an image."""
+    """(image, built now): task.toml's docker_image when it is here, else the image built from environment/."""
     import docker
 
-    if not task.has_dockerfile:
+    if task.docker_image:
         try:
             client.images.get(task.docker_image)
+            return task.docker_image, False
         except docker.errors.ImageNotFound:
-            raise RlcliError(f"task {task.name} uses image {task.docker_image}, which is not on this machine: "
-                             f"`docker pull {task.docker_image}` where a registry is reachable") from None
-        return str(task.docker_image), False
+            if not task.has_dockerfile:
+                raise RlcliError(f"task {task.name} uses image {task.docker_image}, which is not on this machine: "
+                                 f"`docker pull {task.docker_image}` where a registry is reachable, then "
+                                 "`docker save`/`docker load` it here") from None
     tag = image_tag(task)
     with _build_locks_guard:
         lock = _build_locks.setdefault(tag, threading.Lock())
@@ -93,16 +136,25 @@ def ensure_image(client: Any, task: Task) -> tuple[str, bool]:
     return tag, True
 
 
-def prepare_images(tasks: list[Task]) -> Any:
-    """Connect to Docker, sweep dead runs' sandboxes, build each task image once; return the client."""
+def prepare_images(tasks: list[Task]) -> tuple[Any, dict[str, str]]:
+    """Connect to Docker, sweep dead runs' sandboxes, build each task image once.
+
+    Returns (client, {task name: why its image could not be made}): those tasks are left out, the rest run.
+    """
     from rlcli.harbor.sandbox import connect, sweep
 
     client = connect()
     if removed := sweep(client):
         print(f"removed {removed} sandbox(es) left by earlier runs that died", file=sys.stderr)
+    failed: dict[str, str] = {}
     for task in {t.path: t for t in tasks}.values():
         started = time.monotonic()
-        image, built = ensure_image(client, task)
+        try:
+            image, built = ensure_image(client, task)
+        except RlcliError as e:
+            failed[task.name] = str(e)
+            print(f"rlcli: warning: skipped task {task.name}: {e}", file=sys.stderr)
+            continue
         if built:
             print(f"image {image} for {task.name}: built in {time.monotonic() - started:.1f}s", file=sys.stderr)
-    return client
+    return client, failed

@@ -4,10 +4,13 @@ Launch:  rlcli harbor run tests/fixtures/harbor --policy oracle      (each task'
          rlcli harbor run tests/fixtures/harbor/hello-file --policy nop   (do nothing: should score 0)
          rlcli harbor run tests/fixtures/harbor/hangs --policy oracle --command-timeout 3   (killed at 3 s)
          rlcli harbor run ~/tb2 --policy model --checkpoint tinker://RUN/sampler_weights/final --max-turns 30
+         rlcli harbor run ~/tb2 --policy oracle --network none --reward-key passed   (offline; one reward key)
 
 Policies: oracle runs solution/solve.sh, nop runs nothing, model lets the server's model (or --checkpoint)
-act through the bash tool exactly as in `rlcli train harbor`. Tasks run concurrently (--max-sandboxes).
-Writes <output>/results.jsonl (one line per task) and <output>/<task>.md/.json (the trajectory).
+act through the bash tool exactly as in `rlcli train harbor`. Tasks run concurrently (--max-sandboxes),
+--rollouts times each. Writes <output>/results.jsonl (one line per rollout) and <output>/<task>.md/.json
+(the trajectory), and ends with a table: per task its network, image, mean reward, pass@k, time, and why
+for anything skipped or failed.
 """
 
 from __future__ import annotations
@@ -17,16 +20,17 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rlcli.config import ensure_api_key, resolve_base_url
 from rlcli.errors import EXIT_FAILED, UsageError
 from rlcli.harbor.images import prepare_images
-from rlcli.harbor.tasks import Task, load_tasks
+from rlcli.harbor.summary import summary_table
+from rlcli.harbor.tasks import NetworkChoice, Task, load_tasks
 from rlcli.train import run as trainer
 from rlcli.train.folder import run_folder
 
-POLICIES = ("oracle", "nop", "model")
+Policy = Literal["oracle", "nop", "model"]
 DEFAULT_COMMAND_TIMEOUT_S = 120.0
 
 
@@ -58,7 +62,7 @@ def sampling_policy(model: str | None, checkpoint: str | None, base_url: str | N
 
 
 async def run_all(tasks: list[Task], policy: str, client: Any, settings: Any, folder: Path, max_sandboxes: int,
-                  sampler: tuple[Any, Any] | None) -> list[Any]:
+                  sampler: tuple[Any, Any] | None, rollouts: int = 1) -> list[Any]:
     from tinker_cookbook.rl.rollouts import do_single_rollout
 
     from rlcli.harbor.agent import HarborEnv, run_scripted
@@ -66,8 +70,8 @@ async def run_all(tasks: list[Task], policy: str, client: Any, settings: Any, fo
 
     pool = SandboxPool(client, max_sandboxes)
 
-    async def one(task: Task) -> Any:
-        stem = folder / task.name.replace("/", "_")
+    async def one(task: Task, i: int) -> Any:
+        stem = folder / (task.name.replace("/", "_") + (f"-{i}" if rollouts > 1 else ""))
         if sampler is None:
             record = await run_scripted(task, policy, pool, settings, stem)
         else:
@@ -82,13 +86,14 @@ async def run_all(tasks: list[Task], policy: str, client: Any, settings: Any, fo
         print(f"{task.name:<32} reward {record.reward:.3f}  {status_of(record)}  {record.seconds:.1f}s", flush=True)
         return record
 
-    return list(await asyncio.gather(*(one(t) for t in tasks)))
+    return list(await asyncio.gather(*(one(t, i) for t in tasks for i in range(rollouts))))
 
 
-def run(task_dir: str, policy: str = "oracle", task_filter: str | None = None, limit: int | None = None,
+def run(task_dir: str, policy: Policy = "oracle", task_filter: str | None = None, limit: int | None = None,
         model: str | None = None, checkpoint: str | None = None, base_url: str | None = None,
         renderer: str | None = None, max_turns: int = 10, max_tokens: int = 1024, temperature: float = 1.0,
         command_timeout: float | None = None, sandbox_timeout: float | None = None, max_sandboxes: int = 4,
+        rollouts: int = 1, network: NetworkChoice = "task", reward_key: str | None = None,
         output: str | None = None) -> int:
     """Run Harbor tasks in local Docker and grade them with their tests, without training.
 
@@ -108,37 +113,41 @@ def run(task_dir: str, policy: str = "oracle", task_filter: str | None = None, l
             for the model's commands; the oracle's solve.sh gets the agent's whole time)
         sandbox_timeout: seconds the agent phase may take (default: the task's [agent] timeout_sec)
         max_sandboxes: containers alive at once
+        rollouts: rollouts per task (k of pass@k)
+        network: task (each phase as task.toml says; Harbor's default is the public network) or none (no network
+            for any task, in any phase)
+        reward_key: the reward.json key that is the reward (default: "reward" if present, else the mean of the keys)
         output: folder for results.jsonl and trajectories (default: RLCLI_HOME/runs/harbor-run-<time>)
     """
     from rlcli.harbor.agent import AgentSettings
     from rlcli.harbor.sandbox import remove_mine
-    if policy not in POLICIES:
-        raise UsageError(f"unknown --policy {policy!r}: choose {', '.join(POLICIES)}")
     if policy != "model" and (model or checkpoint):
         raise UsageError(f"--model and --checkpoint choose the agent of --policy model, not {policy}")
     trainer.check_numbers(max_turns=max_turns, max_tokens=max_tokens, temperature=temperature, limit=limit,
-                  command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, max_sandboxes=max_sandboxes)
-    tasks = load_tasks(task_dir, task_filter, limit, "harbor run")
+                  command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, max_sandboxes=max_sandboxes,
+                  rollouts=rollouts)
+    skipped: list[tuple[str, str]] = []
+    tasks = load_tasks(task_dir, task_filter, limit, "harbor run", network, skipped)
     folder = run_folder(output, False, kind="harbor-run")
     sampler = sampling_policy(model, checkpoint, base_url, renderer, max_tokens, temperature) \
         if policy == "model" else None
     settings = AgentSettings(max_turns, command_timeout or DEFAULT_COMMAND_TIMEOUT_S, sandbox_timeout,
-                             solve_timeout_s=command_timeout)
-    client = prepare_images(tasks)
+                             solve_timeout_s=command_timeout, reward_key=reward_key)
+    client, unbuilt = prepare_images(tasks)
+    runnable = [t for t in tasks if t.name not in unbuilt]
     folder.mkdir(parents=True, exist_ok=True)
     try:
         with trainer.sigterm_as_interrupt():
-            records = asyncio.run(run_all(tasks, policy, client, settings, folder, max_sandboxes, sampler))
+            records = asyncio.run(run_all(runnable, policy, client, settings, folder, max_sandboxes, sampler,
+                                          rollouts)) if runnable else []
     finally:
         remove_mine(client)  # after Ctrl-C, whatever the rollouts could not remove themselves
     with open(folder / "results.jsonl", "w") as f:
-        for record in records:
+        for n, record in enumerate(records):
             row = {k: v for k, v in asdict(record).items() if k not in ("turns", "instruction", "verifier_output")}
-            f.write(json.dumps({**row, "trajectory": str(folder / f"{record.task.replace('/', '_')}.md")}) + "\n")
-    passed = sum(1 for r in records if r.reward >= 1.0 and not r.error)
-    graded = sum(1 for r in records if r.grading_error)
-    failed = sum(1 for r in records if r.error)
-    mean = sum(r.reward for r in records) / len(records)
-    print(f"{passed}/{len(records)} passed, mean reward {mean:.3f}, {graded} grading error{'s' * (graded != 1)}, "
-          f"{failed} failed; results: {folder / 'results.jsonl'}", file=sys.stderr)
-    return EXIT_FAILED if failed else 0
+            stem = record.task.replace("/", "_") + (f"-{n % rollouts}" if rollouts > 1 else "")
+            f.write(json.dumps({**row, "trajectory": str(folder / f"{stem}.md")}) + "\n")
+    print(summary_table(tasks, records, unbuilt, skipped, rollouts), file=sys.stderr)
+    failed = sum(1 for r in records if r.error) + len(unbuilt)
+    print(f"results: {folder / 'results.jsonl'}", file=sys.stderr)
+    return EXIT_FAILED if failed or not records else 0

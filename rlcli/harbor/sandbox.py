@@ -1,12 +1,18 @@
 """Sandboxes: one Docker container per rollout, through the docker SDK (no compose, no CLI).
 
 - Images (images.py): one per task content, built once, shared by every rollout.
-- Containers carry rlcli's labels (owner = host:pid), CPU, memory and pids limits, no network unless
-  the task asks, and a lifetime: PID 1 is `sleep <lifetime>` under docker-init with auto-remove, so a
-  container outlives no rollout by long even if rlcli is SIGKILLed. Each rollout removes its own;
-  `remove_mine` does it for a whole process (Ctrl-C), `sweep` for dead owners at start.
-- A command runs as `timeout -s KILL T bash -c CMD`: timeout kills its whole process group inside the
-  container, and the client kills that group itself if the exec is still running after a grace.
+- Containers carry rlcli's labels (owner = host:pid), CPU, memory and pids limits, and a lifetime: the
+  image's own ENTRYPOINT runs (as in Harbor: tasks start services there) with `sleep <lifetime>` as its
+  command, under docker-init with auto-remove, so a container whose entrypoint hands over to its command
+  outlives no rollout by long even if rlcli is SIGKILLed. Each rollout removes its own; `remove_mine`
+  does it for a whole process (Ctrl-C), `sweep` for dead owners at start.
+- Network per phase (taskconfig.py): a task that is online at any moment starts attached to Docker's
+  bridge, and is detached from it (loopback only) while a phase is "no-network"; a task that is never
+  online starts with no network at all. The bridge is detached before the container starts when the
+  environment's own policy is off, so the entrypoint never sees a network it was not given.
+- A command runs as `timeout -s KILL T bash -c CMD` in [environment] workdir with [environment] env:
+  timeout kills its whole process group inside the container, and the client kills that group itself
+  if the exec is still running after a grace.
 """
 
 from __future__ import annotations
@@ -107,8 +113,9 @@ def _remove(container: Any) -> None:
         container.remove(force=True)
 
 
-def run_options(limits: Limits, lifetime_s: float, host_cpus: int | None = None) -> dict[str, Any]:
-    """docker SDK `containers.run` keywords for a task's limits (pure, so the mapping is testable)."""
+def run_options(limits: Limits, lifetime_s: float, online: bool = False,
+                host_cpus: int | None = None) -> dict[str, Any]:
+    """docker SDK `containers.create` keywords for a task's limits (pure, so the mapping is testable)."""
     cpus = min(limits.cpus, float(host_cpus or os.cpu_count() or 1))  # Docker refuses more CPUs than the host has
     memory = f"{limits.memory_mb}m"
     return {
@@ -116,11 +123,11 @@ def run_options(limits: Limits, lifetime_s: float, host_cpus: int | None = None)
         "mem_limit": memory,
         "memswap_limit": memory,  # no swap on top: the limit is the limit
         "pids_limit": limits.pids,
-        "network_mode": "bridge" if limits.network else "none",
+        "network_mode": "bridge" if online else "none",
         "init": True,  # docker-init as PID 1 reaps what killed commands leave behind
         "auto_remove": True,
-        "entrypoint": ["sleep", str(int(lifetime_s))],  # the image's CMD is not run: the agent's commands are
-        "detach": True,
+        # The image's ENTRYPOINT is kept (Harbor keeps it); its CMD is replaced: the agent's commands are the work.
+        "command": ["sleep", str(int(lifetime_s))],
         "hostname": "sandbox",
     }
 
@@ -130,7 +137,11 @@ class Sandbox:
     container: Any
     shell: str  # bash, else sh
     has_timeout: bool
-    workdir: str  # where the verifier runs: the image's WORKDIR, else /root
+    workdir: str  # where the verifier runs: [environment] workdir, else the image's WORKDIR, else /root
+    env: dict[str, str] = field(default_factory=dict)  # [environment] env: every command sees it
+    command_workdir: str | None = None  # [environment] workdir for every command (None: the image's WORKDIR)
+    online: bool = False  # attached to the bridge now
+    can_connect: bool = False  # started on the bridge: phases may switch it on and off
     closed: bool = field(default=False)
     killed: str = ""  # why rlcli killed the container itself, for the error that follows
 
@@ -139,18 +150,45 @@ class Sandbox:
         import docker
 
         labels = {LABEL: "1", OWNER: owner_id(), TASK_LABEL: task.name}
+        online = task.needs_network
         try:
-            container = client.containers.run(image, labels=labels, **run_options(task.limits, lifetime_s))
+            container = client.containers.create(image, labels=labels, **run_options(task.limits, lifetime_s, online))
         except docker.errors.APIError as e:
             raise SandboxError(f"cannot start a container for task {task.name}: {e.explanation or e}") from None
         try:
-            found = container.exec_run(["sh", "-c", "command -v bash; command -v timeout"]).output.decode()
+            if online and not task.network.public:  # off while the entrypoint starts; phases switch it on
+                client.networks.get("bridge").disconnect(container)
+            container.start()
+            container.reload()
+        except docker.errors.APIError as e:
+            _remove(container)
+            raise SandboxError(f"cannot start a container for task {task.name}: {e.explanation or e}") from None
+        try:
+            probe = "command -v bash; command -v timeout" + (f"; mkdir -p '{task.workdir}'" if task.workdir else "")
+            found = container.exec_run(["sh", "-c", probe]).output.decode()
         except (docker.errors.APIError, UnicodeDecodeError) as e:
             _remove(container)
             raise SandboxError(f"the container of task {task.name} cannot run `sh` ({e})") from None
-        workdir = (container.attrs.get("Config") or {}).get("WorkingDir") or ""
+        workdir = task.workdir or (container.attrs.get("Config") or {}).get("WorkingDir") or ""
         return cls(container, "bash" if "bash" in found else "sh", "timeout" in found,
-                   workdir if workdir not in ("", "/") else "/root")
+                   workdir if workdir not in ("", "/") else "/root", dict(task.env), task.workdir,
+                   online=task.network.public, can_connect=online)
+
+    def set_network(self, public: bool) -> None:
+        """Attach to or detach from the bridge for the next phase (no-op when already so)."""
+        import docker
+
+        if public == self.online:
+            return
+        if not self.can_connect:
+            raise SandboxError(f"sandbox {self.short_id} started without a network and cannot get one")
+        bridge = self.container.client.networks.get("bridge")
+        try:
+            (bridge.connect if public else bridge.disconnect)(self.container)
+        except docker.errors.APIError as e:
+            self.check_alive()
+            raise SandboxError(f"sandbox {self.short_id}: cannot switch its network ({e.explanation or e})") from None
+        self.online = public
 
     @property
     def short_id(self) -> str:
@@ -171,7 +209,7 @@ class Sandbox:
                                f"{why})")
 
     def exec(self, command: str, timeout_s: float, workdir: str | None = None,
-             limit: int = MAX_OUTPUT_BYTES) -> ExecResult:
+             limit: int = MAX_OUTPUT_BYTES, env: dict[str, str] | None = None) -> ExecResult:
         """Run a shell command; kill it (and everything it started) inside the container at timeout_s."""
         import docker
 
@@ -183,7 +221,8 @@ class Sandbox:
         api, start = self.container.client.api, time.monotonic()
         try:
             exec_id = api.exec_create(self.container.id, ["sh", "-c", 'echo "$$"; exec "$@"', "sh", *inner],
-                                      workdir=workdir)["Id"]
+                                      workdir=workdir or self.command_workdir,
+                                      environment={**self.env, **(env or {})} or None)["Id"]
             stream = api.exec_start(exec_id, stream=True, demux=True)
         except docker.errors.APIError as e:
             self.check_alive()
@@ -228,9 +267,9 @@ class Sandbox:
         with contextlib.suppress(Exception):
             self.container.kill()
 
-    def put_folder(self, local: Path, target: str) -> None:
-        """Copy local's contents into target (created, emptied first) as root."""
-        self.exec(f"rm -rf {target} && mkdir -p {target}", 30, "/")
+    def put_folder(self, local: Path, target: str, clear: bool = True) -> None:
+        """Copy local's contents into target (created; emptied first when clear) as root."""
+        self.exec(f"rm -rf {target} && mkdir -p {target}" if clear else f"mkdir -p {target}", 30, "/")
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for path in sorted(local.rglob("*")):
@@ -258,6 +297,12 @@ class Sandbox:
 
     def remove(self) -> None:
         _remove(self.container)
+
+
+def script_command(path: str) -> str:
+    """Run a task's script as Harbor does: made executable and run directly, so its shebang chooses the
+    interpreter (a script without one runs in the shell, which falls back to reading it)."""
+    return f"chmod +x {path} 2>/dev/null; {path}"
 
 
 class _Capped:
@@ -300,9 +345,17 @@ class SandboxPool:
         await self._slots.acquire()
         try:
             image, _ = await asyncio.to_thread(ensure_image, self.client, task)
-            return await asyncio.to_thread(Sandbox.start, self.client, image, task, lifetime_s)
+            sandbox = await asyncio.to_thread(Sandbox.start, self.client, image, task, lifetime_s)
         except BaseException:
             self._slots.release()
+            raise
+        try:
+            if image == task.docker_image and not task.has_dockerfile and task.environment.is_dir() \
+                    and any(task.environment.iterdir()):  # as Harbor: a prebuilt image gets environment/ in workdir
+                await asyncio.to_thread(sandbox.put_folder, task.environment, sandbox.workdir, False)
+            return sandbox
+        except BaseException:
+            await self.close(sandbox)
             raise
 
     async def close(self, sandbox: Sandbox | None) -> None:

@@ -1,13 +1,14 @@
 """Harbor task folders and datasets: task.toml with defaults, discovery, selection, name@version via the registry.
 
-A task folder (Harbor's format):
-    task.toml          [agent] timeout_sec, [verifier] timeout_sec, [environment] cpus, memory_mb (or
-                       memory = "2G"), pids_limit, network / allow_internet, build_timeout_sec, docker_image
-    instruction.md     what the agent is asked to do
+A task folder (Harbor's format; taskconfig.py reads task.toml's network, steps and env tables):
+    task.toml          [agent] timeout_sec, [verifier] timeout_sec and env, [environment] cpus, memory_mb (or
+                       memory = "2G"), pids_limit, network_mode / allowed_hosts / allow_internet, workdir, env,
+                       build_timeout_sec, docker_image; [[steps]] for a multi-step task
+    instruction.md     what the agent is asked to do (a multi-step task: steps/<name>/instruction.md each)
     environment/       Dockerfile and its build context (docker-compose.yaml alone is not supported)
-    tests/test.sh      the verifier: writes /logs/verifier/reward.txt (one number) or reward.json (an
-                       object of numbers whose "reward" is the reward; verify.py has the rules)
-    solution/solve.sh  optional: what `--policy oracle` runs
+    tests/test.sh      the verifier: writes /logs/verifier/reward.json (an object of numbers) or reward.txt
+                       (one number); verify.py has the rules. A step may have its own steps/<name>/tests/.
+    solution/solve.sh  optional: what `--policy oracle` runs (a step: steps/<name>/solution/solve.sh first)
 
 Pure file reading, no Docker; only `download_dataset` touches the network.
 """
@@ -25,42 +26,55 @@ import subprocess
 import sys
 import tomllib
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rlcli.config import rlcli_home
 from rlcli.errors import UsageError
 from rlcli.files import staged_folder
+from rlcli.harbor import taskconfig
+from rlcli.harbor.taskconfig import OFFLINE, Network, Step
 
 # Harbor's registry of datasets (name, version, tasks with git_url, git_commit_id, path).
 REGISTRY_URL = "https://raw.githubusercontent.com/laude-institute/harbor/main/registry.json"
 DATASET_SPEC = re.compile(r"^[A-Za-z0-9][\w.-]*@[\w.-]+$")
-DEFAULT_AGENT_TIMEOUT_S = 600.0
-DEFAULT_VERIFIER_TIMEOUT_S = 120.0
-DEFAULT_BUILD_TIMEOUT_S = 600.0
+NetworkChoice = Literal["task", "none"]  # --network: as each task.toml says, or off for every phase
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What a task's container may use. No network unless the task asks: agents run arbitrary commands."""
+    """What a task's container may use."""
 
     cpus: float = 1.0
     memory_mb: int = 2048
     pids: int = 1024
-    network: bool = False
 
 
 @dataclass(frozen=True)
 class Task:
     name: str
     path: Path
-    instruction: str
-    limits: Limits
-    agent_timeout_s: float = DEFAULT_AGENT_TIMEOUT_S
-    verifier_timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S
-    build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
-    docker_image: str | None = None  # a prebuilt image task.toml names; used when no Dockerfile is given
+    steps: tuple[Step, ...]
+    limits: Limits = Limits()
+    network: Network = Network()  # the environment's baseline: while the container starts, between phases
+    build_timeout_s: float = taskconfig.DEFAULT_BUILD_TIMEOUT_S
+    docker_image: str | None = None  # a prebuilt image task.toml names: preferred when it is on this machine
+    workdir: str | None = None  # [environment] workdir: where commands run (else the image's WORKDIR)
+    env: dict[str, str] = field(default_factory=dict)  # [environment] env: every command sees it
+    solution_env: dict[str, str] = field(default_factory=dict)  # [solution] env: the oracle's solve.sh sees it
+    reward_strategy: str = "mean"  # multi-step: each key's mean over the steps, or the final step's
+    notes: tuple[str, ...] = ()  # what task.toml asks for that rlcli does not apply
+
+    @property
+    def instruction(self) -> str:
+        if not self.multi_step:
+            return self.steps[0].instruction
+        return "\n\n".join(f"### Step {s.name}\n\n{s.instruction.strip()}" for s in self.steps)
+
+    @property
+    def multi_step(self) -> bool:
+        return self.steps[0].name is not None
 
     @property
     def environment(self) -> Path:
@@ -71,9 +85,47 @@ class Task:
         return (self.environment / "Dockerfile").is_file()
 
     @property
-    def solution(self) -> Path | None:
-        script = self.path / "solution" / "solve.sh"
-        return script if script.is_file() else None
+    def agent_timeout_s(self) -> float:
+        return sum(s.agent_timeout_s for s in self.steps)
+
+    @property
+    def verifier_timeout_s(self) -> float:
+        return sum(s.verifier_timeout_s for s in self.steps)
+
+    @property
+    def needs_network(self) -> bool:
+        """Whether any moment of a rollout is online: the container then starts attached to a network."""
+        return self.network.public or any(s.agent_network.public or s.verifier_network.public for s in self.steps)
+
+    def describe_network(self) -> str:
+        phases = {p for s in self.steps for p in (s.agent_network.describe(), s.verifier_network.describe())}
+        if phases == {self.network.describe()}:
+            return self.network.describe()
+        step = self.steps[0]
+        return f"agent {step.agent_network.describe()}, verifier {step.verifier_network.describe()}" + (
+            " (step 1)" if self.multi_step else "")
+
+    def step_dir(self, step: Step) -> Path:
+        return self.path if step.name is None else self.path / "steps" / step.name
+
+    def tests(self, step: Step) -> tuple[list[Path], str]:
+        """(folders copied into /tests in order, the test script's path inside /tests) for a step."""
+        shared, own = self.path / "tests", self.step_dir(step) / "tests"
+        folders = [d for d in dict.fromkeys([shared, own]) if d.is_dir()]
+        return folders, "test.sh"
+
+    def solution(self, step: Step | None = None) -> Path | None:
+        """The solve.sh the oracle runs for a step: the step's own, else the task's."""
+        step = step or self.steps[0]
+        for folder in dict.fromkeys([self.step_dir(step) / "solution", self.path / "solution"]):
+            if (folder / "solve.sh").is_file():
+                return folder / "solve.sh"
+        return None
+
+    def step_workdir(self, step: Step) -> Path | None:
+        """steps/<name>/workdir/: copied into the working directory before the step (setup.sh runs there)."""
+        folder = self.step_dir(step) / "workdir"
+        return folder if step.name is not None and folder.is_dir() else None
 
 
 def parse_memory_mb(value: Any, where: str) -> int:
@@ -91,65 +143,93 @@ def parse_memory_mb(value: Any, where: str) -> int:
     return int(mb)
 
 
-def _positive(table: dict[str, Any], key: str, default: float, where: str) -> float:
-    value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise UsageError(f"{where}: {key} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def parse_network(env: dict[str, Any], where: str) -> bool:
-    """`network = true|false|"bridge"|"none"` or `allow_internet = true`; off when neither is set."""
-    value = env.get("network", env.get("allow_internet", False))
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("none", "bridge", "off", "on"):
-        return value.lower() in ("bridge", "on")
-    raise UsageError(f"{where}: network must be true, false, \"bridge\" or \"none\", got {value!r}")
-
-
-def parse_task_toml(text: str, where: str = "task.toml") -> dict[str, Any]:
-    """task.toml -> the Task fields it sets (limits and timeouts), defaults filled in."""
+def read_toml(text: str, where: str) -> dict[str, Any]:
     try:
-        doc = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{where} is not valid TOML ({e})") from None
-    env, agent, verifier = (doc.get(k) or {} for k in ("environment", "agent", "verifier"))
+
+
+def parse_task_toml(text: str, where: str = "task.toml",
+                    instructions: dict[str | None, str] | None = None) -> dict[str, Any]:
+    """task.toml -> the Task fields it sets, defaults filled in (Harbor's, see taskconfig.py)."""
+    doc = read_toml(text, where)
+    env, verifier = doc.get("environment") or {}, doc.get("verifier") or {}
+    here = f"{where} [environment]"
     memory = env.get("memory_mb", env.get("memory", Limits.memory_mb))
-    limits = Limits(cpus=_positive(env, "cpus", Limits.cpus, where), memory_mb=parse_memory_mb(memory, where),
-                    pids=int(_positive(env, "pids_limit", env.get("pids", Limits.pids), where)),
-                    network=parse_network(env, where))
+    limits = Limits(cpus=taskconfig.positive(env, "cpus", Limits.cpus, here),
+                    memory_mb=parse_memory_mb(memory, here),
+                    pids=int(taskconfig.positive(env, "pids_limit", env.get("pids", Limits.pids), here)))
+    baseline = taskconfig.parse_network(env, here, Network(), legacy=True) or Network()
+    strategy = doc.get("multi_step_reward_strategy") or "mean"
+    if strategy not in taskconfig.REWARD_STRATEGIES:
+        raise UsageError(f"{where}: multi_step_reward_strategy must be mean or final, got {strategy!r}")
+    workdir = env.get("workdir")
+    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
+        raise UsageError(f"{here}: workdir must be an absolute path, got {workdir!r}")
     image = env.get("docker_image")
-    return {"limits": limits, "docker_image": str(image) if image else None,
-            "agent_timeout_s": _positive(agent, "timeout_sec", DEFAULT_AGENT_TIMEOUT_S, where),
-            "verifier_timeout_s": _positive(verifier, "timeout_sec", DEFAULT_VERIFIER_TIMEOUT_S, where),
-            "build_timeout_s": _positive(env, "build_timeout_sec", DEFAULT_BUILD_TIMEOUT_S, where)}
+    return {"limits": limits, "network": baseline, "docker_image": str(image) if image else None,
+            "steps": tuple(taskconfig.parse_steps(doc, baseline, where, instructions or {})),
+            "build_timeout_s": taskconfig.positive(env, "build_timeout_sec", taskconfig.DEFAULT_BUILD_TIMEOUT_S, here),
+            "workdir": workdir, "env": taskconfig.resolve_env(env.get("env"), here),
+            "solution_env": taskconfig.resolve_env((doc.get("solution") or {}).get("env"), f"{where} [solution]"),
+            "reward_strategy": strategy,
+            "notes": tuple(taskconfig.unapplied(env, verifier, doc.get("agent") or {}))}
 
 
-def load_task(folder: Path, name: str | None = None) -> Task:
-    """One task folder, checked; a UsageError says what is missing."""
+def _instructions(folder: Path, doc: dict[str, Any]) -> dict[str | None, str]:
+    names = taskconfig.step_names(doc)
+    if not doc.get("steps"):
+        path = folder / "instruction.md"
+        if not path.is_file():
+            raise UsageError(f"{folder} has no instruction.md: not a Harbor task folder")
+        return {None: path.read_text(encoding="utf-8")}
+    found = {}
+    for name in names:
+        path = folder / "steps" / name / "instruction.md"
+        if not path.is_file():
+            raise UsageError(f"{folder}: step {name} has no steps/{name}/instruction.md")
+        found[name] = path.read_text(encoding="utf-8")
+    return found
+
+
+def refuse_allowlist(folder: Path, steps: tuple[Step, ...], baseline: Network) -> None:
+    lists = [n for n in (baseline, *(p for s in steps for p in (s.agent_network, s.verifier_network)))
+             if n.mode == "allowlist"]
+    if lists:
+        raise UsageError(f"{folder}: network_mode = \"allowlist\" ({', '.join(lists[0].hosts) or 'no hosts'}) cannot "
+                         "be enforced by rlcli's Docker sandbox: pass --network none to run it with no network, or "
+                         "run it in Harbor")
+
+
+def load_task(folder: Path, name: str | None = None, network: NetworkChoice = "task") -> Task:
+    """One task folder, checked; a UsageError says what is missing. network="none" turns every phase off."""
     toml = folder / "task.toml"
-    fields = parse_task_toml(toml.read_text(encoding="utf-8"), str(toml)) if toml.is_file() else \
-        parse_task_toml("", str(toml))
-    instruction = folder / "instruction.md"
-    if not instruction.is_file():
-        raise UsageError(f"{folder} has no instruction.md: not a Harbor task folder")
-    if not (folder / "tests" / "test.sh").is_file():
-        raise UsageError(f"{folder} has no tests/test.sh, so it cannot be graded")
-    if not (folder / "environment" / "Dockerfile").is_file() and not fields["docker_image"]:
+    text = toml.read_text(encoding="utf-8") if toml.is_file() else ""
+    fields = parse_task_toml(text, str(toml), _instructions(folder, read_toml(text, str(toml))))
+    task = Task(name=name or folder.name, path=folder.resolve(), **fields)
+    for step in task.steps:
+        folders, script = task.tests(step)
+        if not any((f / script).is_file() for f in folders):
+            where = "tests/test.sh" if step.name is None else f"steps/{step.name}/tests/test.sh or tests/test.sh"
+            raise UsageError(f"{folder} has no {where}, so it cannot be graded")
+    if not task.has_dockerfile and not task.docker_image:
         compose = (folder / "environment" / "docker-compose.yaml").is_file()
         raise UsageError(f"{folder}: " + ("docker-compose tasks are not supported (rlcli runs one container per "
                                           "rollout): give it an environment/Dockerfile" if compose else
                                           "no environment/Dockerfile and no [environment] docker_image"))
-    return Task(name=name or folder.name, path=folder.resolve(), instruction=instruction.read_text(encoding="utf-8"),
-                **fields)
+    if network == "none":
+        return replace(task, network=OFFLINE, steps=tuple(taskconfig.force_offline(list(task.steps))))
+    refuse_allowlist(folder, task.steps, task.network)
+    return task
 
 
 def is_task_folder(path: Path) -> bool:
     return (path / "task.toml").is_file() or (path / "instruction.md").is_file()
 
 
-def find_tasks(root: Path, max_depth: int = 3) -> tuple[list[Task], list[tuple[str, str]]]:
+def find_tasks(root: Path, max_depth: int = 3,
+               network: NetworkChoice = "task") -> tuple[list[Task], list[tuple[str, str]]]:
     """(tasks, [(folder, why skipped)]) under root: root itself if it is a task, else task folders below it.
 
     Harbor's downloads nest tasks one level down (<hash>/<task>/); folders that cannot run are
@@ -158,7 +238,7 @@ def find_tasks(root: Path, max_depth: int = 3) -> tuple[list[Task], list[tuple[s
     if not root.is_dir():
         raise UsageError(f"no task folder at {root}")
     if is_task_folder(root):
-        return [load_task(root)], []
+        return [load_task(root, network=network)], []
     folders: list[Path] = []
     level = [root]
     for _ in range(max_depth):
@@ -171,7 +251,7 @@ def find_tasks(root: Path, max_depth: int = 3) -> tuple[list[Task], list[tuple[s
         # Two tasks with one folder name (in different hash folders) are told apart by their path.
         name = folder.name if names.count(folder.name) == 1 else str(folder.relative_to(root))
         try:
-            tasks.append(load_task(folder, name))
+            tasks.append(load_task(folder, name, network))
         except UsageError as e:
             skipped.append((str(folder), str(e)))
     if not tasks:
@@ -220,9 +300,11 @@ def folder_hash(folder: Path) -> str:
 
 
 def tasks_hash(tasks: list[Task]) -> str:
-    """What --resume compares: task names with their environment, tests and instruction."""
+    """What --resume compares: task names with their environment, tests, steps and instruction (a task
+    without steps/ hashes as it did before steps existed, so older runs still resume)."""
     parts = [f"{t.name}:{folder_hash(t.environment)}:{folder_hash(t.path / 'tests')}:"
-             f"{hashlib.sha256(t.instruction.encode()).hexdigest()}" for t in sorted(tasks, key=lambda t: t.name)]
+             + (f"{folder_hash(t.path / 'steps')}:" if (t.path / "steps").is_dir() else "")
+             + hashlib.sha256(t.instruction.encode()).hexdigest() for t in sorted(tasks, key=lambda t: t.name)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -299,8 +381,11 @@ def _git(*args: str) -> None:
     subprocess.run(["git", *args], check=True, capture_output=True, text=True, timeout=600)
 
 
-def load_tasks(dataset: str, task_filter: str | None, limit: int | None, label: str = "--dataset") -> list[Task]:
-    tasks, skipped = find_tasks(resolve_dataset(dataset))
+def load_tasks(dataset: str, task_filter: str | None, limit: int | None, label: str = "--dataset",
+               network: NetworkChoice = "task", found_skipped: list[tuple[str, str]] | None = None) -> list[Task]:
+    tasks, skipped = find_tasks(resolve_dataset(dataset), network=network)
+    if found_skipped is not None:
+        found_skipped += skipped
     for folder, why in skipped:
         print(f"rlcli: warning: {label}: skipped {folder}: {why}", file=sys.stderr)
     return select_tasks(tasks, task_filter, limit)

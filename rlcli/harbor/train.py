@@ -26,12 +26,13 @@ from typing import Any
 from rlcli.config import resolve_base_url
 from rlcli.errors import UsageError
 from rlcli.harbor.images import prepare_images
-from rlcli.harbor.tasks import Task, load_tasks, split_tasks, tasks_hash
+from rlcli.harbor.tasks import NetworkChoice, Task, load_tasks, split_tasks, tasks_hash
 from rlcli.train import rl_loop, run
-from rlcli.train.rl_loop import RlProgress, RlSettings
+from rlcli.train.losses import Passes
+from rlcli.train.rl_loop import RlLoss, RlProgress, RlSettings
 
 RECIPE_NAME = "rlcli_train_harbor"
-RESUME_KEYS = ("model", "renderer", "loss", "group_size", "groups_per_batch")
+RESUME_KEYS = ("model", "renderer", "loss", "group_size", "groups_per_batch", "network", "reward_key", "seed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,14 +45,26 @@ class Settings(RlSettings):
     command_timeout: float = 120.0
     sandbox_timeout: float | None = None
     max_sandboxes: int = 4
+    network: NetworkChoice = "task"
+    reward_key: str | None = None
 
 
 @contextlib.contextmanager
 def sandboxes(tasks: list[Task]) -> Iterator[Any]:
-    """Docker ready with every task's image built; the sandboxes this process made removed afterwards."""
+    """Docker ready with every task's image built; the sandboxes this process made removed afterwards.
+
+    A task whose image cannot be made stops training before the model is made (a run that silently
+    trained on fewer tasks than asked would be hard to compare): the line says which, and why.
+    """
+    from rlcli.errors import RlcliError
     from rlcli.harbor.sandbox import remove_mine
 
-    client = prepare_images(tasks)
+    client, failed = prepare_images(tasks)
+    if failed:
+        remove_mine(client)
+        name, why = next(iter(failed.items()))
+        raise RlcliError(f"{len(failed)} task image(s) could not be made ({name}: {why}); leave them out with "
+                         "--task-filter, or fix them")
     try:
         yield client
     finally:
@@ -67,6 +80,8 @@ def describe(plan: Any, source: str, train: list[Task], held: list[Task], s: Set
         f"plan: {s.groups_per_batch} tasks x {s.group_size} rollouts per step, {s.steps} step"
         f"{'s' * (s.steps != 1)}; up to {s.max_turns} turns of {s.max_tokens} tokens per rollout",
         f"sandboxes: up to {s.max_sandboxes} at once; {s.command_timeout:g} s per command, {timeout} per rollout",
+        f"network: {'off for every task (--network none)' if s.network == 'none' else 'as each task.toml says'}; "
+        f"reward: {repr(s.reward_key) + ' key' if s.reward_key else 'reward.json `reward`, else the mean of its keys'}",
         f"model: {s.model}  renderer: {s.renderer}",
     ])
 
@@ -82,7 +97,7 @@ def build_config(folder: Path, url: str, s: Settings, train: list[Task], held: l
         renderer_name=s.renderer, groups_per_batch=s.groups_per_batch, group_size=s.group_size,
         steps=s.steps, max_turns=s.max_turns, command_timeout_s=s.command_timeout,
         sandbox_timeout_s=s.sandbox_timeout, max_sandboxes=s.max_sandboxes,
-        trajectories=str(folder / "trajectories"))
+        trajectories=str(folder / "trajectories"), network=s.network, reward_key=s.reward_key)
     # Retry a rollout whose sandbox died (3 per group); a task that keeps failing stops the run.
     return cookbook.Config(learning_rate=s.lr, dataset_builder=builder, model_name=s.model,
                            recipe_name=RECIPE_NAME, max_tokens=s.max_tokens, log_path=str(folder),
@@ -92,16 +107,17 @@ def build_config(folder: Path, url: str, s: Settings, train: list[Task], held: l
                            max_steps=s.steps, rollout_error_tolerance=True)
 
 
-def train_harbor(dataset: str | None = None, loss: str = "gspo", loss_config: str | None = None,
-                 passes: str = "auto", model: str | None = None, base_url: str | None = None,
+def train_harbor(dataset: str | None = None, loss: RlLoss = "gspo", loss_config: str | None = None,
+                 passes: Passes = "auto", model: str | None = None, base_url: str | None = None,
                  renderer: str | None = None, task_filter: str | None = None, limit: int | None = None,
                  eval_tasks: int = 0, eval_dataset: str | None = None, eval_every: int = 10,
                  group_size: int = run.GROUP_SIZE, groups_per_batch: int = 4, max_turns: int = 10,
                  max_tokens: int = 1024, temperature: float = run.TEMPERATURE, lr: float = run.RL_LR,
                  lora_rank: int = run.LORA_RANK, command_timeout: float = 120.0, sandbox_timeout: float | None = None,
                  max_sandboxes: int = 4, max_steps: int | None = None, save_every: int = run.SAVE_EVERY,
-                 log_path: str | None = None, resume: bool = False,
-                 dry_run: bool = False) -> int:
+                 log_path: str | None = None, resume: bool = False, network: NetworkChoice = "task",
+                 reward_key: str | None = None, dry_run: bool = False, seed: int = run.SEED,
+                 server_timeout: float = run.SERVER_TIMEOUT) -> int:
     """Train a LoRA agent with RL on Harbor tasks run in local Docker; each rollout's test verdict is its reward.
 
     Args:
@@ -131,7 +147,11 @@ def train_harbor(dataset: str | None = None, loss: str = "gspo", loss_config: st
         save_every: save a resumable checkpoint every N steps (0: only the final one)
         log_path: run folder (default: RLCLI_HOME/runs/harbor-<time>)
         resume: continue the run in --log-path (default: the newest harbor run) from its last checkpoint
+        network: task (each phase as task.toml says; Harbor's default is the public network) or none (no network)
+        reward_key: the reward.json key that is the reward (default: "reward" if present, else the mean of the keys)
         dry_run: plan the loss, find the tasks, print the plan; make no model and no container
+        seed: the run's seed (the LoRA's initialisation and every sampling seed; kept in the run folder)
+        server_timeout: seconds the server may go without answering before the run stops (0: wait for ever)
     """
     if not dataset:
         raise UsageError("pass --dataset DIR (a folder of Harbor tasks, or one task) or --dataset NAME@VERSION "
@@ -142,19 +162,19 @@ def train_harbor(dataset: str | None = None, loss: str = "gspo", loss_config: st
                       save_every=save_every, eval_every=eval_every, lr=lr, temperature=temperature,
                       groups_per_batch=groups_per_batch, max_turns=max_turns, max_sandboxes=max_sandboxes,
                       command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, limit=limit,
-                      eval_tasks=eval_tasks)
+                      eval_tasks=eval_tasks, seed=seed)
     url = resolve_base_url(base_url)
     plan = rl_loop.plan_losses(url, loss, loss_config, passes)  # first: an unservable loss fails before real work
-    t = run.target("harbor", log_path, resume, url, model, renderer, dry_run)
-    train, held = split_tasks(load_tasks(dataset, task_filter, limit), eval_tasks)
+    t = run.target("harbor", log_path, resume, url, model, renderer, dry_run, server_timeout)
+    train, held = split_tasks(load_tasks(dataset, task_filter, limit, network=network), eval_tasks)
     if eval_dataset:
-        held = load_tasks(eval_dataset, None, None, "--eval-dataset")
+        held = load_tasks(eval_dataset, None, None, "--eval-dataset", network)
     s = Settings(model=t.model, renderer=t.renderer, loss=plan.loss, loss_config=dict(plan.config),
                  passes=plan.passes, group_size=group_size, groups_per_batch=groups_per_batch,
                  steps=max_steps or math.ceil(len(train) / groups_per_batch), max_turns=max_turns,
                  max_tokens=max_tokens, temperature=temperature, lr=lr, lora_rank=lora_rank, eval_every=eval_every,
                  command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, max_sandboxes=max_sandboxes,
-                 save_every=save_every, max_steps=max_steps)
+                 save_every=save_every, max_steps=max_steps, network=network, reward_key=reward_key, seed=seed)
     progress = RlProgress(s.steps, plan.loss, plan.passes)
     job = run.Job(settings=s, summary=describe(plan, dataset, train, held, s),
                   digest=("tasks_sha256", tasks_hash(train + held)), same_input="the same --dataset and filters",

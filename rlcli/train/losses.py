@@ -76,7 +76,7 @@ def tinker_loss_config(name: str, config: dict[str, float] | None) -> dict[str, 
     return {key: float(value) for key, value in config.items()}
 
 
-LOSSES = SERVER_LOSS_FNS  # SkyRL's API names; dro (tinker's Literal) is refused there
+Passes = Literal["auto", "1", "2"]  # --passes: auto, 1 (the server computes the loss), 2 (gspo's exact route)
 GSPO_DEFAULTS: dict[str, float] = {"clip_low_threshold": 1 - 3e-4, "clip_high_threshold": 1 + 4e-4}
 DEFAULT_CONFIGS: dict[str, dict[str, float]] = {"gspo": GSPO_DEFAULTS}
 
@@ -123,10 +123,8 @@ def servers_of(loss: str) -> str:
     return ", ".join(names) if names else "no SkyRL backend"
 
 
-def plan_loss(loss: str, loss_config_json: str | None, passes: str, served: set[str]) -> LossPlan:
+def plan_loss(loss: str, loss_config_json: str | None, passes: Passes, served: set[str]) -> LossPlan:
     """Decide how `loss` runs on a server that serves `served`; fail in one line if it cannot."""
-    if loss not in LOSSES:
-        raise UsageError(f"unknown loss {loss!r}: choose one of {', '.join(LOSSES)}")
     config = {**DEFAULT_CONFIGS.get(loss, {}), **parse_loss_config(loss, loss_config_json)}
     wanted = parse_passes(passes)
     if wanted == 2 and loss != "gspo":
@@ -145,13 +143,9 @@ def plan_loss(loss: str, loss_config_json: str | None, passes: str, served: set[
                                      f"shifted by log s_i; exact) because {why}")
 
 
-def parse_passes(passes: str | int) -> int | None:
-    """1, 2, or None for auto."""
-    text = str(passes).strip().lower()
-    if text not in ("1", "2", "auto"):
-        raise UsageError(f"--passes {passes!r}: give 1 (the server computes the loss), 2 (gspo's exact "
-                         "2-pass route) or auto")
-    return None if text == "auto" else int(text)
+def parse_passes(passes: Passes | int) -> int | None:
+    """1, 2, or None for auto (the commands check the choice: rlcli.choices)."""
+    return {"auto": None, "1": 1, "2": 2}[str(passes)]
 
 
 def parse_loss_config(loss: str, text: str | None) -> dict[str, float]:

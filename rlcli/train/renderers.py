@@ -9,6 +9,7 @@ Nothing heavy is imported at module level: `rlcli train sl --help` must stay fas
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 from pathlib import Path
@@ -109,6 +110,38 @@ def register_local_tokenizer(model: str) -> None:
     tokenizer_utils.register_tokenizer(model, functools.cache(functools.partial(_load_tokenizer, model)))
 
 
+def cookbook_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A chat record's messages as the cookbook's renderers take them.
+
+    rlcli's JSONL keeps OpenAI's shape: a tool call is a plain dict, and a table built from the records
+    (the cookbook's Arrow dataset) gives every message every key, absent ones as None. The renderers
+    want `ToolCall` objects and no None-valued keys, else a conversation with tool calls cannot be
+    rendered at all.
+    """
+    from tinker_cookbook.renderers import ToolCall
+
+    out = []
+    for message in messages:
+        clean = {k: v for k, v in message.items() if v is not None}
+        if "tool_calls" in clean:
+            clean["tool_calls"] = [c if isinstance(c, ToolCall) else ToolCall.model_validate(_tool_call(c))
+                                   for c in clean["tool_calls"]]
+            if not clean["tool_calls"]:
+                del clean["tool_calls"]
+        out.append(clean)
+    return out
+
+
+def _tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    if not isinstance(function.get("arguments", ""), str):
+        function["arguments"] = json.dumps(function["arguments"], ensure_ascii=False)
+    body = {"function": function}
+    if call.get("id"):
+        body["id"] = call["id"]
+    return body
+
+
 def _load_tokenizer(model: str) -> Any:
     from transformers import AutoTokenizer
 
@@ -138,7 +171,7 @@ def render_lengths(records: list[dict[str, Any]], model: str, renderer_name: str
     lines = lines or list(range(1, len(records) + 1))
     for line, record in zip(lines, records, strict=False):
         try:
-            datum = conversation_to_datum(record["messages"], renderer, max_length,
+            datum = conversation_to_datum(cookbook_messages(record["messages"]), renderer, max_length,
                                           renderers.TrainOnWhat(train_on))
         except Exception as e:
             raise UsageError(f"line {line} cannot be rendered with renderer {renderer_name!r} "

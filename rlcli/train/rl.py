@@ -24,14 +24,16 @@ from rlcli.config import resolve_base_url
 from rlcli.errors import UsageError
 from rlcli.train import heldout, rl_loop, run
 from rlcli.train.folder import last_checkpoint
-from rlcli.train.heldout import choose_dataset
-from rlcli.train.rl_loop import RlProgress, RlSettings
+from rlcli.train.heldout import Grader, choose_dataset
+from rlcli.train.losses import Passes
+from rlcli.train.rl_loop import RlLoss, RlProgress, RlSettings
+from rlcli.train.traces import Env, Reward, Turn, judge_settings, spec_from_flags
 
 if TYPE_CHECKING:
     from rlcli.train.envs import Data  # imports the cookbook: only for the type checker
 
 RECIPE_NAME = "rlcli_train_rl"
-RESUME_KEYS = ("model", "renderer", "loss", "batch_size", "group_size", "grader", "eval_size")
+RESUME_KEYS = ("model", "renderer", "loss", "batch_size", "group_size", "grader", "eval_size", "seed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,14 +90,18 @@ def build_config(folder: Path, url: str, s: Settings, data: Data) -> Any:
                         base_url=url, max_steps=s.max_steps, load_checkpoint_path=s.load_checkpoint)
 
 
-def train_rl(loss: str = "gspo", dataset: str | None = None, dataset_path: str | None = None,
-             loss_config: str | None = None, passes: str = "auto", model: str | None = None,
+def train_rl(loss: RlLoss = "gspo", dataset: str | None = None, dataset_path: str | None = None,
+             loss_config: str | None = None, passes: Passes = "auto", model: str | None = None,
              base_url: str | None = None, renderer: str | None = None, batch_size: int = run.BATCH_SIZE,
              group_size: int = run.GROUP_SIZE, lr: float = run.RL_LR, max_tokens: int = 256,
              temperature: float = run.TEMPERATURE, lora_rank: int = run.LORA_RANK, eval_every: int = 20,
-             eval_size: int | None = None, grader: str = "auto", save_every: int = run.SAVE_EVERY,
+             eval_size: int | None = None, grader: Grader = "auto", save_every: int = run.SAVE_EVERY,
              max_steps: int | None = None, load_checkpoint: str | None = None, log_path: str | None = None,
-             resume: bool = False, dry_run: bool = False, max_operand: int | None = None) -> int:
+             resume: bool = False, dry_run: bool = False, max_operand: int | None = None, env: Env = "problems",
+             reward: Reward = "match", match: str = "normalized", turn: Turn = "last", rubric: str | None = None,
+             judge: str | None = None, judge_url: str | None = None, judge_openai: str | None = None,
+             judge_model: str | None = None, seed: int = run.SEED,
+             server_timeout: float = run.SERVER_TIMEOUT) -> int:
     """Train a LoRA with RL (tinker-cookbook's loop) and a loss computed on the server.
 
     Args:
@@ -126,26 +132,43 @@ def train_rl(loss: str = "gspo", dataset: str | None = None, dataset_path: str |
         resume: continue the run in --log-path (default: the newest rl run) from its last checkpoint
         dry_run: plan the loss, check the data, print the plan; create no model
         max_operand: with --dataset arithmetic: draw x and y from 0..N (default 100, the cookbook's range)
+        env: problems (--dataset is a problem set), or replay: --dataset is traces from `rlcli import`, the
+            policy writes a logged assistant turn and --reward scores it; or tools: traces that called tools,
+            the logged calls answer with their recorded output (answer match + call precision/recall)
+        reward: with --env replay: match (the logged reply), verdict (good-verdict replies are targets,
+            bad ones penalised), rubric (--rubric checks) or judge (a judge model ranks each group)
+        match: how a reply matches the logged one: exact, normalized, number, or regex:PATTERN
+        turn: with --env replay: the last assistant turn of each conversation, or all of them
+        rubric: JSON file of checks (contains, not_contains, regex, min/max_length, json, json_schema)
+        judge: the judge for --reward judge: base (the server's base model) or tinker://RUN/sampler_weights/ID
+        judge_url: the Tinker server the judge runs on (default: the training server)
+        judge_openai: an OpenAI-compatible endpoint (http://HOST/v1) as the judge instead
+        judge_model: the model name the --judge-openai endpoint serves
+        seed: the run's seed (the LoRA's initialisation and every sampling seed; kept in the run folder)
+        server_timeout: seconds the server may go without answering before the run stops (0: wait for ever)
     """
-    name, path, grader = choose_dataset(dataset, dataset_path, grader, max_operand,
-                                        0 if eval_every == 0 else eval_size)
-    run.check_numbers(batch_size=batch_size, group_size=group_size, max_tokens=max_tokens, lora_rank=lora_rank,
-                      max_steps=max_steps, save_every=save_every, eval_every=eval_every, eval_size=eval_size, lr=lr,
-                      temperature=temperature)
+    spec = spec_from_flags(env, dataset, dataset_path, grader, max_operand, reward, match, turn, rubric,
+                           judge_settings(judge, judge_url, judge_openai, judge_model))
+    held = 0 if eval_every == 0 else eval_size
+    name, path, grader = ("replay", None, "auto") if spec else choose_dataset(dataset, dataset_path, grader,
+                                                                              max_operand, held)
+    run.check_numbers(seed=seed, batch_size=batch_size, group_size=group_size, max_tokens=max_tokens,
+                      lora_rank=lora_rank, max_steps=max_steps, save_every=save_every, eval_every=eval_every,
+                      eval_size=eval_size, lr=lr, temperature=temperature)
     state = checkpoint_state(load_checkpoint)
     url = resolve_base_url(base_url)
     plan = rl_loop.plan_losses(url, loss, loss_config, passes)  # first: an unservable loss fails before real work
-    t = run.target("rl", log_path, resume, url, model, renderer, dry_run)
+    t = run.target("rl", log_path, resume, url, model, renderer, dry_run, server_timeout)
     from rlcli.train import envs  # the cookbook and `datasets`: only once the loss plan stands
 
     data = envs.load_data(name, path, batch_size, max_steps, grader, 0 if eval_every == 0 else eval_size,
-                          max_operand or heldout.ARITHMETIC_MAX)
+                          max_operand or heldout.ARITHMETIC_MAX, spec and spec.on_server(url))
     steps = min(data.batches, max_steps or data.batches)
     s = Settings(model=t.model, renderer=t.renderer, dataset=name, loss=plan.loss, loss_config=dict(plan.config),
                  passes=plan.passes, batch_size=batch_size, group_size=group_size, lr=lr, max_tokens=max_tokens,
                  temperature=temperature, lora_rank=lora_rank, max_steps=max_steps, save_every=save_every,
                  eval_every=eval_every, grader=data.grader, eval_size=data.held_out, load_checkpoint=state,
-                 max_operand=max_operand)
+                 max_operand=max_operand, seed=seed)
     progress = RlProgress(steps, plan.loss, plan.passes)
     job = run.Job(settings=s, summary=describe(plan, data, s, steps), digest=("dataset_sha256", data.sha256),
                   same_input="the same --dataset", resume_keys=RESUME_KEYS, progress=progress,

@@ -13,12 +13,15 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from rlcli.train import metrics, run
 from rlcli.train.folder import last_checkpoint, read_jsonl
 
-RL_LOSSES = ("gspo", "cispo", "dppo", "ppo", "importance_sampling")  # what the cookbook's RL data suits
+if TYPE_CHECKING:
+    from rlcli.train.losses import Passes
+
+RlLoss = Literal["gspo", "cispo", "dppo", "ppo", "importance_sampling"]  # what the cookbook's RL data suits
 ROUTES = {1: "fused", 2: "2-pass"}
 
 
@@ -33,12 +36,8 @@ class RlSettings(run.TrainSettings):
     temperature: float = run.TEMPERATURE
 
 
-def plan_losses(url: str, loss: str, loss_config: str | None, passes: str) -> Any:
+def plan_losses(url: str, loss: RlLoss, loss_config: str | None, passes: Passes) -> Any:
     """Ask the server what it serves and settle loss, config and passes (rlcli.train.losses decides)."""
-    from rlcli.errors import UsageError
-
-    if loss not in RL_LOSSES:
-        raise UsageError(f"unknown --loss {loss!r}: RL takes {', '.join(RL_LOSSES)}")
     from rlcli.train import losses  # called through the module, so tests can swap served_losses for a fake
 
     _, served = losses.served_losses(url)

@@ -8,7 +8,7 @@ an image built from content unique to a test is removed by that test.
 The fixture tasks (tests/fixtures/harbor), with what their oracle (solution/solve.sh) and nop score:
     hello-file       write a file                         oracle 1    nop 0
     sum-numbers      reward.json {"reward", "has_file"}   oracle 1    nop 0
-    network-allowed  needs the network task.toml grants   oracle 1    nop 0
+    network-allowed  needs the network (`network = true`)  oracle 1    nop 0
     partial-credit   4 checks, reward = fraction passed   oracle 0.5  nop 0  (the oracle writes 2 of 4 lines)
     always-fails     must predict a fresh kernel UUID     oracle 0    nop 0
     forgets-reward   test.sh writes no reward file        oracle 0    nop 0  (both a counted grading error)
@@ -85,10 +85,10 @@ def results(folder: Path) -> dict[str, dict]:
     return {row["task"]: row for row in rows}
 
 
-def start_sandbox(client, name: str, lifetime_s: float = 120):
+def start_sandbox(client, name: str, lifetime_s: float = 120, network: str = "task"):
     from rlcli.harbor import images, sandbox, tasks
 
-    task = tasks.load_task(FIXTURES / name)
+    task = tasks.load_task(FIXTURES / name, network=network)
     return sandbox.Sandbox.start(client, images.ensure_image(client, task)[0], task, lifetime_s)
 
 
@@ -108,9 +108,9 @@ def test_oracle_scores_each_fixture_and_the_hang_is_killed(docker_client, env, t
     assert rows["sum-numbers"]["rewards"] == {"reward": 1.0, "has_file": 1.0}  # read from reward.json
     assert rows["partial-credit"]["rewards"] == {"reward": 0.5, "passed": 2.0, "total": 4.0}
     assert "wrote no /logs/verifier/reward" in rows["forgets-reward"]["grading_error"]
-    assert "3/7 passed" in proc.stderr and "1 grading error," in proc.stderr  # counted, not hidden
+    assert "3/7 rollouts passed" in proc.stderr and "1 grading error," in proc.stderr  # counted, not hidden
     markdown = (tmp_path / "out" / "hello-file.md").read_text()
-    assert "bash /solution/solve.sh" in markdown and "## Verifier" in markdown
+    assert "; /solution/solve.sh" in markdown and "## Verifier" in markdown  # run directly: its shebang decides
     # The hang: killed at 3 s inside the container. Its verifier then looked for survivors from inside.
     hang = json.loads((tmp_path / "out" / "hangs.json").read_text())
     command = hang["turns"][0]["commands"][0]
@@ -146,8 +146,8 @@ def test_hanging_command_is_killed_inside_the_container(docker_client):
         box.remove()
 
 
-def test_no_network_by_default_and_limits_are_set(docker_client):
-    box = start_sandbox(docker_client, "hello-file")
+def test_no_network_when_the_task_says_so_and_limits_are_set(docker_client):
+    box = start_sandbox(docker_client, "hello-file", network="none")  # hello-file says nothing: Harbor's public
     try:
         assert box.exec("ls /sys/class/net", 10).output.split() == ["lo"]
         assert box.exec("getent hosts deb.debian.org", 20).exit_code != 0
@@ -235,12 +235,15 @@ def builder_contexts(since: float) -> list[str]:
 @pytest.mark.server
 @pytest.mark.timeout(600)
 def test_train_harbor_one_step(docker_client, server, tmp_path):
-    """One step over all 7 fixtures x 2 rollouts, one task's image built by the run itself (a file only
-    this test has joins its build context), with a TMPDIR of its own: afterwards no container and no build
-    context is left, neither rlcli's (in TMPDIR) nor the daemon's."""
+    """One step over all 7 fixtures and two of Harbor's newer forms (a multi-key reward.json, a multi-step
+    task) x 2 rollouts, one task's image built by the run itself (a file only this test has joins its build
+    context), with a TMPDIR of its own: afterwards no container and no build context is left, neither
+    rlcli's (in TMPDIR) nor the daemon's."""
     from rlcli.harbor import images, tasks
 
     dataset = Path(shutil.copytree(FIXTURES, tmp_path / "tasks"))
+    for name in ("multi-key", "multi-step"):
+        shutil.copytree(REPO / "tests" / "fixtures" / "harbor-semantics" / name, dataset / name)
     (dataset / "hello-file" / "environment" / "nonce.txt").write_text(f"{tmp_path}\n")
     tag = images.image_tag(tasks.load_task(dataset / "hello-file"))
     scratch = tmp_path / "tmpdir"
@@ -248,7 +251,7 @@ def test_train_harbor_one_step(docker_client, server, tmp_path):
     folder, started = tmp_path / "run", time.time()
     try:
         proc, owner = rlcli("train", "harbor", "--loss", "gspo", "--dataset", str(dataset), "--max-steps", "1",
-                            "--groups-per-batch", "7", "--group-size", "2", "--max-turns", "2", "--max-tokens", "32",
+                            "--groups-per-batch", "9", "--group-size", "2", "--max-turns", "2", "--max-tokens", "32",
                             "--command-timeout", "5", "--base-url", server.url, "--log-path", str(folder),
                             env=dict(server.env, TMPDIR=str(scratch)), timeout=540)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -256,8 +259,10 @@ def test_train_harbor_one_step(docker_client, server, tmp_path):
         metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
         step = next(m for m in metrics if "env/all/reward/total" in m)
         assert 0.0 <= step["env/all/reward/total"] <= 1.0 and step["env/all/harbor/grading_error"] > 0
+        assert {"env/all/harbor/reward/correctness", "env/all/harbor/reward/style"} <= set(step)  # every key
         records = [json.loads(p.read_text()) for p in (folder / "trajectories").rglob("*.json")]
-        assert len(records) == 14  # 7 tasks x 2 rollouts, each graded
+        assert len(records) == 18  # 9 tasks x 2 rollouts, each graded
+        assert all(r["steps"] and r["steps"][0]["name"] == "create" for r in records if r["task"] == "multi-step")
         assert all(r["stop"] and r["error"] is None for r in records)
         assert sorted(r["task"] for r in records if r["grading_error"]) == ["forgets-reward"] * 2
         markdown = next((folder / "trajectories").rglob("hello-file-0.md")).read_text()

@@ -104,3 +104,21 @@ def test_render_adds_the_rl_notebooks_recorded_result():
     assert "held-out correct 0.21 → 0.42 (18 problems × 8 answers, temperature 1)" in text
     assert "`notebooks/results/gsm8k.json`" in text and "60 steps" in text
     assert "held-out correct" not in report.render([])
+
+
+def test_import_rows_take_the_newest_receipt_of_each_log_format(tmp_path):
+    def receipt(fmt, date, ratio):
+        return {"benchmark": f"rlcli import, {fmt} records", "date": date,
+                "config": {"bytes": 100_000_000, "format": fmt}, "peak_rss_mb": {"import_subprocess": 31.0},
+                "ratio": {"inprocess_speedup_vs_json": ratio, "subprocess_speedup_vs_json_subprocess": 1.9,
+                          "inprocess_speedup_vs_json_passthrough": 1.4},
+                "ratio_cpu": {"inprocess": 2.3, "subprocess": 2.1}}  # fmt: skip
+
+    day = "2026-11-{}T10:00:00+00:00"
+    write(tmp_path, [receipt("otel", day.format(30), 2.2), receipt("otel", day.format(29), 9.9),
+                     receipt("gemini", day.format(30), 2.6)])  # fmt: skip
+    rows = [line for line in report.render(report.load_receipts(tmp_path)).splitlines() if "rlcli import" in line]
+    assert len(rows) == 2 and "9.9×" not in "".join(rows)
+    otel = next(r for r in rows if "OpenTelemetry traces" in r)
+    assert "2.2× faster in-process" in otel and "peak RSS 31 MB" in otel and "1.4× a loop that only copies" in otel
+    assert "(CPU time 2.3×, 2.1×)" in otel

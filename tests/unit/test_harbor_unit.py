@@ -15,6 +15,7 @@ from rlcli.errors import RlcliError, UsageError
 from rlcli.harbor import tasks
 from rlcli.harbor.images import image_tag
 from rlcli.harbor.sandbox import run_options
+from rlcli.harbor.taskconfig import Network
 from rlcli.harbor.tasks import Limits
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "harbor"
@@ -26,30 +27,42 @@ def copy_task(tmp_path: Path, name: str = "hello-file") -> Path:
 
 
 def test_task_toml_defaults():
+    """Harbor's defaults: the public network, a 600 s verifier, no prebuilt image."""
     fields = tasks.parse_task_toml("")
-    assert fields["limits"] == Limits(cpus=1.0, memory_mb=2048, pids=1024, network=False)
-    assert (fields["agent_timeout_s"], fields["verifier_timeout_s"], fields["build_timeout_s"]) == (600, 120, 600)
-    assert fields["docker_image"] is None
+    assert fields["limits"] == Limits(cpus=1.0, memory_mb=2048, pids=1024)
+    assert fields["network"] == Network("public")
+    (step,) = fields["steps"]
+    assert (step.agent_timeout_s, step.verifier_timeout_s, fields["build_timeout_s"]) == (600, 600, 600)
+    assert step.agent_network == step.verifier_network == Network("public")
+    assert fields["docker_image"] is None and fields["workdir"] is None and fields["notes"] == ()
 
 
-@pytest.mark.parametrize("env, limits", [
-    ('cpus = 2\nmemory_mb = 300\npids_limit = 64\nnetwork = true', Limits(2.0, 300, 64, True)),
-    ('memory = "1G"\nallow_internet = true', Limits(1.0, 1024, 1024, True)),
-    ('memory = "512M"\nnetwork = "none"', Limits(1.0, 512, 1024, False)),
-    ('memory = 768\nnetwork = "bridge"\ncpus = 0.5', Limits(0.5, 768, 1024, True)),
+@pytest.mark.parametrize("env, limits, mode", [
+    ('cpus = 2\nmemory_mb = 300\npids_limit = 64\nnetwork = true', Limits(2.0, 300, 64), "public"),
+    ('memory = "1G"\nallow_internet = false', Limits(1.0, 1024, 1024), "no-network"),
+    ('memory = "512M"\nnetwork = "none"', Limits(1.0, 512, 1024), "no-network"),
+    ('memory = 768\nnetwork = "bridge"\ncpus = 0.5', Limits(0.5, 768, 1024), "public"),
+    ('network_mode = "no-network"\nallow_internet = true', Limits(), "no-network"),  # network_mode wins
 ])
-def test_task_toml_limits(env, limits):
+def test_task_toml_limits(env, limits, mode):
     text = f"[agent]\ntimeout_sec = 30\n[verifier]\ntimeout_sec = 5.5\n[environment]\n{env}\n"
     fields = tasks.parse_task_toml(text)
-    assert fields["limits"] == limits
-    assert (fields["agent_timeout_s"], fields["verifier_timeout_s"]) == (30, 5.5)
+    assert fields["limits"] == limits and fields["network"].mode == mode
+    (step,) = fields["steps"]
+    assert (step.agent_timeout_s, step.verifier_timeout_s) == (30, 5.5)
 
 
 @pytest.mark.parametrize("text, needle", [
     ("[environment]\ncpus = -1", "cpus must be a positive number"),
     ('[environment]\nmemory = "lots"', "not a size"),
     ("[environment]\nmemory_mb = 2", "too small"),
-    ('[environment]\nnetwork = "maybe"', "network must be"),
+    ('[environment]\nnetwork = "maybe"', "allow_internet must be true or false"),
+    ('[environment]\nnetwork_mode = "private"', "network_mode must be one of public, no-network, allowlist"),
+    ('[environment]\nallowed_hosts = ["a.org"]', 'allowed_hosts needs network_mode = "allowlist"'),
+    ('[verifier]\nnetwork_mode = "public"\nallowed_hosts = ["a.org"]', "allowed_hosts must be a list"),
+    ('[environment]\nworkdir = "app"', "workdir must be an absolute path"),
+    ('[environment.env]\nTOKEN = "${RLCLI_SURELY_UNSET_VAR}"', r"needs \$RLCLI_SURELY_UNSET_VAR set"),
+    ('multi_step_reward_strategy = "max"', "must be mean or final"),
     ("[agent]\ntimeout_sec = 0", "timeout_sec must be a positive number"),
     ("[environment\n", "not valid TOML"),
 ])
@@ -63,11 +76,12 @@ def test_fixture_tasks_load():
     found, skipped = tasks.find_tasks(FIXTURES)
     assert [t.name for t in found] == NAMES and skipped == []
     by_name = {t.name: t for t in found}
-    assert by_name["network-allowed"].limits.network and not by_name["hello-file"].limits.network
-    assert by_name["hello-file"].limits == Limits(1.0, 256, 128, False)
+    # rlcli's older `network = true` still reads; a task that says nothing gets Harbor's default: public.
+    assert by_name["network-allowed"].network.public and by_name["hello-file"].network.public
+    assert by_name["hello-file"].limits == Limits(1.0, 256, 128)
     assert by_name["sum-numbers"].limits.memory_mb == 512
     assert by_name["hangs"].agent_timeout_s == 20  # a plain oracle run of the fixtures ends
-    assert all(t.solution is not None and t.has_dockerfile for t in found)
+    assert all(t.solution() is not None and t.has_dockerfile for t in found)
     single, _ = tasks.find_tasks(FIXTURES / "hello-file")
     assert [t.name for t in single] == ["hello-file"]
 
@@ -125,11 +139,11 @@ def test_image_tag_follows_the_build_context(tmp_path):
 @pytest.mark.parametrize("json_bytes, txt_bytes, reward, error", [
     (b'{"reward": 0.5, "passed": 2, "total": 4}', None, 0.5, None),  # "reward" is the reward, the rest details
     (b'{"passed": 0.25}', None, 0.25, None),  # one number: that one, whatever its name
-    (b'{"a": 1, "b": 0}', None, 0.0, 'no "reward" among them (a, b)'),  # which one? Harbor refuses too
+    (b'{"a": 1, "b": 0}', None, 0.5, None),  # several, none named reward: their mean
     (None, b"1\n", 1.0, None),
     (None, b" 0.75 ", 0.75, None),
-    (b'{"reward": 1}', b"0", 0.0, None),  # reward.txt first, as Harbor reads them
-    (None, None, 0.0, "wrote no /logs/verifier/reward.txt or reward.json"),
+    (b'{"reward": 1}', b"0", 1.0, None),  # reward.json first, as Harbor 0.25 reads them
+    (None, None, 0.0, "wrote no /logs/verifier/reward.json or reward.txt"),
     (None, b"PASSED", 0.0, "reward.txt is not a number"),
     (None, b"nan", 0.0, "not a finite number"),
     (None, b"", 0.0, "reward.txt is not a number"),
@@ -140,19 +154,19 @@ def test_image_tag_follows_the_build_context(tmp_path):
     (b"{oops", None, 0.0, "reward.json is not JSON"),
 ])
 def test_parse_reward(json_bytes, txt_bytes, reward, error):
-    from rlcli.harbor.verify import parse_reward
+    from rlcli.harbor.verify import parse_reward, scalar_reward
 
-    value, _, problem = parse_reward(json_bytes, txt_bytes)
-    assert value == reward
+    rewards, problem = parse_reward(json_bytes, txt_bytes)
+    assert scalar_reward(rewards)[0] == reward
     assert (problem is None) if error is None else (error in problem)
 
 
 def test_parse_reward_keeps_every_number():
     from rlcli.harbor.verify import parse_reward
 
-    assert parse_reward(b'{"reward": 0.5, "passed": 2, "total": 4}', None)[1] == \
+    assert parse_reward(b'{"reward": 0.5, "passed": 2, "total": 4}', None)[0] == \
         {"reward": 0.5, "passed": 2.0, "total": 4.0}
-    assert parse_reward(None, b"1")[1] == {"reward": 1.0}
+    assert parse_reward(None, b"1")[0] == {"reward": 1.0}
 
 
 def test_build_context_has_no_name_on_disk(tmp_path, monkeypatch):
@@ -223,11 +237,13 @@ def test_dataset_download_through_a_registry(monkeypatch, tmp_path):
 
 
 def test_limits_mapping():
-    options = run_options(Limits(cpus=0.5, memory_mb=512, pids=64, network=False), 900, host_cpus=2)
+    options = run_options(Limits(cpus=0.5, memory_mb=512, pids=64), 900, online=False, host_cpus=2)
     assert options["nano_cpus"] == 500_000_000 and options["mem_limit"] == "512m" == options["memswap_limit"]
     assert options["pids_limit"] == 64 and options["network_mode"] == "none"
-    assert options["entrypoint"] == ["sleep", "900"] and options["auto_remove"] and options["init"]
-    wide = run_options(Limits(cpus=8, network=True), 60, host_cpus=2)
+    # The image's ENTRYPOINT is kept (Harbor keeps it): only the command is set.
+    assert "entrypoint" not in options and options["command"] == ["sleep", "900"]
+    assert options["auto_remove"] and options["init"]
+    wide = run_options(Limits(cpus=8), 60, online=True, host_cpus=2)
     assert wide["nano_cpus"] == 2_000_000_000 and wide["network_mode"] == "bridge"  # Docker refuses more than the host
 
 
@@ -269,6 +285,7 @@ def fake_served(served: set[str]):
 
 
 def test_train_harbor_fails_fast_on_loss_before_the_dataset(monkeypatch):
+    from rlcli.choices import call_checked
     from rlcli.harbor.train import train_harbor
     from rlcli.train import losses
 
@@ -277,9 +294,9 @@ def test_train_harbor_fails_fast_on_loss_before_the_dataset(monkeypatch):
         train_harbor(dataset=None)
     for kwargs, needle in [({"loss": "gspo", "passes": "1"}, "does not serve gspo fused"),
                            ({"loss": "dppo"}, "does not serve loss dppo"),
-                           ({"loss": "cross_entropy"}, "unknown --loss")]:
+                           ({"loss": "cross_entropy"}, "--loss cross_entropy: choose from gspo")]:
         with pytest.raises(UsageError, match=needle):  # not the dataset's error: the loss is planned first
-            train_harbor(dataset="missing@1.0", base_url="http://127.0.0.1:9", **kwargs)
+            call_checked(train_harbor, dataset="missing@1.0", base_url="http://127.0.0.1:9", **kwargs)
     with pytest.raises(UsageError, match="--group-size must be at least 2"):
         train_harbor(dataset=str(FIXTURES), group_size=1)
 

@@ -97,7 +97,8 @@ def test_bad_json_is_an_error_naming_its_line_or_skipped_and_counted():
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["-", "-f", "gemini"], "unknown format 'gemini'"),
+        (["-", "-f", "xml"], "argument --format/-f: invalid choice: 'xml'"),
+        (["-", "--join-trace"], "-f otel"),
         (["-", "--min-score", "0.5"], "-f langsmith"),
         (["/no/such/file.jsonl"], "is not a file"),
         (["-", "-o", "/no/such/dir/out.jsonl"], "does not exist"),
@@ -158,3 +159,37 @@ def test_gzip_input_is_read_as_it_streams(tmp_path):
         f.write(jsonl(GOOD, GOOD))
     proc = run([str(dump)])
     assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    ("fixture", "fmt", "summary"),
+    [
+        ("responses.jsonl", "openai", "read 11, wrote 7, dropped 4 (no_input: 2, truncated: 1, "
+                                      "previous_response_missing: 1)"),
+        ("gemini.jsonl", "gemini", "read 9, wrote 4, dropped 5 (truncated: 1, blocked: 1, error_response: 1, "
+                                   "no_assistant_reply: 1, unrecognized: 1)"),
+        ("otel.jsonl", "otel", "read 12, wrote 6, dropped 6 (non_llm_span: 2, no_content: 1, truncated: 1, "
+                               "unrecognized: 1, no_spans: 1)"),
+    ],
+)  # fmt: skip
+def test_new_formats_account_for_every_record(fixture, fmt, summary):
+    proc = run([str(FIXTURES / fixture), "-f", fmt])
+    assert proc.returncode == 0 and summary in proc.stderr.decode()
+    assert len(proc.stdout.splitlines()) == int(summary.split("wrote ")[1].split(",")[0])
+
+
+def test_dedupe_and_join_trace_flags():
+    data = (FIXTURES / "gemini.jsonl").read_bytes() * 2
+    proc = run(["-", "-f", "gemini", "--dedupe"], stdin=data)
+    assert proc.returncode == 0 and "wrote 4," in proc.stderr.decode() and "duplicate: 4" in proc.stderr.decode()
+    proc = run([str(FIXTURES / "otel.jsonl"), "-f", "otel", "--join-trace"])
+    assert proc.returncode == 0 and "earlier_in_trace: 2" in proc.stderr.decode()
+
+
+def test_responses_chains_join_the_same_from_a_file_and_from_a_pipe(tmp_path):
+    """A regular file is read back by offset, a pipe through a spool: the output must not differ."""
+    fixture = FIXTURES / "responses.jsonl"
+    from_file = run([str(fixture), "-f", "openai"])
+    from_pipe = run(["-", "-f", "openai"], stdin=fixture.read_bytes())
+    assert from_file.returncode == from_pipe.returncode == 0
+    assert from_file.stdout == from_pipe.stdout and from_file.stdout.count(b"\n") == 7

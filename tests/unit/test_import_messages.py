@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlcli.data.importers import from_messages
-from rlcli.data.messages import Options, finalize
+from rlcli.data.messages import Options, convert_message, finalize
 from rlcli.errors import UsageError
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "import"
@@ -94,9 +94,26 @@ def test_langchain_dict_form_and_chat_message():
 
 
 @pytest.mark.parametrize(
+    ("raw", "role"),
+    [("User", "user"), ("MODEL", "assistant"), (" Assistant ", "assistant"), ("Bot", "assistant"),
+     ("gpt", "assistant"), ("human", "user"), ("AI", "assistant"), ("developer", "system"), ("CHATBOT", "assistant"),
+     ("ipython", "tool"), ("observation", "tool"), ("Function", "tool")],
+)  # fmt: skip
+def test_role_names_are_matched_without_case_and_aliases_map_to_the_four_roles(raw, role):
+    msg = {"role": raw, "content": "x", **({"tool_call_id": "c"} if role == "tool" else {})}
+    assert convert_message(msg, Counter())[0]["role"] == role
+
+
+def test_unmapped_roles_are_counted_by_name_and_odd_names_are_made_safe():
+    assert one({"messages": [{"role": "Narrator", "content": "x"}]})[0] == "unknown_role:Narrator"
+    assert one({"messages": [{"role": "a b\nc" * 9, "content": "x"}]})[0] == "unknown_role:" + ("a?b?c" * 9)[:24]
+    assert one({"messages": [{"role": 7, "content": "x"}]})[0] == "unknown_role"
+
+
+@pytest.mark.parametrize(
     ("record", "reason"),
     [
-        ({"messages": [{"role": "narrator", "content": "x"}]}, "unknown_role"),
+        ({"messages": [{"role": "narrator", "content": "x"}]}, "unknown_role:narrator"),
         ({"messages": [lc("MysteryMessage", content="x")]}, "unknown_role"),
         ({"messages": []}, "empty"),
         ({"text": "just text"}, "unrecognized"),
@@ -145,7 +162,7 @@ def test_fixture_file_outcomes():
     for line in (FIXTURES / "messages.jsonl").read_text().splitlines():
         result, _ = one(json.loads(line))
         outcomes[result if isinstance(result, str) else "written"] += 1
-    assert outcomes == Counter(written=6, unknown_role=1, empty=1)
+    assert outcomes == Counter({"written": 6, "unknown_role:narrator": 1, "empty": 1})
 
 
 # ---- what `train sl` checks before it loads a model ----
@@ -179,6 +196,7 @@ def test_train_sl_names_the_first_bad_line(line, says):
 def test_every_fixture_output_loads_as_one_arrow_table():
     """FromConversationFileBuilder loads rows with datasets.Dataset.from_list: one Arrow schema for all."""
     pa = pytest.importorskip("pyarrow")
+    from rlcli.data import traces
     from rlcli.data.import_cmd import Run, langsmith
     from rlcli.data.importers import IMPORTERS
 
@@ -186,6 +204,10 @@ def test_every_fixture_output_loads_as_one_arrow_table():
     for fmt in ("openai", "anthropic", "messages"):
         Run().stream((FIXTURES / f"{fmt}.jsonl").read_bytes().splitlines(), IMPORTERS[fmt], rows.append)
     langsmith(Run(), (FIXTURES / "langsmith.jsonl").read_bytes().splitlines(), rows.append)
+    Run().stream((FIXTURES / "responses.jsonl").read_bytes().splitlines(), IMPORTERS["openai"], rows.append)
+    Run().stream((FIXTURES / "gemini.jsonl").read_bytes().splitlines(), IMPORTERS["gemini"], rows.append)
+    run = Run()
+    traces.stream(run, (FIXTURES / "otel.jsonl").read_bytes().splitlines(), run.emitter(rows.append))
     # Two tools whose schemas give the same field different types: fine as JSON-string parameters.
     clash = [
         {"type": "function", "function": {"name": "a", "parameters": {"default": 1}}},
@@ -196,4 +218,4 @@ def test_every_fixture_output_loads_as_one_arrow_table():
         record = {"tools": [tool], "messages": messages}
         rows.append(json.dumps(finalize(from_messages(record, Counter()), Options())).encode())
     table = pa.Table.from_pylist([json.loads(r) for r in rows])
-    assert table.num_rows == len(rows) == 3 + 6 + 4 + 6 + 2
+    assert table.num_rows == len(rows) == 3 + 6 + 4 + 6 + 7 + 4 + 6 + 2

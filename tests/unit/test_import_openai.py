@@ -163,7 +163,7 @@ def test_extra_choices_are_counted_not_lost_silently():
         ({"response": {"status_code": 500, "body": {"error": "boom"}}}, "error_response"),
         ({"event": "click"}, "unrecognized"),
         ([1, 2], "unrecognized"),
-        ({"messages": [{"role": "wizard", "content": "x"}], **response("y")}, "unknown_role"),
+        ({"messages": [{"role": "wizard", "content": "x"}], **response("y")}, "unknown_role:wizard"),
         ({"messages": ["not a message"], **response("y")}, "bad_message"),
         ({"messages": [{"role": "user", "content": ""}], **response("")}, "empty"),
         ({"messages": [], "choices": []}, "no_assistant_reply"),

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rlcli.data import otel, traces
 from rlcli.data.import_cmd import Run, langsmith
 from rlcli.data.importers import IMPORTERS
 from rlcli.data.messages import Options
@@ -22,10 +23,13 @@ KEYS = (
     "role content messages choices message request response type text tool_calls function name arguments id "
     "system run_type inputs outputs generations generation_info run_id key score lc kwargs data tool_use_id "
     "input output body error status_code finish_reason stop_reason prompts from value tool_call_id thinking "
-    "refusal additional_kwargs extra invocation_params tools"
+    "refusal additional_kwargs extra invocation_params tools instructions previous_response_id object call_id "
+    "contents parts candidates functionCall functionResponse args thought finishReason resourceSpans scopeSpans "
+    "spans attributes events"
 ).split()
 WORDS = (
-    "user assistant system tool developer human ai model wizard text tool_use tool_result thinking "
+    "user assistant system tool developer human ai model wizard User MODEL Bot text tool_use tool_result thinking "
+    "function_call function_call_output reasoning message response input_text output_text STOP MAX_TOKENS "
     "redacted_thinking image_url llm chain message constructor HumanMessage AIMessage length max_tokens stop "
     "a@b.co { ["
 ).split() + ["sk-" + "x" * 24]
@@ -67,7 +71,9 @@ call = st.fixed_dictionaries(
     }
 )
 # Mostly sound messages, so that plenty get written, with odd ones mixed in.
-role = st.sampled_from(["user"] * 4 + ["assistant"] * 4 + ["system", "tool", "developer", "human", "ai", "wizard"])
+role = st.sampled_from(
+    ["user"] * 4 + ["assistant"] * 4 + ["system", "tool", "developer", "human", "ai", "wizard", "User", "MODEL"]
+)
 message = st.fixed_dictionaries(
     {"role": role, "content": st.text(min_size=1, max_size=12) | st.none() | st.lists(part, max_size=3)},
     optional={
@@ -82,6 +88,60 @@ choices = st.lists(
     st.fixed_dictionaries({"message": reply, "finish_reason": st.sampled_from(["stop", "length"])}), max_size=2
 )
 
+# OpenAI Responses items and records, with previous_response_id chains among a few ids (loops included).
+rid = st.sampled_from(["resp_1", "resp_2", "resp_3"])
+item = st.one_of(
+    message,
+    st.fixed_dictionaries(
+        {"type": st.just("function_call"), "call_id": st.sampled_from(["c1", "c2"]), "name": st.sampled_from(["f", ""]),
+         "arguments": st.text(max_size=6) | odd}
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("function_call_output"), "call_id": st.just("c1"), "output": st.text(max_size=6) | odd}
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("reasoning"),
+         "summary": st.lists(st.fixed_dictionaries({"type": st.just("summary_text"), "text": st.text(max_size=6)}))}
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("message"), "role": st.just("assistant"),
+         "content": st.lists(st.fixed_dictionaries({"type": st.just("output_text"), "text": st.text(max_size=8)}))}
+    ),
+    st.fixed_dictionaries({"type": st.sampled_from(["web_search_call", "item_reference", "input_image"])}),
+)  # fmt: skip
+responses_record = st.builds(
+    lambda ins, inp, out, r, prev, status: {
+        "request": {"input": inp, "previous_response_id": prev, **({"instructions": ins} if ins else {})},
+        "response": {"object": "response", "id": r, "output": out, "status": status},
+    },
+    st.none() | st.text(max_size=6),
+    st.text(max_size=6) | st.lists(item, max_size=4),
+    st.lists(item, max_size=3),
+    rid,
+    st.none() | rid | st.just("resp_gone"),
+    st.sampled_from(["completed", "completed", "incomplete", "failed"]),
+)
+# Gemini contents and records.
+gpart = st.one_of(
+    st.fixed_dictionaries({"text": st.text(max_size=8)}, optional={"thought": st.booleans()}),
+    st.fixed_dictionaries({"functionCall": st.fixed_dictionaries({"name": st.sampled_from(["f", ""]), "args": odd})}),
+    st.fixed_dictionaries({"functionResponse": st.fixed_dictionaries({"name": st.just("f"), "response": odd})}),
+    st.fixed_dictionaries({"inlineData": st.fixed_dictionaries({"mimeType": st.sampled_from(["image/png", "x"])})}),
+    odd,
+)
+gcontent = st.fixed_dictionaries(
+    {"parts": st.lists(gpart, max_size=3)}, optional={"role": st.sampled_from(["user", "model", "function", "x"])}
+)
+gemini_record = st.builds(
+    lambda s, c, cand, reason: {
+        "request": {"contents": c, **({"systemInstruction": {"parts": [{"text": s}]}} if s else {})},
+        "response": {"candidates": [{"content": cand, "finishReason": reason}]},
+    },
+    st.none() | st.text(max_size=6),
+    st.lists(gcontent, max_size=4),
+    gcontent,
+    st.sampled_from(["STOP", "STOP", "MAX_TOKENS", "SAFETY"]),
+)
 words = st.text(st.characters(codec="utf-8"), min_size=1, max_size=10)
 user = words.map(lambda t: {"role": "user", "content": t})
 good = {
@@ -107,6 +167,14 @@ good = {
         words,
     ),
     "messages": st.builds(lambda u, a: {"messages": [u, {"role": "assistant", "content": a}]}, user, words),
+    "gemini": st.builds(
+        lambda u, a: {
+            "contents": [{"role": "user", "parts": [{"text": u["content"]}]}],
+            "candidates": [{"content": {"role": "model", "parts": [{"text": a}]}, "finishReason": "STOP"}],
+        },
+        user,
+        words,
+    ),
     "langsmith": st.builds(
         lambda i, u, a: {
             "id": i,
@@ -124,6 +192,7 @@ plausible = {
         st.builds(lambda m, c: {"messages": m, "choices": c}, messages, choices),
         st.builds(lambda m, c: {"request": {"messages": m}, "response": {"choices": c}}, messages, choices),
         st.builds(lambda m: {"model": "x", "messages": m}, messages),
+        responses_record,
     ),
     "anthropic": st.builds(
         lambda s, m, r, stop: {
@@ -136,6 +205,7 @@ plausible = {
         st.sampled_from(["end_turn", "max_tokens"]),
     ),
     "messages": st.one_of(messages.map(lambda m: {"messages": m}), messages),
+    "gemini": gemini_record,
     "langsmith": st.one_of(
         st.builds(
             lambda i, t, m, c: {"id": i, "run_type": t, "inputs": {"messages": [m]}, "outputs": {"choices": c}},
@@ -185,3 +255,115 @@ def test_every_record_is_written_or_counted(fmt):
                 assert all(m["role"] != "tool" and "tool_calls" not in m for m in conv["messages"])
 
     check()
+
+
+# OpenTelemetry: exports of spans in each form the importer reads, with odd values mixed in. A span is a record.
+def anyvalue(v):
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": str(v)}
+    if isinstance(v, float):
+        return {"doubleValue": v}
+    if isinstance(v, str):
+        return {"stringValue": v}
+    if isinstance(v, list):
+        return {"arrayValue": {"values": [anyvalue(x) for x in v]}}
+    if isinstance(v, dict):
+        return {"kvlistValue": {"values": [{"key": k, "value": anyvalue(x)} for k, x in v.items()]}}
+    return {}
+
+
+EVENT_KEYS = ["content", "message", "index", "finish_reason", "tool_calls", "id"]
+
+
+def keyvalues(attrs):
+    return [{"key": k, "value": anyvalue(v)} for k, v in attrs.items()]
+
+
+sem_part = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "content": st.text(max_size=8)}),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("tool_call"),
+            "id": st.sampled_from(["c1", ""]),
+            "name": st.sampled_from(["f", ""]),
+            "arguments": odd,
+        }
+    ),
+    st.fixed_dictionaries({"type": st.just("tool_call_response"), "id": st.just("c1"), "response": odd}),
+    st.fixed_dictionaries({"type": st.just("reasoning"), "content": st.text(max_size=6)}),
+    st.fixed_dictionaries({"type": st.sampled_from(["blob", "uri", "server_tool_call"]), "modality": st.just("image")}),
+)
+sem_message = st.fixed_dictionaries(
+    {"role": role, "parts": st.lists(sem_part, max_size=3)},
+    optional={"finish_reason": st.sampled_from(["stop", "length", "content_filter"])},
+)
+attr_value = st.one_of(
+    st.lists(sem_message, max_size=3).map(json.dumps),
+    st.lists(sem_message, max_size=3),
+    st.sampled_from(["chat", "LLM", "user", "assistant", "[{", "length"]),
+    st.text(max_size=8),
+    odd,
+)
+attr_key = st.sampled_from(
+    [
+        "gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions", "gen_ai.operation.name",
+        "gen_ai.tool.definitions", "openinference.span.kind", "llm.input_messages.0.message.role",
+        "llm.input_messages.0.message.content", "llm.output_messages.0.message.content",
+        "llm.output_messages.0.message.tool_calls.0.tool_call.function.name", "gen_ai.prompt.0.role",
+        "gen_ai.prompt.0.content", "gen_ai.completion.0.content", "gen_ai.completion.0.finish_reason", "http.method",
+    ]
+)  # fmt: skip
+event = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(
+            ["gen_ai.system.message", "gen_ai.user.message", "gen_ai.assistant.message", "gen_ai.tool.message",
+             "gen_ai.choice", "gen_ai.client.inference.operation.details", "exception"]
+        ),
+        "attributes": st.dictionaries(st.sampled_from(EVENT_KEYS), attr_value, max_size=3),
+    }
+)  # fmt: skip
+otel_span = st.builds(
+    lambda trace, attrs, events, end: {
+        "traceId": trace,
+        "spanId": "s",
+        "endTimeUnixNano": str(end),
+        "attributes": keyvalues(attrs),
+        "events": [{**e, "attributes": keyvalues(e["attributes"])} for e in events],
+    },
+    st.sampled_from(["t1", "t2", ""]),
+    st.dictionaries(attr_key, attr_value, max_size=5),
+    st.lists(event, max_size=3),
+    st.integers(0, 3),
+)
+otel_export = st.lists(otel_span, max_size=4).map(
+    lambda spans: {"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    records=st.lists(st.one_of(otel_export, otel_span, odd), max_size=4),
+    garbage=st.booleans(),
+    join_trace=st.booleans(),
+    dedupe=st.booleans(),
+)
+def test_every_span_is_written_or_counted(records, garbage, join_trace, dedupe):
+    lines = [json.dumps(r).encode() + b"\n" for r in records] + ([b"{not json\n"] if garbage else [])
+    out: list[bytes] = []
+    run = Run(Options(dedupe=dedupe), skip_bad=True)
+    traces.stream(run, lines, run.emitter(out.append), join_trace)
+    stats = run.stats
+    expected = 0
+    for line in traces.documents(lines):
+        try:
+            found = otel.spans(json.loads(line))
+        except ValueError:
+            found = None
+        expected += len(found) if found else 1
+    assert stats.read == expected
+    assert stats.read == stats.written + stats.dropped.total()
+    assert stats.written == len(out)
+    for line in out:
+        assert conversation_problem(json.loads(line)) is None

@@ -33,7 +33,7 @@ WITH_EXTENSION = STOCK | {"gspo"}
 def test_loss_names_are_skyrls_and_not_dro():
     assert set(SERVER_LOSS_FNS) == {"gspo", "cispo", "dppo", "ppo", "ppo_critic", "importance_sampling",
                                     "cross_entropy"}
-    with pytest.raises(UsageError, match="unknown loss 'dro'"):
+    with pytest.raises(UsageError, match="does not serve loss dro; it is served by no SkyRL backend"):
         plan_loss("dro", None, "auto", WITH_EXTENSION)
 
 
@@ -73,8 +73,6 @@ def test_unserved_losses_name_the_backends_that_serve_them(loss, served, words):
 def test_two_passes_exist_for_gspo_only():
     with pytest.raises(UsageError, match="gspo only"):
         plan_loss("ppo", None, "2", STOCK)
-    with pytest.raises(UsageError, match="--passes"):
-        plan_loss("ppo", None, "3", STOCK)
     assert plan_loss("cispo", None, "auto", STOCK).passes == 1
 
 

@@ -51,7 +51,10 @@ CALLS = {
     "sample.py": (["sample", "--checkpoint", "tinker://x", "--prompt", "hi", "--base-url", DEAD_URL], 2,
                   "is not a checkpoint path"),
     "serve.py": (["status"], 3, "no server 'default' has been started"),
-    "train_rl.py": (["--loss", "dro", "--dataset", "arithmetic", "--base-url", DEAD_URL], 2, "unknown --loss 'dro'"),
+    "synth.py": (["qa", str(REPO / "tests" / "fixtures" / "traces" / "demo.jsonl"), "--output", "{tmp}/qa.jsonl"], 0,
+                 "64 replies -> 63 problems"),
+    "train_rl.py": (["--loss", "gspo", "--passes", "2", "--dataset", "arithmetic", "--base-url", DEAD_URL], 1,
+                    "which losses it serves"),
     "train_sl.py": (["--dataset", str(FIXTURE), "--model", "{model}", "--base-url", DEAD_URL, "--dry-run"], 0,
                     "renderer: qwen3_disable_thinking"),
 }
