@@ -42,16 +42,16 @@ def _targets():
     from skyrl.tx.utils import models
 
     impl = getattr(jax_backend, "JaxBackendImpl", None)
-    missing = [name for name, ok in (
-        *((f"JaxBackendImpl.{m}", callable(getattr(impl, m, None)))
-          for m in ("sample", "load_sampler_weights", "save_sampler_checkpoint", "optim_step", "load_checkpoint")),
-        ("models.extract_adapter_state", callable(getattr(models, "extract_adapter_state", None))),
-        ("models.insert_adapter_state", callable(getattr(models, "insert_adapter_state", None))),
-        ("ModelMetadata.loaded_checkpoint_id", "loaded_checkpoint_id" in getattr(types.ModelMetadata,
-                                                                                "model_fields", {})),
-    ) if not ok]
-    if missing:
-        raise RuntimeError(f"{NAME}: this SkyRL lacks {', '.join(missing)}; it is not the version rlcli pins")
+    import pins  # a sibling in runtime/: the launcher's folder is on sys.path
+
+    pins.require(NAME, {
+        **{f"JaxBackendImpl.{m}": getattr(impl, m, None)
+           for m in ("sample", "load_sampler_weights", "save_sampler_checkpoint", "optim_step", "load_checkpoint")},
+        "models.extract_adapter_state": getattr(models, "extract_adapter_state", None),
+        "models.insert_adapter_state": getattr(models, "insert_adapter_state", None),
+        "ModelMetadata.loaded_checkpoint_id":
+            "loaded_checkpoint_id" in getattr(types.ModelMetadata, "model_fields", {}),
+    })
     return impl, models
 
 
