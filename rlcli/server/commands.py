@@ -17,6 +17,7 @@ from rlcli import config
 from rlcli.errors import RlcliError, UsageError
 from rlcli.server import backend_config as hw
 from rlcli.server import process, server_venv
+from rlcli.server.server_venv import Backend
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 LAUNCHER = RUNTIME_DIR / "launcher.py"
@@ -72,7 +73,7 @@ def skyrl_api_args(*, base_model: str, backend: str, host: str, port: int, backe
 
 def start(
     base_model: str | None = None,
-    backend: str = "jax",
+    backend: Backend = "jax",
     host: str = config.DEFAULT_HOST,
     port: int = config.DEFAULT_PORT,
     gpus: int | None = None,
@@ -110,8 +111,6 @@ def start(
         slots: LoRA models the jax server holds at once (default 4; each costs memory, and on stock SkyRL
             step time too); a full server refuses a new model naming this flag
     """
-    if backend not in server_venv.BACKENDS:
-        raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(server_venv.BACKENDS)}")
     if backend != "jax" and not hw.has_cuda():
         raise UsageError(f"the {backend} backend needs NVIDIA GPUs with CUDA and none was found; "
                          "use --backend jax on this machine")
@@ -330,7 +329,7 @@ def restart(wait: float = 600.0, name: str = "default") -> int:
     return start(**{**state.settings, "wait": wait, "name": name})
 
 
-def install(backend: str = "jax", python: str | None = None, venv: str | None = None) -> int:
+def install(backend: Backend = "jax", python: str | None = None, venv: str | None = None) -> int:
     """Build (or verify) the server venv from the lock in rlcli/server/env/, without starting a server.
 
     Args:
