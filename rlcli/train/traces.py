@@ -163,15 +163,9 @@ def with_verdicts(traces: Traces) -> Traces:
 
 def eval_size(problems: list[Problem], asked: int | None, source: str) -> int:
     """As heldout.file_eval_size: by default 32 prompts, at most a tenth of the distinct ones."""
-    from rlcli.train.heldout import EVAL_SIZE, FILE_EVAL_SHARE
+    from rlcli.train.heldout import held_out_size
 
-    distinct = len({p.key for p in problems})
-    if asked is None:
-        return min(EVAL_SIZE, distinct // FILE_EVAL_SHARE)
-    if asked >= distinct:
-        raise UsageError(f"--eval-size {asked} would hold out all {distinct} distinct prompts of {source}: "
-                         "lower it (0: no held-out evaluation)")
-    return asked
+    return held_out_size(len({p.key for p in problems}), asked, source, "prompts")
 
 
 def split(problems: list[Problem], size: int) -> tuple[list[Problem], list[Problem]]:
