@@ -82,7 +82,7 @@ def test_prompt_logprobs_are_n_minus_1_and_the_hook_gives_the_cookbook_its_shape
     assert hosted[0] is None and hosted[1:] == raw
 
     # The RL loop's KL penalty against the base model slices [1:]: it fails on SkyRL's answer, and with the
-    # hook each response token's advantage is -coef (sampled - base logprob).
+    # hook each response token's advantage is coef (mean difference - its sampled - base logprob).
     mask = np.array([0.0] * 6 + [1.0] * 5, dtype=np.float32)
     sampled = (-np.arange(11, dtype=np.float32) / 10) * mask
 
@@ -97,7 +97,8 @@ def test_prompt_logprobs_are_n_minus_1_and_the_hook_gives_the_cookbook_its_shape
     data = [datum()]
     with hooks.hosted_prompt_logprobs():
         asyncio.run(incorporate_kl_penalty(data, base, 0.5, 0.0))
-    want = -0.5 * mask * (sampled - np.array(raw))
+    diff = mask * (sampled - np.array(raw))
+    want = 0.5 * mask * (diff.sum() / mask.sum() - diff)
     assert np.allclose(data[0].loss_fn_inputs["advantages"].to_numpy(), want, atol=1e-5)
 
 
