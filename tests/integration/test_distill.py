@@ -204,3 +204,13 @@ def test_a_teacher_on_a_second_server(server, stock_server, tmp_path):
                    "--max-steps", "1")
     assert f"the base model {server.model} of the server at {url}" in proc.stderr
     assert abs(rows(run / "metrics.jsonl")[0][metrics.TEACHER_KL]) < 0.01  # a fresh LoRA is the base
+
+
+def test_train_rl_with_a_kl_penalty_against_the_base(server, tmp_path):
+    """The cookbook's KL penalty slices SkyRL's prompt logprobs too: with the hook `train rl --kl-coef` runs."""
+    run = tmp_path / "rl"
+    proc = run_rlcli("train", "rl", "--loss", "ppo", "--dataset", "arithmetic", "--kl-coef", "0.1", *TINY,
+                     "--max-steps", "1", "--base-url", server.url, "--log-path", str(run), env=server.env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "KL penalty vs the base model: 0.1" in proc.stderr
+    assert abs(rows(run / "metrics.jsonl")[0]["kl_policy_base"]) < 0.01  # a fresh LoRA is the base
