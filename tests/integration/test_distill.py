@@ -201,9 +201,11 @@ def test_a_teacher_on_a_second_server(server, stock_server, tmp_path):
     url, _ = stock_server
     run = tmp_path / "remote"
     proc = distill(server.env, server.url, run, "--prompts", "arithmetic", "--teacher-url", url, *TINY,
-                   "--max-steps", "1")
+                   "--max-steps", "1", "--reward-coef", "0.5")
     assert f"the base model {server.model} of the server at {url}" in proc.stderr
-    assert abs(rows(run / "metrics.jsonl")[0][metrics.TEACHER_KL]) < 0.01  # a fresh LoRA is the base
+    row = rows(run / "metrics.jsonl")[0]
+    assert abs(row[metrics.TEACHER_KL]) < 0.01  # a fresh LoRA is the base
+    assert metrics.REWARD in row and "reward" in [ln for ln in proc.stderr.splitlines() if ln.startswith("step")][0]
 
 
 def test_train_rl_with_a_kl_penalty_against_the_base(server, tmp_path):

@@ -176,3 +176,41 @@ def test_progress_line():
     assert progress.line(row, 0, 9.0) == want
     with_reward = distill_loop.DistillProgress(4, "ppo", 1, with_reward=True)
     assert "reward -  correct -" in with_reward.line({metrics.BATCH: 1}, 1, 2.0)
+
+
+def test_rewards_are_scaled_and_the_rest_passes_through():
+    from tinker_cookbook.rl.types import StepResult
+
+    class Env:
+        async def initial_observation(self):
+            return "prompt", "stop"
+
+        async def step(self, action):
+            return StepResult(reward=-0.1, episode_done=True, next_observation=None, next_stop_condition=None,
+                              metrics={"correct": 0.0})
+
+    class Group:
+        async def make_envs(self):
+            return [Env(), Env()]
+
+        async def compute_group_rewards(self, trajectory_group, env_group):
+            assert all(isinstance(e, Env) for e in env_group)  # the inner builder sees its own envs
+            return [(1.0, {}), (0.0, {})]
+
+        def logging_tags(self):
+            return ["arithmetic"]
+
+    class Data:
+        def __len__(self):
+            return 3
+
+        def get_batch(self, index):
+            return [Group()]
+
+    scaled = distill_loop.RewardScaled(Data(), 0.5)
+    group = scaled.get_batch(0)[0]
+    envs = asyncio.run(group.make_envs())
+    step = asyncio.run(envs[0].step("answer"))
+    assert (step.reward, step.metrics) == (-0.05, {"correct": 0.0}) and len(scaled) == 3
+    assert asyncio.run(group.compute_group_rewards(None, envs)) == [(0.5, {}), (0.0, {})]
+    assert group.logging_tags() == ["arithmetic"] and asyncio.run(envs[1].initial_observation()) == ("prompt", "stop")
