@@ -140,7 +140,10 @@ def train_distill(prompts: str | None = None, teacher: str | None = None, teache
                          "FILE.jsonl ({question, answer} lines)")
     check_flags(loss, kl_coef, kl_discount, reward_coef, group_size)
     held = 0 if eval_every == 0 else eval_size
-    name, path, grader = heldout.choose_dataset(prompts, dataset_path, grader, max_operand, held)
+    try:  # train rl's flag check, its messages in this command's words
+        name, path, grader = heldout.choose_dataset(prompts, dataset_path, grader, max_operand, held)
+    except UsageError as e:
+        raise UsageError(str(e).replace("--dataset ", "--prompts ")) from None
     run.check_numbers(batch_size=batch_size, max_tokens=max_tokens, lora_rank=lora_rank, max_steps=max_steps,
                       save_every=save_every, eval_every=eval_every, eval_size=eval_size, lr=lr, temperature=temperature)
     state = checkpoint_state(load_checkpoint)

@@ -110,6 +110,8 @@ def test_the_mask_travels_as_weights_and_explicit_weights_win():
     ({"reward_coef": 1.0, "group_size": 1}, "--group-size must be at least 2"),
     ({"group_size": 0}, "--group-size must be at least 1"),
     ({"prompts": None}, "pass --prompts arithmetic"),
+    ({"prompts": "arithmetic", "dataset_path": "x.jsonl"}, "--dataset-path is for gsm8k data"),
+    ({"prompts": "mine.jsonl", "dataset_path": "x.jsonl"}, "--prompts mine.jsonl is a file already"),
     ({"teacher": None}, "pass --teacher base"),
     ({"teacher": "tinker://m/weights/x", "teacher_url": DEAD_URL}, "drop --teacher"),
     ({"teacher": "no/such/run"}, "nor a run folder"),
