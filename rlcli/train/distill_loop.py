@@ -69,6 +69,8 @@ def recipe(plan: Any, progress: Any, config: Callable[[], Any], r: Run) -> Itera
 
 
 async def main(cfg: Any, r: Run) -> None:
+    import asyncio
+
     import tinker
     from tinker_cookbook import checkpoint_utils
     from tinker_cookbook.distillation.datasets import CompositeDataset
@@ -82,6 +84,10 @@ async def main(cfg: Any, r: Run) -> None:
     start = resume.batch if resume else 0
     service = tinker.ServiceClient(base_url=cfg.base_url)
     teacher_client = await teacher.sampling_client(r.teacher, service)  # first: see the module docstring
+    if r.teacher.kind == "state":  # it took the slot run.server_slots cleaned: clean the student's too
+        from rlcli.slots import ensure_clean_next_slot
+
+        await asyncio.to_thread(ensure_clean_next_slot, cfg.base_url, cfg.model_name)
     meta: dict[str, str] = {}
     checkpoint_utils.add_renderer_name_to_user_metadata(meta, cfg.renderer_name)
     if resume:
