@@ -103,7 +103,6 @@ def test_the_mask_travels_as_weights_and_explicit_weights_win():
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    ({"loss": "dppo"}, "distillation takes importance_sampling"),
     ({"kl_coef": 0.0}, "--kl-coef must be positive"),
     ({"kl_discount": 1.0}, r"--kl-discount must be in \[0, 1\)"),
     ({"reward_coef": -1.0}, "--reward-coef must be 0"),
@@ -216,3 +215,11 @@ def test_rewards_are_scaled_and_the_rest_passes_through():
     assert (step.reward, step.metrics) == (-0.05, {"correct": 0.0}) and len(scaled) == 3
     assert asyncio.run(group.compute_group_rewards(None, envs)) == [(0.5, {}), (0.0, {})]
     assert group.logging_tags() == ["arithmetic"] and asyncio.run(envs[1].initial_observation()) == ("prompt", "stop")
+
+
+def test_fixed_choices_are_declared():
+    from rlcli.choices import choices_of
+
+    found = choices_of(distill.train_distill)
+    assert found["loss"] == ("importance_sampling", "ppo", "cispo", "gspo")
+    assert found["grader"] == ("auto", "gsm8k", "numeric", "exact")
