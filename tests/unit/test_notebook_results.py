@@ -27,3 +27,6 @@ def test_recorded_results_are_there_and_sane():
     distill = results["distill"]
     assert distill["teacher_kl_last_fifth"] < distill["teacher_kl_first_fifth"] / 2  # recover: the KL halves
     assert distill["heldout_kl_last"] < distill["heldout_kl_first"] and distill["steps"] == distill["params"]["steps"]
+    compress = distill["compress"]  # a rank-4 student of a rank-32 RL teacher: the KL falls
+    assert compress["teacher_kl_last_fifth"] < compress["teacher_kl_first_fifth"]
+    assert compress["heldout_correct_teacher"] > compress["heldout_correct_base"]
