@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 RECIPE_NAME = "rlcli_train_distill"
 DistillLoss = Literal["importance_sampling", "ppo", "cispo", "gspo"]  # what the cookbook's distillation data suits
 RESUME_KEYS = ("model", "renderer", "loss", "batch_size", "group_size", "teacher", "teacher_url", "kl_coef",
-               "kl_discount", "reward_coef", "eval_size")
+               "kl_discount", "reward_coef", "eval_size", "seed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +100,8 @@ def train_distill(prompts: str | None = None, teacher: str | None = None, teache
                   lora_rank: int = run.LORA_RANK, eval_every: int = 10, eval_size: int | None = None,
                   grader: Grader = "auto", save_every: int = run.SAVE_EVERY, max_steps: int | None = None,
                   log_path: str | None = None, resume: bool = False, dry_run: bool = False,
-                  max_operand: int | None = None) -> int:
+                  max_operand: int | None = None, seed: int = run.SEED,
+                  server_timeout: float = run.SERVER_TIMEOUT) -> int:
     """Distill a teacher into a LoRA student on the student's own samples (on-policy distillation).
 
     Args:
@@ -133,6 +134,8 @@ def train_distill(prompts: str | None = None, teacher: str | None = None, teache
         resume: continue the run in --log-path (default: the newest distill run) from its last checkpoint
         dry_run: check the flags, the teacher and the data, print the plan; create no model
         max_operand: with --prompts arithmetic: x and y in 0..N (default 100)
+        seed: the run's seed (the student's LoRA initialisation and every sampling seed; --resume keeps it)
+        server_timeout: seconds the server may go without answering before the run stops (0: wait for ever)
     """
     if not prompts:
         raise UsageError("pass --prompts arithmetic, --prompts gsm8k [--dataset-path FILE.jsonl], or --prompts "
@@ -143,12 +146,12 @@ def train_distill(prompts: str | None = None, teacher: str | None = None, teache
         name, path, grader = heldout.choose_dataset(prompts, dataset_path, grader, max_operand, held)
     except UsageError as e:
         raise UsageError(str(e).replace("--dataset ", "--prompts ")) from None
-    run.check_numbers(batch_size=batch_size, max_tokens=max_tokens, lora_rank=lora_rank, max_steps=max_steps,
+    run.check_numbers(seed=seed, batch_size=batch_size, max_tokens=max_tokens, lora_rank=lora_rank, max_steps=max_steps,
                       save_every=save_every, eval_every=eval_every, eval_size=eval_size, lr=lr, temperature=temperature)
     state = checkpoint_state(load_checkpoint)
     url = resolve_base_url(base_url)
     plan = rl_loop.plan_losses(url, loss, loss_config, "auto")
-    t = run.target("distill", log_path, resume, url, model, renderer, dry_run)
+    t = run.target("distill", log_path, resume, url, model, renderer, dry_run, server_timeout)
     from rlcli.train import teacher as teachers
 
     chosen = teachers.resolve(teacher, teacher_url, url, t.model, dry_run)
@@ -161,7 +164,8 @@ def train_distill(prompts: str | None = None, teacher: str | None = None, teache
                  teacher_url=chosen.url if chosen.kind == "url" else None, kl_coef=kl_coef, kl_discount=kl_discount,
                  reward_coef=reward_coef, batch_size=batch_size, group_size=group_size, lr=lr, max_tokens=max_tokens,
                  temperature=temperature, lora_rank=lora_rank, max_steps=max_steps, save_every=save_every,
-                 eval_every=eval_every, eval_size=data.held_out, grader=data.grader, load_checkpoint=state)
+                 eval_every=eval_every, eval_size=data.held_out, grader=data.grader, load_checkpoint=state,
+                 seed=seed)
     progress = distill_loop.DistillProgress(steps, plan.loss, plan.passes, with_reward=reward_coef > 0)
     loop = distill_loop.Run(teacher=chosen, reward_coef=reward_coef, batch_size=batch_size, load_checkpoint=state,
                             builder=envs.dataset_builder(data, t.model, t.renderer, batch_size, group_size))
