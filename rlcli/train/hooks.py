@@ -23,6 +23,13 @@ pyproject.toml, so a pin bump fails there first.
 - `sl_checkpoints_name_the_next_batch`: the SL recipe saves at step k a state that already holds step k
   (and, pipelined, step k+1) but records batch k, so a resume redid step k on top of it. rlcli runs SL
   without submitting ahead (submit_ahead=0) and records batch k+1: the state and the record agree.
+- `hosted_prompt_logprobs`: SkyRL's jax backend answers `compute_logprobs` with N-1 prompt logprobs
+  (no leading None for the first token); the cookbook slices `[1:]` as for hosted Tinker, in the
+  distillation loop's teacher KL and the RL loop's KL penalty, so shapes disagree. Inside the block,
+  an N-1 answer gets its leading None back; a hosted-shape answer passes unchanged.
+- `response_weights`: the RL loop strips its action mask before forward_backward (`_remove_mask`),
+  and the jax backend then weighs every token 1, dividing each sequence's loss by prompt + response
+  length. Inside the block the mask travels as `weights` instead (explicit weights win), for every loss.
 - `cookbook_logging`: the recipes log a rich table and a rendered example per step to the console;
   this keeps those in the run's logs.log, prints one line per step instead (a logger joined to the
   cookbook's MultiplexLogger), and adds rlcli's own figures to each step's metrics.jsonl row.
@@ -78,6 +85,16 @@ PATCHES = (
           ("tqdm(total=",)),
     Patch("tinker_cookbook.rl.train", "main", "the RL loop submits through forward_backward_async and logs one "
           "row per step with progress/batch", ("training_client.forward_backward_async(", f'"{keys.BATCH}"')),
+    Patch("tinker", "SamplingClient.compute_logprobs_async", "hosted_prompt_logprobs: pads SkyRL's N-1 answer"),
+    Patch("tinker_cookbook.distillation.train_on_policy", "incorporate_kl_penalty", "hosted_prompt_logprobs: "
+          "the teacher KL slices the hosted shape", ("teacher_logprobs[1:]", "compute_logprobs_async(")),
+    Patch("tinker_cookbook.rl.metrics", "incorporate_kl_penalty", "hosted_prompt_logprobs: the KL penalty "
+          "slices the hosted shape", ("base_logprobs[1:]", "compute_logprobs_async(")),
+    Patch("tinker_cookbook.distillation.train_on_policy", "do_sync_training", "rlcli's distill loop hands it "
+          "the teacher clients and logs one row per step with progress/batch",
+          ("teacher_clients", f'"{keys.BATCH}"', "train_step(")),
+    Patch("tinker_cookbook.rl.train", "_remove_mask", "response_weights: the mask becomes weights",
+          ("_remove_mask(d) for d in",)),
     Patch("tinker_cookbook.supervised.train", "main", "the SL loop logs train_mean_nll per step",
           (f"{keys.TRAIN_NLL}=",)),
     Patch("tinker_cookbook.utils.ml_log", "setup_logging", "cookbook_logging: joins its MultiplexLogger",
@@ -323,3 +340,43 @@ def cookbook_logging(progress: Any) -> Iterator[None]:
         root.handlers[:] = saved_handlers
         root.setLevel(saved_level)
 
+
+
+def hosted_shape(logprobs: list, length: int) -> list:
+    """Prompt logprobs as hosted Tinker returns them: one per token, None for the first (no context)."""
+    return [None, *logprobs] if len(logprobs) == length - 1 else list(logprobs)
+
+
+@contextlib.contextmanager
+def hosted_prompt_logprobs() -> Iterator[None]:
+    """Inside the block, every SamplingClient.compute_logprobs_async answers in hosted Tinker's shape."""
+    original = tinker.SamplingClient.compute_logprobs_async
+
+    async def compute_logprobs_async(self: Any, prompt: Any) -> list:
+        return hosted_shape(await original(self, prompt), prompt.length)
+
+    tinker.SamplingClient.compute_logprobs_async = compute_logprobs_async  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        tinker.SamplingClient.compute_logprobs_async = original  # type: ignore[method-assign]
+
+
+def mask_as_weights(datum: Any) -> Any:
+    """The datum without the cookbook's `mask`, which becomes its `weights` unless it has some."""
+    inputs = dict(datum.loss_fn_inputs)
+    mask = inputs.pop("mask", None)
+    if mask is not None and "weights" not in inputs:
+        inputs["weights"] = tinker.TensorData.from_numpy(mask.to_numpy().astype("float32"))
+    return tinker.Datum(model_input=datum.model_input, loss_fn_inputs=inputs)
+
+
+@contextlib.contextmanager
+def response_weights() -> Iterator[None]:
+    """Inside the block, the RL loop sends its action mask as the datums' weights (see the module docstring)."""
+    original = rl_train._remove_mask
+    rl_train._remove_mask = mask_as_weights
+    try:
+        yield
+    finally:
+        rl_train._remove_mask = original

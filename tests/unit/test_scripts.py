@@ -33,7 +33,7 @@ def test_help(name, tmp_path):
 def test_every_command_family_has_a_script():
     from rlcli.cli import COMMANDS
 
-    families = {"train": {"train_sl.py", "train_rl.py", "harbor.py"}, "chat": {"sample.py"}}
+    families = {"train": {"train_sl.py", "train_rl.py", "train_distill.py", "harbor.py"}, "chat": {"sample.py"}}
     for family in COMMANDS:
         assert families.get(family, {f"{family}.py"}) <= set(SCRIPTS), f"no script for `rlcli {family}`"
 
@@ -53,6 +53,8 @@ CALLS = {
     "serve.py": (["status"], 3, "no server 'default' has been started"),
     "synth.py": (["qa", str(REPO / "tests" / "fixtures" / "traces" / "demo.jsonl"), "--output", "{tmp}/qa.jsonl"], 0,
                  "64 replies -> 63 problems"),
+    "train_distill.py": (["--prompts", "arithmetic", "--teacher", "base", "--kl-coef", "0"], 2,
+                         "--kl-coef must be positive"),
     "train_rl.py": (["--loss", "gspo", "--passes", "2", "--dataset", "arithmetic", "--base-url", DEAD_URL], 1,
                     "which losses it serves"),
     "train_sl.py": (["--dataset", str(FIXTURE), "--model", "{model}", "--base-url", DEAD_URL, "--dry-run"], 0,
