@@ -97,9 +97,14 @@ def openai_ask(url: str, model: str, text: str) -> str:
 
 def tinker_asker(checkpoint: str | None, url: str | None) -> Any:
     """A function text -> answer over a sampler of the judge model on a Tinker server (greedy)."""
+    import atexit
+
     from rlcli import sample
 
     s = sample.open_sampler(checkpoint, None, url, None, JUDGE_MAX_TOKENS, 0.0, 0)
+    # The judge lives as long as the training run that asks it; a model loaded to serve an unloaded
+    # checkpoint (sample._reload) is freed when the run's process ends, as `rlcli sample` frees its own.
+    atexit.register(sample.close, s)
     return lambda text: sample.complete(s, [{"role": "user", "content": text}])[0]
 
 
