@@ -125,11 +125,12 @@ bench: venv server-venv model
 	$(BIN)/python benchmarks/request_path.py --label 32slots --max-lora-adapters 32
 	$(BIN)/python benchmarks/request_path.py --label default-slots
 	$(BIN)/python benchmarks/request_path.py --size large --label 32slots --max-lora-adapters 32 --reps 10
+	$(BIN)/python benchmarks/faults.py --timeouts 5,15,60
 	$(BIN)/python benchmarks/report.py
 
 # The notebooks at laptop size through papermill (each starts and stops its own server); the executed copies,
 # outputs and plots included, go to notebooks/results/ beside the results they record.
-NOTEBOOKS = fused_vs_2pass learning_curve gsm8k
+NOTEBOOKS = fused_vs_2pass learning_curve gsm8k distill
 notebooks: venv server-venv model
 	@mkdir -p notebooks/results; for nb in $(NOTEBOOKS); do \
 	  echo "papermill notebooks/$$nb.ipynb -> notebooks/results/$$nb.ipynb"; \

@@ -137,6 +137,8 @@ def other_rows(receipts: list[dict]) -> list[str]:
         res = r["results"]
         first = (f"; first step after a warm start {res['warm']['first_over_steady']['median']:.1f}x a steady one"
                  if "first_over_steady" in res["warm"] else "")
+        if "ready_plus_first_step_s" in res["warm"]:
+            first += f", ready + first step {res['warm']['ready_plus_first_step_s']['median']:.1f} s"
         rows.append(f"| `rlcli serve start` to ready, {size} model{', ' + label if label else ''} | cold-ish "
                     f"{res['cold']['ready_s']['median']:.1f} s (n={res['cold']['ready_s']['n']}), warm "
                     f"{res['warm']['ready_s']['median']:.1f} s (n={res['warm']['ready_s']['n']}); API up after "

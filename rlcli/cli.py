@@ -47,11 +47,19 @@ COMMANDS: dict[str, Any] = {
             "rl": ("RL with a server-side loss (fused GSPO: one forward_backward)", "rlcli.train.rl:train_rl"),
             "harbor": ("agent RL on Harbor tasks in local Docker; the test verdict is the reward",
                        "rlcli.harbor.train:train_harbor"),
+            "distill": ("on-policy distillation: the student's own samples, a teacher's logprobs as the signal",
+                        "rlcli.train.distill:train_distill"),
         },
     ),
     "import": (
         "convert chat logs (openai|anthropic|gemini|messages|langsmith|otel) to training JSONL",
         "rlcli.data.import_cmd:import_cmd",
+    ),
+    "synth": (
+        "problems synthesized from imported traces",
+        {
+            "qa": ("{question, answer} problems from traces whose final answer is checkable", "rlcli.synth:qa"),
+        },
     ),
     "harbor": (
         "Harbor tasks in local Docker",

@@ -22,11 +22,13 @@ CAPABILITIES_ROUTE = "/api/v1/rlcli/capabilities"  # rlcli's server extension: l
 FUTURE_PENDING = 408  # retrieve_future's status while the request is still queued or running
 
 
-def request_json(url: str, payload: dict | None = None, timeout: float = 30.0) -> dict:
+def request_json(url: str, payload: dict | None = None, timeout: float = 30.0,
+                 headers: dict[str, str] | None = None) -> dict:
     """GET url (payload None) or POST payload as JSON; the JSON answer ({} when empty). HTTP errors raise
     urllib.error.HTTPError, network ones OSError: callers decide what each means to them."""
     data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **key_header()})
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **key_header(),
+                                                          **(headers or {})})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read() or b"{}")
 

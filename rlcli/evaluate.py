@@ -18,12 +18,15 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rlcli.errors import UsageError
 from rlcli.train.heldout import Grader
 from rlcli.train.metrics import TEST_CORRECT as CORRECT
 from rlcli.train.metrics import TEST_REWARD as REWARD
+from rlcli.train.traces import Env, Reward, Turn
+
+Policy = Literal["oracle", "nop"]
 
 
 def sampler_path(checkpoint: str) -> str:
@@ -65,7 +68,10 @@ def summarize(rounds: list[dict[str, float]]) -> dict[str, Any]:
 def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_path: str | None = None,
              eval_size: int | None = None, max_operand: int | None = None, grader: Grader = "auto",
              samples: int = 1, temperature: float = 0.0, max_tokens: int = 256,
-             base_url: str | None = None, renderer: str | None = None, output: str | None = None) -> int:
+             base_url: str | None = None, renderer: str | None = None, output: str | None = None,
+             env: Env = "problems", reward: Reward = "match", match: str = "normalized", turn: Turn = "last",
+             rubric: str | None = None, policy: Policy | None = None,
+             server_timeout: float = 60.0) -> int:
     """Score a checkpoint (or the base model) on the problems `rlcli train rl` holds out.
 
     Args:
@@ -83,15 +89,36 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
         base_url: server URL (default: TINKER_BASE_URL, else the managed server)
         renderer: chat renderer (default: from the model name, or the tokenizer of a local folder)
         output: also write the JSON result to this file
+        env: problems, or replay|tools: --dataset is traces, scored on the prompts train rl --env replay|tools
+            holds out
+        reward: with --env replay: match, verdict or rubric, as train rl's (a judge ranks groups: not here)
+        match: as train rl's --match
+        turn: as train rl's --turn
+        rubric: as train rl's --rubric
+        policy: with --env tools: oracle (replays the logged calls and answer) or nop (calls and says
+            nothing) instead of a model: checks an environment, asks no server
+        server_timeout: seconds the server may go without answering before the command stops (0: wait for ever)
     """
+    if policy:
+        return _play(env, dataset, policy, match, output)
     from rlcli.train.heldout import choose_dataset
+    from rlcli.train.traces import spec_from_flags
 
     check_numbers(samples, temperature, max_tokens, eval_size)
-    name, path, grader = choose_dataset(dataset, dataset_path, grader, max_operand, eval_size)
+    if reward == "judge":
+        raise UsageError("--reward judge ranks a group of samples in training; score held-out replies with "
+                         "--reward match, verdict or rubric")
+    spec = spec_from_flags(env, dataset, dataset_path, grader, max_operand, reward, match, turn, rubric, None)
+    name, path, grader = ("replay", None, "auto") if spec else choose_dataset(dataset, dataset_path, grader,
+                                                                              max_operand, eval_size)
     source = sampler_path(checkpoint) if checkpoint else None
     started = time.monotonic()
-    result = _evaluate(name, path, grader, source, eval_size, max_operand, samples, temperature, max_tokens,
-                       base_url, renderer)
+    from rlcli.config import resolve_base_url
+    from rlcli.watchdog import watch
+
+    with watch(resolve_base_url(base_url), server_timeout):
+        result = _evaluate(name, path, grader, source, eval_size, max_operand, samples, temperature, max_tokens,
+                           base_url, renderer, spec)
     result["seconds"] = round(time.monotonic() - started, 2)
     line = json.dumps(result)
     if output:
@@ -103,9 +130,25 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
     return 0
 
 
+def _play(env: str, dataset: str | None, policy: str | None, match: str, output: str | None) -> int:
+    from rlcli.train import rewards, tools_env
+
+    if env != "tools" or not policy or not dataset:
+        raise UsageError("--policy oracle|nop plays --env tools --dataset TRACES.jsonl without a model: "
+                         "pass all three (or drop --policy to score the model)")
+    result = tools_env.run_policy(dataset, policy, rewards.check_match(match))
+    if output:
+        Path(output).expanduser().write_text(json.dumps(result, indent=1) + "\n")
+    print(f"rlcli: policy {policy}: reward {result['reward']:.3f}, answers correct {result['correct']:.3f}, call "
+          f"precision {result['precision']:.3f} recall {result['recall']:.3f} on {result['problems']} problems of "
+          f"{result['dataset']}", file=sys.stderr)
+    print(json.dumps(result))
+    return 0
+
+
 def _evaluate(name: str, path: str | None, grader: str, source: str | None, eval_size: int | None,
               max_operand: int | None, samples: int, temperature: float, max_tokens: int,
-              base_url: str | None, renderer: str | None) -> dict[str, Any]:
+              base_url: str | None, renderer: str | None, spec: Any = None) -> dict[str, Any]:
     import asyncio
 
     from rlcli import sample
@@ -124,7 +167,9 @@ def _evaluate(name: str, path: str | None, grader: str, source: str | None, eval
 
         from rlcli.train import envs
 
-        data = envs.load_data(name, path, 1, None, grader, eval_size, max_operand or heldout.ARITHMETIC_MAX)
+        data = envs.load_data(name, path, 1, None, grader, eval_size, max_operand or heldout.ARITHMETIC_MAX, spec)
+        if not data.held_out:
+            raise UsageError(f"{data.label}: too few distinct prompts to hold any out: pass --eval-size N")
         _, test = asyncio.run(envs.dataset_builder(data, model, renderer, 1, 1)())
         evaluator = RLTestSetEvaluator(test, max_tokens=max_tokens, name="test", num_groups_to_log=0)
         rounds = []

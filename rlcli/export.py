@@ -12,6 +12,7 @@ the base model: both are rewritten from the weights themselves and from the trai
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import tarfile
@@ -24,6 +25,7 @@ from rlcli.client import open_url, parse_tinker_path, training_run
 from rlcli.config import resolve_base_url
 from rlcli.errors import RlcliError, UsageError
 from rlcli.files import staged_folder
+from rlcli.watchdog import watch
 
 Format = Literal["peft", "merged"]  # what --format writes
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -44,6 +46,8 @@ def download_archive(base_url: str, run_id: str, checkpoint_id: str, dest: Path)
                              f"`rlcli checkpoint list --run-id {run_id}` shows what it has") from None
         raise RlcliError(f"downloading {run_id}/{checkpoint_id} failed: HTTP {e.code} from {base_url}") from None
     except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # this machine's disk, not the server: rlcli.errors says so in one line
         raise RlcliError(f"cannot download from {base_url} ({e}): is the server running?") from None
 
 
@@ -138,7 +142,7 @@ def _check_output(output: str | None, force: bool) -> Path:
 
 
 def export(checkpoint: str, format: Format = "peft", output: str | None = None, force: bool = False,
-           base_model: str | None = None, base_url: str | None = None) -> int:
+           base_model: str | None = None, base_url: str | None = None, server_timeout: float = 60.0) -> int:
     """Download sampler weights and write a PEFT adapter folder, or a full model with the LoRA merged in.
 
     Args:
@@ -148,6 +152,7 @@ def export(checkpoint: str, format: Format = "peft", output: str | None = None, 
         force: replace a non-empty output folder
         base_model: local folder or hub id of the base model (default: the one the run was trained on)
         base_url: server URL (default: TINKER_BASE_URL, else the managed server)
+        server_timeout: seconds the server may go without answering before the command stops (0: wait for ever)
     """
     run_id, kind, ckpt = parse_tinker_path(checkpoint)
     if kind == "weights":
@@ -158,7 +163,8 @@ def export(checkpoint: str, format: Format = "peft", output: str | None = None, 
     url = resolve_base_url(base_url)
     base = base_model or training_run(url, run_id)["base_model"]
     # A failed export leaves nothing half-written; the finished one is an ordinary folder of the user's.
-    with staged_folder(out, shared=True) as staging, tempfile.TemporaryDirectory(prefix="rlcli-export-") as tmp:
+    with (watch(url, server_timeout), staged_folder(out, shared=True) as staging,
+          tempfile.TemporaryDirectory(prefix="rlcli-export-") as tmp):
         download_archive(url, run_id, ckpt, Path(tmp) / "archive.tar.gz")
         adapter = extract_adapter(Path(tmp) / "archive.tar.gz", Path(tmp))
         (write_peft if format == "peft" else write_merged)(adapter, staging, base)

@@ -24,7 +24,7 @@ from typing import Any
 from rlcli.config import portable
 from rlcli.files import staged_file
 from rlcli.server.private import private_server
-from rlcli.train.metrics import CORRECT, REWARD, TEST_CORRECT, TRAIN_NLL
+from rlcli.train.metrics import CORRECT, REWARD, TEACHER_KL, TEST_CORRECT, TEST_TEACHER_KL, TRAIN_NLL
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "notebooks" / "results"
@@ -98,6 +98,38 @@ def train_rl(url: str, folder: Path, dataset: str, loss: str, steps: int, max_op
     rlcli("train", "rl", "--loss", loss, *dataset_flags(dataset, max_operand), "--max-steps", str(steps),
           "--base-url", url, "--log-path", str(folder), *flags(**options))
     return read_metrics(folder)
+
+
+def demo_chats(path: Path) -> Path:
+    """`rlcli demo`'s four chats as SFT JSONL at `path`: a few steps on them move the embedded model away from
+    its arithmetic (the "recover" demonstration)."""
+    from rlcli.demo import DEMO_CHATS
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": prompt},
+                                                     {"role": "assistant", "content": reply}]}) + "\n"
+                            for prompt, reply in DEMO_CHATS))
+    return path
+
+
+def train_distill(url: str, folder: Path, teacher: str, steps: int, max_operand: int | None = None,
+                  **options: Any) -> list[dict]:
+    """`rlcli train distill --prompts arithmetic --teacher TEACHER` into `folder`; flags as for train_rl."""
+    rlcli("train", "distill", "--prompts", "arithmetic", "--teacher", teacher, "--max-steps", str(steps),
+          "--base-url", url, "--log-path", str(folder), *flags(max_operand=max_operand, **options))
+    return read_metrics(folder)
+
+
+def distill_result(rows: list[dict], scores: dict[str, dict], params: dict) -> dict:
+    """What the distillation notebook records: the teacher KL's ends (a mean of the first and last fifth of the
+    steps), the held-out KL at the first and last evaluation, and `rlcli eval`'s score of each model."""
+    _, kl = series(rows, TEACHER_KL)
+    _, held_out = series(rows, TEST_TEACHER_KL)
+    n = max(1, len(kl) // 5)
+    return {"teacher_kl_first_fifth": sum(kl[:n]) / n, "teacher_kl_last_fifth": sum(kl[-n:]) / n,
+            "heldout_kl_first": held_out[0], "heldout_kl_last": held_out[-1], "steps": len(kl),
+            **{f"heldout_correct_{name}": score["correct"] for name, score in scores.items()},
+            "heldout_problems": next(iter(scores.values()))["problems"], "params": params}
 
 
 def read_metrics(run_folder: Path) -> list[dict]:
@@ -211,6 +243,22 @@ def plot_rl(rows: list[dict], before: dict, after: dict, loss: str):
     acc_ax.plot([0, last], [before["correct"], after["correct"]], "s--", color="C3", markersize=9, label=label)
     acc_ax.set(xlabel="step", ylabel="correct share", title="held-out accuracy", ylim=(0, 1.02))
     acc_ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_distill(rows: list[dict], scores: dict[str, dict]):
+    """Teacher KL per step (training batch and held-out prompts) and each model's held-out accuracy."""
+    import matplotlib.pyplot as plt
+
+    fig, (kl_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
+    kl_ax.plot(*series(rows, TEACHER_KL), ".-", alpha=0.6, label="training batch")
+    kl_ax.plot(*series(rows, TEST_TEACHER_KL), "o-", color="C3", label="held-out prompts")
+    kl_ax.axhline(0, color="grey", linewidth=0.5)
+    kl_ax.set(xlabel="step", ylabel="student - teacher logprob per token", title="teacher KL")
+    kl_ax.legend()
+    acc_ax.bar(list(scores), [s["correct"] for s in scores.values()], color=["C0", "C1", "C2"][: len(scores)])
+    acc_ax.set(ylabel="correct share", title="held-out accuracy (rlcli eval)", ylim=(0, 1))
     fig.tight_layout()
     return fig
 

@@ -19,6 +19,7 @@ from typing import Any
 from rlcli.client import NOT_LOADED, parse_tinker_path, server_base_model, training_run, unload_model
 from rlcli.config import ensure_api_key, resolve_base_url
 from rlcli.errors import RlcliError, UsageError, debug_enabled
+from rlcli.watchdog import DEFAULT_TIMEOUT_S, watch
 
 # Tokens that end an assistant turn in the chat templates rlcli meets (ChatML, Llama 3, Gemma).
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>")
@@ -163,7 +164,7 @@ def _messages(system: str | None, history: list[dict[str, str]]) -> list[dict[st
 
 def sample(prompt: str | None = None, checkpoint: str | None = None, model: str | None = None,
            system: str | None = None, max_tokens: int = 256, temperature: float = 0.7, n: int = 1, seed: int = 0,
-           base_url: str | None = None, tokenizer: str | None = None) -> int:
+           base_url: str | None = None, tokenizer: str | None = None, server_timeout: float = DEFAULT_TIMEOUT_S) -> int:
     """Sample completions for one prompt, rendered with the model's chat template.
 
     Args:
@@ -177,16 +178,18 @@ def sample(prompt: str | None = None, checkpoint: str | None = None, model: str 
         seed: sampling seed (completion i uses seed + i)
         base_url: server URL (default: TINKER_BASE_URL, else the managed server)
         tokenizer: local folder or hub id of the tokenizer, when the server's base model is not on this machine
+        server_timeout: seconds the server may go without answering before the command stops (0: wait for ever)
     """
     if not prompt:
         raise UsageError("--prompt TEXT is required (`rlcli chat` talks turn by turn)")
     if n < 1 or max_tokens < 1:
         raise UsageError("--n and --max-tokens must be at least 1")
-    s = open_sampler(checkpoint, model, base_url, tokenizer, max_tokens, temperature, seed)
-    try:
-        completions = complete(s, _messages(system, [{"role": "user", "content": prompt}]), n)
-    finally:
-        close(s)
+    with watch(resolve_base_url(base_url), server_timeout):
+        s = open_sampler(checkpoint, model, base_url, tokenizer, max_tokens, temperature, seed)
+        try:
+            completions = complete(s, _messages(system, [{"role": "user", "content": prompt}]), n)
+        finally:
+            close(s)
     for i, text in enumerate(completions):
         if n > 1:
             print(f"--- completion {i + 1}/{n}")
@@ -195,7 +198,8 @@ def sample(prompt: str | None = None, checkpoint: str | None = None, model: str 
 
 
 def chat(checkpoint: str | None = None, model: str | None = None, system: str | None = None, max_tokens: int = 256,
-         temperature: float = 0.7, seed: int = 0, base_url: str | None = None, tokenizer: str | None = None) -> int:
+         temperature: float = 0.7, seed: int = 0, base_url: str | None = None, tokenizer: str | None = None,
+         server_timeout: float = DEFAULT_TIMEOUT_S) -> int:
     """Chat turn by turn: each stdin line is a user message; /reset clears the history, /exit or EOF ends.
 
     Args:
@@ -207,7 +211,14 @@ def chat(checkpoint: str | None = None, model: str | None = None, system: str | 
         seed: sampling seed (turn t uses seed + t)
         base_url: server URL (default: TINKER_BASE_URL, else the managed server)
         tokenizer: local folder or hub id of the tokenizer, when the server's base model is not on this machine
+        server_timeout: seconds the server may go without answering before the chat ends (0: wait for ever)
     """
+    with watch(resolve_base_url(base_url), server_timeout):
+        return _chat(checkpoint, model, system, max_tokens, temperature, seed, base_url, tokenizer)
+
+
+def _chat(checkpoint: str | None, model: str | None, system: str | None, max_tokens: int, temperature: float,
+          seed: int, base_url: str | None, tokenizer: str | None) -> int:
     s = open_sampler(checkpoint, model, base_url, tokenizer, max_tokens, temperature, seed)
     tty = sys.stdin.isatty()
     if tty:

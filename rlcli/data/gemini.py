@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from rlcli.data.messages import Conversation, Message, Skip, conversation, role_of, to_json
+from rlcli.data.messages import Conversation, Message, Skip, conversation, from_parts, role_of, to_json
 
 _REQUEST_KEYS = ("request", "full_request", "body", "request_body", "requestBody", "params")
 _RESPONSE_KEYS = ("response", "full_response", "result", "response_body", "responseBody", "output")
@@ -206,23 +206,7 @@ def _content(content: Any, parts: Counter[str], calls: _Calls, default_role: str
             results.append(_result(fr, calls, parts))
         else:
             parts[_part_kind(part)] += 1
-    return _messages(role, texts, thinking, tool_calls, results)
-
-
-def _messages(
-    role: str, texts: list[str], thinking: list[str], calls: list[Any], results: list[Message]
-) -> list[Message]:
-    if role == "assistant":
-        out: Message = {"role": "assistant", "content": "".join(texts)}
-        if calls:
-            out["tool_calls"] = calls
-        if thinking:
-            out["reasoning"] = "\n\n".join(thinking)
-        return results + [out]
-    text = "\n".join(texts)
-    if role == "tool" and not text:
-        return results
-    return results + ([{"role": role, "content": text}] if text or not results else [])
+    return from_parts(role, texts, thinking, tool_calls, results, empty_tool_message=False)
 
 
 def _call(fc: Any, calls: _Calls, parts: Counter[str]) -> dict[str, Any] | None:

@@ -375,3 +375,21 @@ def _join(prev: Message, m: Message) -> Message:
     if "reasoning" in m:
         joined["reasoning"] = "\n\n".join(t for t in (prev.get("reasoning"), m["reasoning"]) if t)
     return joined
+
+
+def from_parts(role: str, texts: list[str], thinking: list[str], calls: list[Any], results: list[Message],
+               empty_tool_message: bool = True) -> list[Message]:
+    """The messages of one logged turn whose parts were sorted into text, thinking, tool calls and tool
+    results (Gemini's parts, OTel's message parts): the results first, then the turn itself; an assistant
+    turn always (its calls and reasoning ride on it), another only with text or when nothing else is left."""
+    if role == "assistant":
+        out: Message = {"role": "assistant", "content": "".join(texts)}
+        if calls:
+            out["tool_calls"] = calls
+        if thinking:
+            out["reasoning"] = "\n\n".join(thinking)
+        return results + [out]
+    text = "\n".join(texts)
+    if role == "tool" and not text and not empty_tool_message:
+        return results
+    return results + ([{"role": role, "content": text}] if text or not results else [])

@@ -31,7 +31,16 @@ from typing import Any
 
 import orjson
 
-from rlcli.data.messages import Conversation, Message, Skip, conversation, convert_message, role_of, to_json
+from rlcli.data.messages import (
+    Conversation,
+    Message,
+    Skip,
+    conversation,
+    convert_message,
+    from_parts,
+    role_of,
+    to_json,
+)
 from rlcli.data.otel_flat import check_end, first_reply, flattened, maybe_parts
 
 _LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "completion"})
@@ -266,23 +275,7 @@ def _part_message(m: Any, parts: Counter[str], default_role: str) -> list[Messag
             thinking.append(part["content"])
         elif text := _part_text(part, parts):
             texts.append(text)
-    return _assemble(role, texts, thinking, calls, results)
-
-
-def _assemble(
-    role: str, texts: list[str], thinking: list[str], calls: list[Any], results: list[Message]
-) -> list[Message]:
-    if role == "assistant":
-        out: Message = {"role": "assistant", "content": "".join(texts)}
-        if calls:
-            out["tool_calls"] = calls
-        if thinking:
-            out["reasoning"] = "\n\n".join(thinking)
-        return results + [out]
-    text = "\n".join(texts)
-    if text or not results:
-        results.append({"role": role, "content": text})
-    return results
+    return from_parts(role, texts, thinking, calls, results)
 
 
 # 2. The older event form: one event per message, and one per choice.

@@ -32,7 +32,7 @@ from rlcli.train.losses import Passes
 from rlcli.train.rl_loop import RlLoss, RlProgress, RlSettings
 
 RECIPE_NAME = "rlcli_train_harbor"
-RESUME_KEYS = ("model", "renderer", "loss", "group_size", "groups_per_batch", "network", "reward_key")
+RESUME_KEYS = ("model", "renderer", "loss", "group_size", "groups_per_batch", "network", "reward_key", "seed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +116,8 @@ def train_harbor(dataset: str | None = None, loss: RlLoss = "gspo", loss_config:
                  lora_rank: int = run.LORA_RANK, command_timeout: float = 120.0, sandbox_timeout: float | None = None,
                  max_sandboxes: int = 4, max_steps: int | None = None, save_every: int = run.SAVE_EVERY,
                  log_path: str | None = None, resume: bool = False, network: NetworkChoice = "task",
-                 reward_key: str | None = None, dry_run: bool = False) -> int:
+                 reward_key: str | None = None, dry_run: bool = False, seed: int = run.SEED,
+                 server_timeout: float = run.SERVER_TIMEOUT) -> int:
     """Train a LoRA agent with RL on Harbor tasks run in local Docker; each rollout's test verdict is its reward.
 
     Args:
@@ -149,6 +150,8 @@ def train_harbor(dataset: str | None = None, loss: RlLoss = "gspo", loss_config:
         network: task (each phase as task.toml says; Harbor's default is the public network) or none (no network)
         reward_key: the reward.json key that is the reward (default: "reward" if present, else the mean of the keys)
         dry_run: plan the loss, find the tasks, print the plan; make no model and no container
+        seed: the run's seed (the LoRA's initialisation and every sampling seed; kept in the run folder)
+        server_timeout: seconds the server may go without answering before the run stops (0: wait for ever)
     """
     if not dataset:
         raise UsageError("pass --dataset DIR (a folder of Harbor tasks, or one task) or --dataset NAME@VERSION "
@@ -159,10 +162,10 @@ def train_harbor(dataset: str | None = None, loss: RlLoss = "gspo", loss_config:
                       save_every=save_every, eval_every=eval_every, lr=lr, temperature=temperature,
                       groups_per_batch=groups_per_batch, max_turns=max_turns, max_sandboxes=max_sandboxes,
                       command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, limit=limit,
-                      eval_tasks=eval_tasks)
+                      eval_tasks=eval_tasks, seed=seed)
     url = resolve_base_url(base_url)
     plan = rl_loop.plan_losses(url, loss, loss_config, passes)  # first: an unservable loss fails before real work
-    t = run.target("harbor", log_path, resume, url, model, renderer, dry_run)
+    t = run.target("harbor", log_path, resume, url, model, renderer, dry_run, server_timeout)
     train, held = split_tasks(load_tasks(dataset, task_filter, limit, network=network), eval_tasks)
     if eval_dataset:
         held = load_tasks(eval_dataset, None, None, "--eval-dataset", network)
@@ -171,7 +174,7 @@ def train_harbor(dataset: str | None = None, loss: RlLoss = "gspo", loss_config:
                  steps=max_steps or math.ceil(len(train) / groups_per_batch), max_turns=max_turns,
                  max_tokens=max_tokens, temperature=temperature, lr=lr, lora_rank=lora_rank, eval_every=eval_every,
                  command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, max_sandboxes=max_sandboxes,
-                 save_every=save_every, max_steps=max_steps, network=network, reward_key=reward_key)
+                 save_every=save_every, max_steps=max_steps, network=network, reward_key=reward_key, seed=seed)
     progress = RlProgress(s.steps, plan.loss, plan.passes)
     job = run.Job(settings=s, summary=describe(plan, dataset, train, held, s),
                   digest=("tasks_sha256", tasks_hash(train + held)), same_input="the same --dataset and filters",

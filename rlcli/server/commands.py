@@ -17,11 +17,12 @@ from rlcli import config
 from rlcli.errors import RlcliError, UsageError
 from rlcli.server import backend_config as hw
 from rlcli.server import process, server_venv
+from rlcli.server.server_venv import Backend
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 LAUNCHER = RUNTIME_DIR / "launcher.py"
 MAX_LOG_BYTES = 20 * 2**20
-SERVER_EXTENSIONS = "rlcli_losses,rlcli_slots,rlcli_wake,rlcli_lora"
+SERVER_EXTENSIONS = "rlcli_losses,rlcli_slots,rlcli_wake,rlcli_lora,rlcli_samplers,rlcli_warmup"
 
 
 def _is_loopback(host: str) -> bool:
@@ -72,7 +73,7 @@ def skyrl_api_args(*, base_model: str, backend: str, host: str, port: int, backe
 
 def start(
     base_model: str | None = None,
-    backend: str = "jax",
+    backend: Backend = "jax",
     host: str = config.DEFAULT_HOST,
     port: int = config.DEFAULT_PORT,
     gpus: int | None = None,
@@ -118,8 +119,6 @@ def start(
         database_url: SkyRL's database, e.g. postgresql://USER:PASSWORD@HOST:5432/DB (default: RLCLI_DATABASE_URL,
             else sqlite in the server's folder); the password goes to the server as PGPASSWORD, never argv
     """
-    if backend not in server_venv.BACKENDS:
-        raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(server_venv.BACKENDS)}")
     if backend != "jax" and not hw.has_cuda():
         raise UsageError(f"the {backend} backend needs NVIDIA GPUs with CUDA and none was found; "
                          "use --backend jax on this machine")
@@ -192,10 +191,13 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
     env.update(compilation_cache_env())
+    env["RLCLI_WARMUP_FILE"] = str(warmup_file(model, backend, backend_cfg))
     # runtime/rlcli_losses.py: fused gspo for the jax backend and GET /api/v1/rlcli/capabilities;
     # runtime/rlcli_slots.py: a new model never inherits gradients left in its LoRA slot.
     # runtime/rlcli_wake.py: API and engine wake each other instead of polling on 100 ms / 50 ms timers.
     # runtime/rlcli_lora.py: a step computes the LoRA adapters of its batch only, not every slot.
+    # runtime/rlcli_samplers.py: sampling a saved checkpoint never replaces a training model's weights.
+    # runtime/rlcli_warmup.py: a restart traces the batch shapes earlier runs served before it is ready.
     env["RLCLI_SERVER_EXTENSIONS"] = SERVER_EXTENSIONS if extensions else ""
     env.update(tenant_env or {})  # PGPASSWORD for --database-url; the tenants file for --tenants
     if tenant_env and "RLCLI_TENANTS_FILE" in tenant_env:  # runtime/rlcli_tenants.py, even with --no-extensions
@@ -222,6 +224,16 @@ def compilation_cache_env() -> dict[str, str]:
     folder = config.private_dir(config.rlcli_home() / "cache" / "jax")
     return {"JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR", str(folder)),
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def warmup_file(model: str, backend: str, backend_cfg: dict) -> Path:
+    """Where the engine records the batch shapes it served, for the next start on this model and config."""
+    import hashlib
+    import json
+
+    key = json.dumps([model, backend, backend_cfg], sort_keys=True)
+    folder = config.private_dir(config.rlcli_home() / "cache" / "warmup")
+    return folder / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
 def stop(name: str = "default") -> int:
@@ -278,6 +290,8 @@ def status(name: str = "default") -> int:
     detail = f"{state.url} backend={state.backend} model={state.base_model}"
     if state.settings.get("slots"):
         detail += f" slots={state.settings['slots']} (raise with `rlcli serve start --slots N`)"
+    if word == "running" and (warmed := _warmup_line(name)):
+        detail += f"; {warmed}"
     if word == "dead" and members:
         detail += f"; leftover processes {members}: run `rlcli serve stop`"
     elif word == "dead":
@@ -286,6 +300,13 @@ def status(name: str = "default") -> int:
         detail += f" pids={members}"
     print(f"{word}: {detail}")
     return 0 if word == "running" else 3
+
+
+def _warmup_line(name: str) -> str | None:
+    """What the engine's warm-up did at its last start, from the log (runtime/rlcli_warmup.py), if it is there."""
+    lines = process.tail(process.layout(config.server_state_dir(name))["log"], 400).splitlines()
+    found = [ln for ln in lines if ln.startswith("[rlcli_warmup") and "warmed" in ln]
+    return "start-up " + found[-1].split("] ", 1)[1] if found else None
 
 
 def logs(follow: bool = False, lines: int = 50, name: str = "default") -> int:
@@ -330,7 +351,7 @@ def restart(wait: float = 600.0, name: str = "default") -> int:
     return start(**{**state.settings, "wait": wait, "name": name})
 
 
-def install(backend: str = "jax", python: str | None = None, venv: str | None = None) -> int:
+def install(backend: Backend = "jax", python: str | None = None, venv: str | None = None) -> int:
     """Build (or verify) the server venv from the lock in rlcli/server/env/, without starting a server.
 
     Args:

@@ -14,13 +14,16 @@ import shutil
 import subprocess
 import sys
 import time
+import typing
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 from rlcli.config import server_venv_dir
 from rlcli.errors import RlcliError, UsageError
 
-BACKENDS = ("jax", "fsdp", "megatron")
+Backend = Literal["jax", "fsdp", "megatron"]  # a fixed choice of `rlcli serve start|install --backend`
+BACKENDS: tuple[str, ...] = typing.get_args(Backend)
 REQUIRED_PYTHON = (3, 12)
 MARKER = ".rlcli-complete"
 
@@ -110,10 +113,8 @@ def is_complete(venv: Path, backend: str) -> bool:
     return f"{backend}:{_pins_digest(backend)}" in marker.read_text().split()
 
 
-def ensure_server_venv(backend: str = "jax", python: str | None = None, venv: str | None = None) -> Path:
+def ensure_server_venv(backend: Backend = "jax", python: str | None = None, venv: str | None = None) -> Path:
     """Return the server venv's folder, building or updating it from the pins first if needed."""
-    if backend not in BACKENDS:
-        raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     path = server_venv_dir(venv)
     if is_complete(path, backend):
         return path

@@ -6,6 +6,7 @@ folder.py    a run folder: its lock, run info, checkpoints.jsonl, the models it 
 hooks.py     every hook into tinker and tinker-cookbook, checked against the pinned versions at import
 sl.py        `rlcli train sl`: supervised fine-tuning on chat JSONL
 rl.py        `rlcli train rl`: RL with a server-side loss; rl_loop.py: what it shares with `train harbor`
+distill.py   `rlcli train distill`: on-policy distillation; distill_loop.py its loop, teacher.py its teacher
 losses.py    loss names, what each backend serves, GSPO's reference and exact 2-pass route
 stats.py     each RL step's loss and clip fraction; metrics.py: the metrics.jsonl keys
 envs.py      the RL problem sets as cookbook dataset builders; heldout.py: the problems they hold out

@@ -78,6 +78,7 @@ class Data:
     held_out: int  # problems scored every --eval-every steps, never trained on
     grader: str
     max_operand: int = heldout.ARITHMETIC_MAX  # arithmetic's x, y range: 0..max_operand
+    replay: Any = None  # --env replay's rlcli.train.replay.Spec
 
 
 # --- grading -------------------------------------------------------------------------------------
@@ -177,8 +178,13 @@ def read_problems(path: str, grader: str = "auto") -> Problems:
 
 
 def load_data(name: str, path: str | None, batch_size: int, max_steps: int | None, grader: str = "auto",
-              eval_size: int | None = None, max_operand: int = heldout.ARITHMETIC_MAX) -> Data:
-    """Read and check `choose_dataset`'s data (or ask the hub GSM8K's size); settle the held-out count."""
+              eval_size: int | None = None, max_operand: int = heldout.ARITHMETIC_MAX, replay: Any = None) -> Data:
+    """Read and check `choose_dataset`'s data (or ask the hub GSM8K's size); settle the held-out count.
+    With `replay` (a rlcli.train.traces.Spec), the traces it names (rlcli.train.replay)."""
+    if replay is not None:
+        from rlcli.train import replay as replay_env
+
+        return replay_env.load(replay, batch_size, eval_size)
     if path:
         problems = read_problems(path, grader)
         held_out = heldout.file_eval_size(problems.records, eval_size, path)
@@ -329,6 +335,10 @@ def arithmetic_datasets(batch_size: int, group_size: int, n_batches: int, eval_s
 
 def dataset_builder(data: Data, model: str, renderer: str, batch_size: int, group_size: int) -> RLDatasetBuilder:
     """The cookbook builder for `data` (from load_data): training set and held-out test set."""
+    if data.replay is not None:
+        from rlcli.train import replay
+
+        return replay.builder(data, model, renderer, batch_size, group_size)
     common = dict(batch_size=batch_size, model_name_for_tokenizer=model, renderer_name=renderer,
                   group_size=group_size)
     if data.problems is not None:

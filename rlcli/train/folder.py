@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +67,51 @@ def claim(folder: Path) -> Iterator[None]:
         yield
 
 
+def parsed_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """(the rows of a JSONL file, how many lines did not parse): a write cut short by a kill or a full disk
+    leaves a torn last line, which is no row."""
+    rows, torn = [], 0
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                torn += 1
+    return rows, torn
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return parsed_lines(path)[0]
+
+
+def _rewrite(path: Path, rows: list[dict[str, Any]]) -> None:
+    from rlcli.files import staged_file
+
+    with staged_file(path, shared=False) as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows).encode())
+
+
+def resume_point(folder: Path, resume_step: Callable[[dict[str, Any]], int]) -> tuple[dict[str, Any] | None, int]:
+    """The checkpoint a resume starts from and its step, after making the folder agree with it.
+
+    Torn lines of metrics.jsonl and checkpoints.jsonl go (a record cut short by a kill or a full disk was never
+    complete). A checkpoint counts only if every step before it has its metrics row: a run that died between
+    saving a checkpoint and logging that step's row resumes from the checkpoint before, so no step goes
+    unrecorded. Then the rows of the steps the resume will run again go. Each file changes in one rename.
+    """
+    metrics, torn = parsed_lines(folder / "metrics.jsonl")
+    logged = {r["step"] for r in metrics if isinstance(r.get("step"), int)}
+    covered = next(step for step in range(len(logged) + 1) if step not in logged)  # first step without a row
+    checkpoints, torn_checkpoints = parsed_lines(folder / "checkpoints.jsonl")
+    usable = [c for c in checkpoints if not c.get("state_path") or resume_step(c) <= covered]
+    if torn_checkpoints or len(usable) != len(checkpoints):
+        _rewrite(folder / "checkpoints.jsonl", usable)
+    last = next((c for c in reversed(usable) if c.get("state_path")), None)
+    start = resume_step(last) if last else 0
+    keep = [r for r in metrics if r.get("step", -1) < start]
+    if torn or len(keep) != len(metrics):
+        _rewrite(folder / "metrics.jsonl", keep)
+    return last, start
 
 
 def read_info(folder: Path) -> dict[str, Any]:

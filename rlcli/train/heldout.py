@@ -44,11 +44,15 @@ def split_problems(records: list[dict[str, str]], eval_size: int,
 
 
 def file_eval_size(records: list[dict[str, str]], eval_size: int | None, source: str) -> int:
-    distinct = len({question_key(r["question"]) for r in records})
+    return held_out_size(len({question_key(r["question"]) for r in records}), eval_size, source, "questions")
+
+
+def held_out_size(distinct: int, eval_size: int | None, source: str, what: str) -> int:
+    """--eval-size for a file of `distinct` problems: by default EVAL_SIZE, at most a FILE_EVAL_SHARE-th."""
     if eval_size is None:
         return min(EVAL_SIZE, distinct // FILE_EVAL_SHARE)
     if eval_size >= distinct:
-        raise UsageError(f"--eval-size {eval_size} would hold out all {distinct} distinct questions of {source}: "
+        raise UsageError(f"--eval-size {eval_size} would hold out all {distinct} distinct {what} of {source}: "
                          "lower it (0: no held-out evaluation)")
     return eval_size
 

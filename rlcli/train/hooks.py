@@ -16,6 +16,20 @@ pyproject.toml, so a pin bump fails there first.
   through `forward_backward_async` only.
 - `quiet_rl_sampling`: the RL loop draws a tqdm bar per sampling batch; it would bury the one
   progress line per step.
+- `seeded_lora`, `seeded_sampling`: the recipes create their LoRA with no seed (SkyRL then draws one at
+  random) and sample with none (the same); inside the block a LoRA gets the run's seed, and each sample
+  request without one gets a seed derived from the run's seed, the sampling client's order of creation,
+  the prompt's tokens and how often that prompt was asked of that client (samples of one group differ).
+- `sl_checkpoints_name_the_next_batch`: the SL recipe saves at step k a state that already holds step k
+  (and, pipelined, step k+1) but records batch k, so a resume redid step k on top of it. rlcli runs SL
+  without submitting ahead (submit_ahead=0) and records batch k+1: the state and the record agree.
+- `hosted_prompt_logprobs`: SkyRL's jax backend answers `compute_logprobs` with N-1 prompt logprobs
+  (no leading None for the first token); the cookbook slices `[1:]` as for hosted Tinker, in the
+  distillation loop's teacher KL and the RL loop's KL penalty, so shapes disagree. Inside the block,
+  an N-1 answer gets its leading None back; a hosted-shape answer passes unchanged.
+- `response_weights`: the RL loop strips its action mask before forward_backward (`_remove_mask`),
+  and the jax backend then weighs every token 1, dividing each sequence's loss by prompt + response
+  length. Inside the block the mask travels as `weights` instead (explicit weights win), for every loss.
 - `cookbook_logging`: the recipes log a rich table and a rendered example per step to the console;
   this keeps those in the run's logs.log, prints one line per step instead (a logger joined to the
   cookbook's MultiplexLogger), and adds rlcli's own figures to each step's metrics.jsonl row.
@@ -57,10 +71,30 @@ PATCHES = (
     Patch("tinker", "TrainingClient.__init__", "on_training_client: slot records, loss route, step statistics"),
     Patch("tinker", "TrainingClient.forward_backward", "replace_forward_backward: the loss route (per client)"),
     Patch("tinker", "TrainingClient.forward_backward_async", "replace/watch_forward_backward (per client)"),
+    Patch("tinker.lib.public_interfaces.service_client", "ServiceClient._create_lora_training_client_submit",
+          "seeded_lora: the seed of a new LoRA", ("seed=seed,",)),
+    Patch("tinker.lib.public_interfaces.sampling_client", "SamplingClient.__init__",
+          "seeded_sampling: the order sampling clients are made in"),
+    Patch("tinker.lib.public_interfaces.sampling_client", "SamplingClient.sample",
+          "seeded_sampling: every sample call (sample_async goes through it)", ("            self.sample(",)),
+    Patch("tinker_cookbook.checkpoint_utils", "CheckpointManager.maybe_save_async",
+          "sl_checkpoints_name_the_next_batch: the SL recipe's periodic saves"),
+    Patch("tinker_cookbook.supervised.train", "Config.submit_ahead", "rlcli runs SL with submit_ahead=0",
+          ('"batch": submitted.batch_idx,', "checkpoint_mgr.maybe_save_async(", "start_batch = resume_info.batch")),
     Patch("tinker_cookbook.rl.train", "tqdm", "quiet_rl_sampling",
           ("tqdm(total=",)),
     Patch("tinker_cookbook.rl.train", "main", "the RL loop submits through forward_backward_async and logs one "
           "row per step with progress/batch", ("training_client.forward_backward_async(", f'"{keys.BATCH}"')),
+    Patch("tinker", "SamplingClient.compute_logprobs_async", "hosted_prompt_logprobs: pads SkyRL's N-1 answer"),
+    Patch("tinker_cookbook.distillation.train_on_policy", "incorporate_kl_penalty", "hosted_prompt_logprobs: "
+          "the teacher KL slices the hosted shape", ("teacher_logprobs[1:]", "compute_logprobs_async(")),
+    Patch("tinker_cookbook.rl.metrics", "incorporate_kl_penalty", "hosted_prompt_logprobs: the KL penalty "
+          "slices the hosted shape", ("base_logprobs[1:]", "compute_logprobs_async(")),
+    Patch("tinker_cookbook.distillation.train_on_policy", "do_sync_training", "rlcli's distill loop hands it "
+          "the teacher clients and logs one row per step with progress/batch",
+          ("teacher_clients", f'"{keys.BATCH}"', "train_step(")),
+    Patch("tinker_cookbook.rl.train", "_remove_mask", "response_weights: the mask becomes weights",
+          ("_remove_mask(d) for d in",)),
     Patch("tinker_cookbook.supervised.train", "main", "the SL loop logs train_mean_nll per step",
           (f"{keys.TRAIN_NLL}=",)),
     Patch("tinker_cookbook.utils.ml_log", "setup_logging", "cookbook_logging: joins its MultiplexLogger",
@@ -172,6 +206,76 @@ class RecordingFuture:
 
 
 @contextlib.contextmanager
+def seeded_lora(seed: int) -> Iterator[None]:
+    """Inside the block, a LoRA created without a seed gets `seed` (SkyRL initialises lora_A from it)."""
+    cls = tinker.ServiceClient
+    original = cls._create_lora_training_client_submit
+
+    def submit(self: Any, base_model: str, rank: int, lora_seed: int | None, *args: Any, **kwargs: Any) -> Any:
+        return original(self, base_model, rank, seed if lora_seed is None else lora_seed, *args, **kwargs)
+
+    cls._create_lora_training_client_submit = submit  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cls._create_lora_training_client_submit = original  # type: ignore[method-assign]
+
+
+def sample_seed(seed: int, client_index: int, prompt_tokens: list[int], occurrence: int) -> int:
+    """A sampling seed that depends on what is asked, not on when: the same run asks the same things."""
+    import hashlib
+
+    text = f"{seed}:{client_index}:{occurrence}:{','.join(map(str, prompt_tokens))}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+@contextlib.contextmanager
+def seeded_sampling(seed: int, first_client: int = 0) -> Iterator[None]:
+    """Inside the block, each sample request that carries no seed gets sample_seed(...) as its seed; the
+    first sampling client made counts as number first_client (a resumed RL loop starts at its step)."""
+    cls = tinker.SamplingClient
+    original_init, original_sample = cls.__init__, cls.sample
+    made = [first_client]
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self._rlcli_index, self._rlcli_asked = made[0], {}
+        made[0] += 1
+
+    def sample(self: Any, prompt: Any, num_samples: int, sampling_params: Any, *args: Any, **kwargs: Any) -> Any:
+        if sampling_params.seed is None and hasattr(self, "_rlcli_asked"):
+            tokens = prompt.to_ints()
+            key = hash(tuple(tokens))
+            occurrence = self._rlcli_asked[key] = self._rlcli_asked.get(key, -1) + 1
+            sampling_params = sampling_params.model_copy(
+                update={"seed": sample_seed(seed, self._rlcli_index, tokens, occurrence)})
+        return original_sample(self, prompt, num_samples, sampling_params, *args, **kwargs)
+
+    cls.__init__, cls.sample = init, sample  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        cls.__init__, cls.sample = original_init, original_sample  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def sl_checkpoints_name_the_next_batch() -> Iterator[None]:
+    """Inside the block, a periodic save records the batch after the one it was made at (the state holds it)."""
+    from tinker_cookbook.checkpoint_utils import CheckpointManager
+
+    original = CheckpointManager.maybe_save_async
+
+    async def maybe_save_async(self: Any, step: int, loop_state: dict[str, Any], **kwargs: Any) -> Any:
+        return await original(self, step, {**loop_state, "batch": loop_state["batch"] + 1}, **kwargs)
+
+    CheckpointManager.maybe_save_async = maybe_save_async  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        CheckpointManager.maybe_save_async = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
 def quiet_rl_sampling() -> Iterator[None]:
     original = rl_train.tqdm
     rl_train.tqdm = functools.partial(original, disable=True)
@@ -223,12 +327,56 @@ def cookbook_logging(progress: Any) -> Iterator[None]:
         return ml_logger
 
     ml_log.setup_logging, ml_log.configure_logging_module = setup_logging, configure_logging_module
+    # A full disk fails the run with one line (rlcli.errors); logging's own report of each failed write to
+    # logs.log would bury it under tracebacks.
+    raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False
     try:
         yield
     finally:
+        logging.raiseExceptions = raise_exceptions
         ml_log.setup_logging, ml_log.configure_logging_module = original_setup, original_configure
         for handler in ours:
             handler.close()
         root.handlers[:] = saved_handlers
         root.setLevel(saved_level)
 
+
+
+def hosted_shape(logprobs: list, length: int) -> list:
+    """Prompt logprobs as hosted Tinker returns them: one per token, None for the first (no context)."""
+    return [None, *logprobs] if len(logprobs) == length - 1 else list(logprobs)
+
+
+@contextlib.contextmanager
+def hosted_prompt_logprobs() -> Iterator[None]:
+    """Inside the block, every SamplingClient.compute_logprobs_async answers in hosted Tinker's shape."""
+    original = tinker.SamplingClient.compute_logprobs_async
+
+    async def compute_logprobs_async(self: Any, prompt: Any) -> list:
+        return hosted_shape(await original(self, prompt), prompt.length)
+
+    tinker.SamplingClient.compute_logprobs_async = compute_logprobs_async  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        tinker.SamplingClient.compute_logprobs_async = original  # type: ignore[method-assign]
+
+
+def mask_as_weights(datum: Any) -> Any:
+    """The datum without the cookbook's `mask`, which becomes its `weights` unless it has some."""
+    inputs = dict(datum.loss_fn_inputs)
+    mask = inputs.pop("mask", None)
+    if mask is not None and "weights" not in inputs:
+        inputs["weights"] = tinker.TensorData.from_numpy(mask.to_numpy().astype("float32"))
+    return tinker.Datum(model_input=datum.model_input, loss_fn_inputs=inputs)
+
+
+@contextlib.contextmanager
+def response_weights() -> Iterator[None]:
+    """Inside the block, the RL loop sends its action mask as the datums' weights (see the module docstring)."""
+    original = rl_train._remove_mask
+    rl_train._remove_mask = mask_as_weights
+    try:
+        yield
+    finally:
+        rl_train._remove_mask = original

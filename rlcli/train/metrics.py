@@ -13,3 +13,6 @@ TOKENS, LR, EPOCH = "num_tokens", "learning_rate", "epoch"  # the SL recipe's
 REWARD, CORRECT = "env/all/reward/total", "env/all/correct"  # the RL recipe's, on the training batch
 TEST_REWARD, TEST_CORRECT = f"test/{REWARD}", f"test/{CORRECT}"  # its RLTestSetEvaluator's, on held-out problems
 LOSS, CLIP = "optim/loss", "optim/clip_fraction"  # rlcli's: the server's objective, and the share clipped
+TEACHER_KL = "teacher_kl"  # the distillation loop's: mean student - teacher logprob over sampled tokens
+TEST_TEACHER_KL = f"test/{TEACHER_KL}"  # rlcli's, the same on held-out prompts (rlcli.train.distill_loop)
+SAMPLED_TOKENS = "env/all/ac_tokens_per_turn"  # the RL recipes': mean sampled length

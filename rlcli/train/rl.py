@@ -27,12 +27,13 @@ from rlcli.train.folder import last_checkpoint
 from rlcli.train.heldout import Grader, choose_dataset
 from rlcli.train.losses import Passes
 from rlcli.train.rl_loop import RlLoss, RlProgress, RlSettings
+from rlcli.train.traces import Env, Reward, Turn, judge_settings, spec_from_flags
 
 if TYPE_CHECKING:
     from rlcli.train.envs import Data  # imports the cookbook: only for the type checker
 
 RECIPE_NAME = "rlcli_train_rl"
-RESUME_KEYS = ("model", "renderer", "loss", "batch_size", "group_size", "grader", "eval_size")
+RESUME_KEYS = ("model", "renderer", "loss", "batch_size", "group_size", "grader", "eval_size", "seed", "kl_coef")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +45,7 @@ class Settings(RlSettings):
     eval_size: int = 0  # problems held out: what --eval-size came to
     load_checkpoint: str | None = None  # a training-state path
     max_operand: int | None = None  # arithmetic's operand range, when --max-operand set it
+    kl_coef: float = 0.0  # the cookbook's KL penalty against the base model (0: off)
 
 
 def checkpoint_state(load_checkpoint: str | None) -> str | None:
@@ -72,7 +74,8 @@ def describe(plan: Any, data: Data, s: Settings, steps: int) -> str:
         f"data: {data.label}: {size}, {data.batches} batches of {s.batch_size}; grader {data.grader}; {held_out}",
         f"plan: {s.batch_size} problems x {s.group_size} samples per step, {steps} step{'s' * (steps != 1)} "
         f"(max {s.max_tokens} tokens per sample, temperature {s.temperature}, lr {s.lr:g})",
-        f"model: {s.model}  renderer: {s.renderer}  start: {s.load_checkpoint or f'fresh LoRA rank {s.lora_rank}'}",
+        f"model: {s.model}  renderer: {s.renderer}  start: {s.load_checkpoint or f'fresh LoRA rank {s.lora_rank}'}"
+        f"{f'  KL penalty vs the base model: {s.kl_coef:g}' if s.kl_coef else ''}",
     ])
 
 
@@ -82,11 +85,14 @@ def build_config(folder: Path, url: str, s: Settings, data: Data) -> Any:
     from rlcli.train import envs
 
     builder = envs.dataset_builder(data, s.model, s.renderer, s.batch_size, s.group_size)
+    # Only base_model: SkyRL refuses a sampling client that names a model_path too (docs/decisions.md).
+    reference = train.KLReferenceConfig(base_model=s.model) if s.kl_coef else None
     return train.Config(learning_rate=s.lr, dataset_builder=builder, model_name=s.model, recipe_name=RECIPE_NAME,
                         max_tokens=s.max_tokens, log_path=str(folder), eval_every=s.eval_every,
                         save_every=s.save_every, renderer_name=s.renderer, loss_fn=s.loss,
                         loss_fn_config=s.loss_config or None, lora_rank=s.lora_rank, temperature=s.temperature,
-                        base_url=url, max_steps=s.max_steps, load_checkpoint_path=s.load_checkpoint)
+                        base_url=url, max_steps=s.max_steps, load_checkpoint_path=s.load_checkpoint,
+                        kl_penalty_coef=s.kl_coef, kl_reference_config=reference)
 
 
 def train_rl(loss: RlLoss = "gspo", dataset: str | None = None, dataset_path: str | None = None,
@@ -96,7 +102,12 @@ def train_rl(loss: RlLoss = "gspo", dataset: str | None = None, dataset_path: st
              temperature: float = run.TEMPERATURE, lora_rank: int = run.LORA_RANK, eval_every: int = 20,
              eval_size: int | None = None, grader: Grader = "auto", save_every: int = run.SAVE_EVERY,
              max_steps: int | None = None, load_checkpoint: str | None = None, log_path: str | None = None,
-             resume: bool = False, dry_run: bool = False, max_operand: int | None = None) -> int:
+             resume: bool = False, dry_run: bool = False, max_operand: int | None = None, env: Env = "problems",
+             reward: Reward = "match", match: str = "normalized", turn: Turn = "last", rubric: str | None = None,
+             judge: str | None = None, judge_url: str | None = None, judge_openai: str | None = None,
+             judge_model: str | None = None, seed: int = run.SEED,
+             server_timeout: float = run.SERVER_TIMEOUT,
+             kl_coef: float = 0.0) -> int:
     """Train a LoRA with RL (tinker-cookbook's loop) and a loss computed on the server.
 
     Args:
@@ -127,26 +138,47 @@ def train_rl(loss: RlLoss = "gspo", dataset: str | None = None, dataset_path: st
         resume: continue the run in --log-path (default: the newest rl run) from its last checkpoint
         dry_run: plan the loss, check the data, print the plan; create no model
         max_operand: with --dataset arithmetic: draw x and y from 0..N (default 100, the cookbook's range)
+        env: problems (--dataset is a problem set), or replay: --dataset is traces from `rlcli import`, the
+            policy writes a logged assistant turn and --reward scores it; or tools: traces that called tools,
+            the logged calls answer with their recorded output (answer match + call precision/recall)
+        reward: with --env replay: match (the logged reply), verdict (good-verdict replies are targets,
+            bad ones penalised), rubric (--rubric checks) or judge (a judge model ranks each group)
+        match: how a reply matches the logged one: exact, normalized, number, or regex:PATTERN
+        turn: with --env replay: the last assistant turn of each conversation, or all of them
+        rubric: JSON file of checks (contains, not_contains, regex, min/max_length, json, json_schema)
+        judge: the judge for --reward judge: base (the server's base model) or tinker://RUN/sampler_weights/ID
+        judge_url: the Tinker server the judge runs on (default: the training server)
+        judge_openai: an OpenAI-compatible endpoint (http://HOST/v1) as the judge instead
+        judge_model: the model name the --judge-openai endpoint serves
+        seed: the run's seed (the LoRA's initialisation and every sampling seed; kept in the run folder)
+        server_timeout: seconds the server may go without answering before the run stops (0: wait for ever)
+        kl_coef: penalize each sampled token's logprob above the base model's by this (the cookbook's KL
+            penalty, centred on the batch mean; 0: off)
     """
-    name, path, grader = choose_dataset(dataset, dataset_path, grader, max_operand,
-                                        0 if eval_every == 0 else eval_size)
-    run.check_numbers(batch_size=batch_size, group_size=group_size, max_tokens=max_tokens, lora_rank=lora_rank,
-                      max_steps=max_steps, save_every=save_every, eval_every=eval_every, eval_size=eval_size, lr=lr,
-                      temperature=temperature)
+    spec = spec_from_flags(env, dataset, dataset_path, grader, max_operand, reward, match, turn, rubric,
+                           judge_settings(judge, judge_url, judge_openai, judge_model))
+    held = 0 if eval_every == 0 else eval_size
+    name, path, grader = ("replay", None, "auto") if spec else choose_dataset(dataset, dataset_path, grader,
+                                                                              max_operand, held)
+    run.check_numbers(seed=seed, batch_size=batch_size, group_size=group_size, max_tokens=max_tokens,
+                      lora_rank=lora_rank, max_steps=max_steps, save_every=save_every, eval_every=eval_every,
+                      eval_size=eval_size, lr=lr, temperature=temperature)
+    if kl_coef < 0:
+        raise UsageError(f"--kl-coef must be 0 (off) or more, got {kl_coef}")
     state = checkpoint_state(load_checkpoint)
     url = resolve_base_url(base_url)
     plan = rl_loop.plan_losses(url, loss, loss_config, passes)  # first: an unservable loss fails before real work
-    t = run.target("rl", log_path, resume, url, model, renderer, dry_run)
+    t = run.target("rl", log_path, resume, url, model, renderer, dry_run, server_timeout)
     from rlcli.train import envs  # the cookbook and `datasets`: only once the loss plan stands
 
     data = envs.load_data(name, path, batch_size, max_steps, grader, 0 if eval_every == 0 else eval_size,
-                          max_operand or heldout.ARITHMETIC_MAX)
+                          max_operand or heldout.ARITHMETIC_MAX, spec and spec.on_server(url))
     steps = min(data.batches, max_steps or data.batches)
     s = Settings(model=t.model, renderer=t.renderer, dataset=name, loss=plan.loss, loss_config=dict(plan.config),
                  passes=plan.passes, batch_size=batch_size, group_size=group_size, lr=lr, max_tokens=max_tokens,
                  temperature=temperature, lora_rank=lora_rank, max_steps=max_steps, save_every=save_every,
                  eval_every=eval_every, grader=data.grader, eval_size=data.held_out, load_checkpoint=state,
-                 max_operand=max_operand)
+                 max_operand=max_operand, seed=seed, kl_coef=kl_coef)
     progress = RlProgress(steps, plan.loss, plan.passes)
     job = run.Job(settings=s, summary=describe(plan, data, s, steps), digest=("dataset_sha256", data.sha256),
                   same_input="the same --dataset", resume_keys=RESUME_KEYS, progress=progress,

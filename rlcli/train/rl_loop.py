@@ -51,7 +51,9 @@ def describe_loss(plan: Any) -> str:
 @contextlib.contextmanager
 def routed(plan: Any, progress: RlProgress) -> Iterator[None]:
     """Inside the block, every tinker.TrainingClient gets `plan`'s loss route and has its step statistics
-    recorded (for `progress`, which hands them to the step's metrics row), and sampling draws no bars."""
+    recorded (for `progress`, which hands them to the step's metrics row), sampling draws no bars, the
+    loss is reduced over each sequence's response tokens (the mask sent as weights), and prompt logprobs
+    come in the shape the cookbook slices (rlcli.train.hooks)."""
     from rlcli.train import hooks
     from rlcli.train.losses import install_loss_route
     from rlcli.train.stats import StepStats
@@ -63,7 +65,8 @@ def routed(plan: Any, progress: RlProgress) -> Iterator[None]:
         install_loss_route(client, plan)
         stats.watch(client)  # outside the route: it sees the recipe's data and the result the recipe reads
 
-    with hooks.on_training_client(on_client), hooks.quiet_rl_sampling():
+    with (hooks.on_training_client(on_client), hooks.quiet_rl_sampling(), hooks.response_weights(),
+          hooks.hosted_prompt_logprobs()):
         yield
 
 

@@ -34,13 +34,16 @@ SAVE_EVERY = 20
 GROUP_SIZE = 4  # RL samples per problem
 TEMPERATURE = 1.0
 RL_LR = 4e-5  # the cookbook's RL recipes use 1e-5..4e-5; its get_lr is calibrated on supervised LoRA only
+SERVER_TIMEOUT = 60.0  # seconds a server may leave its health route unanswered before a run stops (watchdog.py)
+SEED = 0  # the run's seed when --seed is not given: LoRA init, sampling seeds (data order is fixed by the cookbook)
 EMBEDDED_LR = 5e-3  # SFT on the embedded model: measured, docs/decisions.md
 UNCALIBRATED_LR = 5e-4  # the cookbook's LoRA rate before its per-family scaling (5e-5 x its LoRA factor 10)
 
 # Each flag's lower bound (0: off); a flag not listed (lr, temperature, timeouts) must be positive.
 MINIMUMS = {"batch_size": 1, "epochs": 1, "lora_rank": 1, "max_length": 1, "max_steps": 1, "max_tokens": 1,
             "group_size": 2, "groups_per_batch": 1, "max_turns": 1, "max_sandboxes": 1, "limit": 1, "samples": 1,
-            "save_every": 0, "eval_every": 0, "eval_size": 0, "test_size": 0, "eval_tasks": 0}
+            "save_every": 0, "eval_every": 0, "eval_size": 0, "test_size": 0, "eval_tasks": 0,
+            "server_timeout": 0, "seed": 0}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +57,7 @@ class TrainSettings:
     max_steps: int | None = None
     save_every: int = SAVE_EVERY
     eval_every: int = 0
+    seed: int = SEED
 
 
 def check_numbers(**values: float | None) -> None:
@@ -112,13 +116,15 @@ class Target:
     url: str
     model: str
     renderer: str
+    server_timeout: float = SERVER_TIMEOUT  # seconds without an answer before the server counts as gone
 
 
 def target(kind: str, log_path: str | None, resume: bool, url: str, model: str | None, renderer: str | None,
-           dry_run: bool) -> Target:
+           dry_run: bool, server_timeout: float = SERVER_TIMEOUT) -> Target:
+    check_numbers(server_timeout=server_timeout)
     folder = runs.run_folder(log_path, resume, kind=kind)
     model = resolve_model(model, url, required=not dry_run)
-    return Target(folder, url, model, prepare_model(model, renderer))
+    return Target(folder, url, model, prepare_model(model, renderer), server_timeout)
 
 
 class ProgressLine:
@@ -135,6 +141,7 @@ class ProgressLine:
         self.total_steps = total_steps
         self.stream = stream or sys.stderr
         self._last = time.monotonic()
+        self.last_step: int | None = None  # the last step that finished (0-based), for the dead-server line
 
     def log_hparams(self, config: Any) -> None:
         pass
@@ -147,6 +154,7 @@ class ProgressLine:
             return
         now = time.monotonic()
         elapsed, self._last = now - self._last, now
+        self.last_step = step
         print(self.line(metrics, step, elapsed), file=self.stream, flush=True)
 
     def line(self, metrics: dict[str, Any], step: int, elapsed_s: float) -> str:
@@ -166,6 +174,8 @@ class Job:
     progress: ProgressLine
     report: Callable[[Path], str]
     info: dict[str, Any] = field(default_factory=dict)  # more for rlcli-run.json
+    # The step a checkpoints.jsonl row resumes at (the RL recipe records it as "batch"; SL as epoch and batch).
+    resume_step: Callable[[dict[str, Any]], int] = lambda row: int(row.get("batch", 0))
     around: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext  # e.g. harbor's sandboxes
 
 
@@ -176,31 +186,50 @@ def execute(job: Job, t: Target, resume: bool, dry_run: bool) -> int:
         print(summary)
         return 0
     print(summary, file=sys.stderr)
-    with job.around(), runs.claim(t.folder):
+    with runs.claim(t.folder), job.around():  # the lock first: a second trainer is refused before any work
+        start = 0
         if resume:
-            check_resume(t.folder, t.url, digest=job.digest, same_input=job.same_input, settings=job.settings,
-                         keys=job.resume_keys)
+            start = check_resume(t.folder, t.url, digest=job.digest, same_input=job.same_input,
+                                 settings=job.settings, keys=job.resume_keys, resume_step=job.resume_step)
         info = {job.digest[0]: job.digest[1], "base_url": t.url, **job.info, **asdict(job.settings)}
         (t.folder / runs.RUN_INFO).write_text(json.dumps(info, indent=1) + "\n")
-        run_recipe(t.folder, t.url, job)
+        run_recipe(t.folder, t.url, job, t.server_timeout, first_step=start)
     print(job.report(t.folder))
     return 0
 
 
-def run_recipe(folder: Path, url: str, job: Job) -> None:
-    """The trainer's cookbook loop inside the hooks; whatever happens, the server slots it took are freed."""
-    from rlcli.train.hooks import cookbook_logging
+def gone_message(folder: Path, url: str, progress: ProgressLine) -> Callable[[float], str]:
+    """The one line a run ends with when its server stops answering."""
+    def message(silent_s: float) -> str:
+        step = "before its first step" if progress.last_step is None else f"after step {progress.last_step + 1}"
+        last = runs.last_checkpoint(folder, "state_path")
+        saved = f"the last checkpoint is {last['name']}" if last else "no checkpoint was saved yet"
+        return (f"the server at {url} stopped answering {step} (no answer for {silent_s:.0f} s); {saved}: "
+                f"restart it (`rlcli serve restart`), then rerun the same command with --log-path {folder} --resume")
+    return message
+
+
+def run_recipe(folder: Path, url: str, job: Job, server_timeout: float = SERVER_TIMEOUT,
+               first_step: int = 0) -> None:
+    """The trainer's cookbook loop inside the hooks; whatever happens, the server slots it took are freed,
+    and a server that stops answering for server_timeout seconds ends the run with one line. first_step: the
+    step a resume begins at (the loops make one sampling client per step: its seeds continue from there)."""
+    from rlcli import watchdog
+    from rlcli.train.hooks import cookbook_logging, seeded_lora, seeded_sampling
 
     ensure_api_key()
-    with (sigterm_as_interrupt(), server_slots(folder, url, job.settings.model), job.recipe(folder, url) as start,
-          cookbook_logging(job.progress)):
+    with (watchdog.watch(url, server_timeout, gone_message(folder, url, job.progress)) as watch,
+          sigterm_as_interrupt(), server_slots(folder, url, job.settings.model, watch),
+          seeded_lora(job.settings.seed), seeded_sampling(job.settings.seed, first_step),
+          job.recipe(folder, url) as start, cookbook_logging(job.progress)):
         start()
 
 
 def check_resume(folder: Path, url: str, *, digest: tuple[str, str], same_input: str, settings: TrainSettings,
-                 keys: tuple[str, ...]) -> None:
+                 keys: tuple[str, ...], resume_step: Callable[[dict[str, Any]], int] = lambda row: 0) -> int:
     """Refuse to resume a run folder on other input or settings (Job's fields of those names); free the
-    slots a crashed attempt left."""
+    slots a crashed attempt left; drop the metrics rows of the steps the resume will run again. Returns the
+    step the resume begins at."""
     info, (key, value), current = runs.read_info(folder), digest, asdict(settings)
     if info.get(key, value) != value:
         raise UsageError(f"{folder} was trained on other {key.split('_')[0]}: resume with {same_input}, "
@@ -213,13 +242,14 @@ def check_resume(folder: Path, url: str, *, digest: tuple[str, str], same_input:
         from rlcli.client import unload_models
 
         runs.note_models(folder, unload_models(url, leftover), append=False)
-    last = runs.last_checkpoint(folder, "state_path")
-    where = f"checkpoint {last['name']}" if last else "the start (no checkpoint was saved yet)"
+    last, start = runs.resume_point(folder, resume_step)
+    where = f"checkpoint {last['name']} (step {start + 1})" if last else "the start (no checkpoint was saved yet)"
     print(f"resuming {folder} from {where}", file=sys.stderr)
+    return start
 
 
 @contextlib.contextmanager
-def server_slots(folder: Path, base_url: str, model: str) -> Iterator[list[str]]:
+def server_slots(folder: Path, base_url: str, model: str, watch: Any = None) -> Iterator[list[str]]:
     """Around a cookbook run: a clean LoRA slot before it, every slot it took freed after it.
 
     The cookbook never unloads its models and SkyRL's jax backend has a fixed number of slots;
@@ -247,7 +277,8 @@ def server_slots(folder: Path, base_url: str, model: str) -> Iterator[list[str]]
                              "(`rlcli serve start --slots N`)") from e
         raise
     finally:
-        left = unload_models(base_url, list(created))
+        # A server that is gone frees nothing: the models stay listed for --resume to free (if it kept them).
+        left = list(created) if watch is not None and watch.gone else unload_models(base_url, list(created))
         runs.note_models(folder, left, append=False)
         if left:
             warn(f"could not free server slots {', '.join(left)}; the server frees them ~5 min after "

@@ -30,7 +30,7 @@ from rlcli.train.folder import last_checkpoint, private_copy, read_jsonl
 
 RECIPE_NAME = "rlcli_train_sl"
 RENDER_CHECK = 64  # records rendered before a real run; --dry-run renders all
-RESUME_KEYS = ("model", "batch_size", "renderer")  # another value would make another run of the same folder
+RESUME_KEYS = ("model", "batch_size", "renderer", "seed")  # another value would make another run of the same folder
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,8 @@ def train_sl(dataset: str | None = None, model: str | None = None, base_url: str
              renderer: str | None = None, batch_size: int = run.BATCH_SIZE, lr: float | None = None, epochs: int = 1,
              max_steps: int | None = None, lora_rank: int = run.LORA_RANK, max_length: int = 2048,
              save_every: int = run.SAVE_EVERY, eval_every: int = 10, test_size: int = 0, log_path: str | None = None,
-             resume: bool = False, dry_run: bool = False) -> int:
+             resume: bool = False, dry_run: bool = False, seed: int = run.SEED,
+             server_timeout: float = run.SERVER_TIMEOUT) -> int:
     """Fine-tune a LoRA on chat JSONL with tinker-cookbook's supervised recipe, on the server.
 
     Args:
@@ -152,24 +153,28 @@ def train_sl(dataset: str | None = None, model: str | None = None, base_url: str
         log_path: run folder (default: RLCLI_HOME/runs/sl-<time>)
         resume: continue the run in --log-path (default: the newest sl run) from its last checkpoint
         dry_run: check the data, choose the renderer, print the plan; train nothing
+        seed: the run's seed (the LoRA's initialisation; kept in the run folder, --resume keeps it)
+        server_timeout: seconds the server may go without answering before the run stops (0: wait for ever)
     """
     if not dataset:
         raise UsageError("pass --dataset FILE (a chat JSONL file), or --dataset - to read stdin")
-    run.check_numbers(batch_size=batch_size, lr=lr, epochs=epochs, max_steps=max_steps, lora_rank=lora_rank,
+    run.check_numbers(seed=seed, batch_size=batch_size, lr=lr, epochs=epochs, max_steps=max_steps, lora_rank=lora_rank,
                       max_length=max_length, save_every=save_every, eval_every=eval_every, test_size=test_size)
     data = read_dataset(dataset)
     plan = make_plan(len(data.records), batch_size, epochs, max_steps, test_size)
-    t = run.target("sl", log_path, resume, resolve_base_url(base_url), model, renderer, dry_run)
+    t = run.target("sl", log_path, resume, resolve_base_url(base_url), model, renderer, dry_run, server_timeout)
     lr, lr_source = (lr, "--lr") if lr else run.default_lr(t.model)
     settings = Settings(model=t.model, renderer=t.renderer, train_on_what=renderers.train_on_what(data.records),
                         batch_size=batch_size, lr=lr, epochs=epochs, max_steps=max_steps, lora_rank=lora_rank,
-                        max_length=max_length, save_every=save_every, eval_every=eval_every, test_size=test_size)
+                        max_length=max_length, save_every=save_every, eval_every=eval_every, test_size=test_size,
+                        seed=seed)
     sample = data.records if dry_run else data.records[:RENDER_CHECK]
     lengths = renderers.render_lengths(sample, t.model, t.renderer, max_length, settings.train_on_what, data.lines)
     job = run.Job(settings=settings, summary=describe(plan, data, settings, lr_source, lengths,
                                                       all_rendered=len(sample) == plan.examples),
                   digest=("dataset_sha256", data.sha256), same_input="the same dataset",
                   resume_keys=RESUME_KEYS, info={"examples": plan.examples},
+                  resume_step=lambda row: int(row.get("epoch", 0)) * plan.batches_per_epoch + int(row.get("batch", 0)),
                   recipe=lambda folder, url: recipe(folder, url, data, settings), progress=SlProgress(plan.steps),
                   report=lambda folder: final_report(folder, base_url))
     return run.execute(job, t, resume, dry_run)
@@ -177,16 +182,18 @@ def train_sl(dataset: str | None = None, model: str | None = None, base_url: str
 
 @contextlib.contextmanager
 def recipe(folder: Path, url: str, data: Dataset, s: Settings) -> Iterator[Callable[[], Any]]:
-    """The cookbook's SFT main over a private copy of the data (stdin has no path of its own)."""
+    """The cookbook's SFT main over a private copy of the data (stdin has no path of its own); each periodic
+    checkpoint records the batch its state is ready for, so --resume neither redoes nor skips a step."""
     import asyncio
 
     from tinker_cookbook.renderers import TrainOnWhat
     from tinker_cookbook.supervised import train
     from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
 
+    from rlcli.train.hooks import sl_checkpoints_name_the_next_batch
     from rlcli.train.sl_data import ConversationFileBuilder
 
-    with private_copy(data.payload) as data_path:
+    with private_copy(data.payload) as data_path, sl_checkpoints_name_the_next_batch():
         common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=s.model, renderer_name=s.renderer,
                                                 max_length=s.max_length, batch_size=s.batch_size,
                                                 train_on_what=TrainOnWhat(s.train_on_what))
@@ -194,7 +201,7 @@ def recipe(folder: Path, url: str, data: Dataset, s: Settings) -> Iterator[Calla
         config = train.Config(log_path=str(folder), model_name=s.model, recipe_name=RECIPE_NAME,
                               renderer_name=s.renderer, dataset_builder=builder, learning_rate=s.lr,
                               num_epochs=s.epochs, lora_rank=s.lora_rank, base_url=url, save_every=s.save_every,
-                              eval_every=s.eval_every, max_steps=s.max_steps)
+                              eval_every=s.eval_every, max_steps=s.max_steps, submit_ahead=0)
         yield lambda: asyncio.run(train.main(config))
 
 

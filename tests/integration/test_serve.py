@@ -91,6 +91,7 @@ def test_kill_9_of_the_api_leaves_nothing_after_stop_and_start_works_again(tmp_p
              "--backend-config", '{"max_lora_adapters": 2}']
     run_rlcli(*start, env=env, check=True)
     state = process.read_state(tmp_path / "home" / "servers" / "default")
+    _one_sft_step(f"http://127.0.0.1:{port}", embedded_model)  # a shape for the restart to replay
     members = process.live_members(state)
     # launcher, API, the engine (preloaded by the launcher) and its stand-in that the API started
     roles = sorted(_role(p) for p in members)
@@ -106,8 +107,10 @@ def test_kill_9_of_the_api_leaves_nothing_after_stop_and_start_works_again(tmp_p
     compiled = sorted(p.name for p in cache.iterdir())
     assert compiled, "the first start's compiled programs were not kept in RLCLI_HOME/cache/jax"
     run_rlcli(*start, env=env, check=True)
-    assert run_rlcli("serve", "status", env=env).returncode == 0
-    # The restart ran the same programs on the same shapes (its readiness round trip): all came from the cache.
+    status = run_rlcli("serve", "status", env=env)
+    # runtime/rlcli_warmup.py: the restart replayed the step's shape before it was ready, and says so.
+    assert status.returncode == 0 and "start-up warmed 1 recorded batch shapes" in status.stdout, status.stdout
+    # The restart ran the same programs on the same shapes (readiness round trip, warm-up): all from the cache.
     assert sorted(p.name for p in cache.iterdir()) == compiled
     state2 = process.read_state(tmp_path / "home" / "servers" / "default")
     run_rlcli("serve", "stop", env=env, check=True)
@@ -115,6 +118,19 @@ def test_kill_9_of_the_api_leaves_nothing_after_stop_and_start_works_again(tmp_p
     log = tmp_path / "home" / "servers" / "default" / "server.log"
     assert "Starting background engine" in log.read_text()
     assert oct(log.stat().st_mode & 0o777) == "0o600"  # the server's files are private
+
+
+def _one_sft_step(url: str, model: str) -> None:
+    """forward_backward (1 x 16 tokens) + optim_step on a new rank-1 LoRA, then unload it."""
+    import tinker
+
+    trainer = tinker.ServiceClient(base_url=url, api_key="tml-test").create_lora_training_client(
+        base_model=model, rank=1, seed=0)
+    datum = tinker.Datum(model_input=tinker.ModelInput.from_ints(list(range(1, 17))),
+                         loss_fn_inputs={"target_tokens": list(range(2, 18)), "weights": [1.0] * 16})
+    trainer.forward_backward([datum], "cross_entropy").result()
+    trainer.optim_step(tinker.AdamParams(learning_rate=1e-3)).result()
+    unload_model(url, trainer.model_id)
 
 
 def _role(pid: int) -> str:

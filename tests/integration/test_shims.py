@@ -58,3 +58,19 @@ def test_per_sequence_lora_matches_the_stock_ragged_dot_path():
     script = commands.RUNTIME_DIR / "rlcli_lora.py"
     proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "matches SkyRL's ragged_dot path" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_sampler_extension_targets_the_pinned_skyrl():
+    """runtime/rlcli_samplers.py wraps JaxBackendImpl's sample, saves, optim_step and load; fail here if they move."""
+    python = shared_server_venv() / "bin" / "python"
+    script = commands.RUNTIME_DIR / "rlcli_samplers.py"
+    proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "present" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_warmup_extension_targets_the_pinned_skyrl():
+    """runtime/rlcli_warmup.py wraps the jax backend's passes, create_model and the engine's run."""
+    python = shared_server_venv() / "bin" / "python"
+    script = commands.RUNTIME_DIR / "rlcli_warmup.py"
+    proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "present" in proc.stdout, proc.stderr[-2000:]

@@ -58,7 +58,10 @@ def test_choices_are_read_from_literal_annotations():
     assert choices.choices_of(import_cmd) == {"format": (*IMPORTERS, "otel")}  # one name per importer, and otel
     assert choices.choices_of(train_rl) == {"loss": ("gspo", "cispo", "dppo", "ppo", "importance_sampling"),
                                             "passes": ("auto", "1", "2"),
-                                            "grader": ("auto", "gsm8k", "numeric", "exact")}
+                                            "grader": ("auto", "gsm8k", "numeric", "exact"),
+                                            "env": ("problems", "replay", "tools"),
+                                            "reward": ("match", "verdict", "rubric", "judge"),
+                                            "turn": ("last", "all")}
 
 
 def test_fire_values_become_the_choice_they_spell():

@@ -13,7 +13,7 @@ NOTEBOOKS = REPO / "notebooks"
 
 def test_recorded_results_are_there_and_sane():
     results = {p.stem: json.loads(p.read_text()) for p in (NOTEBOOKS / "results").glob("*.json")}
-    assert set(results) == {"fused_vs_2pass", "learning_curve", "gsm8k"}, sorted(results)
+    assert set(results) == {"fused_vs_2pass", "learning_curve", "gsm8k", "distill"}, sorted(results)
     for name in results:
         assert (NOTEBOOKS / "results" / f"{name}.ipynb").is_file(), f"no executed copy of {name}"
     fused = results["fused_vs_2pass"]
@@ -24,3 +24,9 @@ def test_recorded_results_are_there_and_sane():
     assert rl["minutes"] > 0 and rl["steps"] == rl["params"]["steps"]
     curve = results["learning_curve"]
     assert curve["sl_last_nll"] < curve["sl_first_nll"]
+    distill = results["distill"]
+    assert distill["teacher_kl_last_fifth"] < distill["teacher_kl_first_fifth"] / 2  # recover: the KL halves
+    assert distill["heldout_kl_last"] < distill["heldout_kl_first"] and distill["steps"] == distill["params"]["steps"]
+    compress = distill["compress"]  # a rank-4 student of a rank-32 RL teacher: the KL falls
+    assert compress["teacher_kl_last_fifth"] < compress["teacher_kl_first_fifth"]
+    assert compress["heldout_correct_teacher"] > compress["heldout_correct_base"]

@@ -33,7 +33,7 @@ def test_help(name, tmp_path):
 def test_every_command_family_has_a_script():
     from rlcli.cli import COMMANDS
 
-    families = {"train": {"train_sl.py", "train_rl.py", "harbor.py"}, "chat": {"sample.py"}}
+    families = {"train": {"train_sl.py", "train_rl.py", "train_distill.py", "harbor.py"}, "chat": {"sample.py"}}
     for family in COMMANDS:
         assert families.get(family, {f"{family}.py"}) <= set(SCRIPTS), f"no script for `rlcli {family}`"
 
@@ -51,7 +51,11 @@ CALLS = {
     "sample.py": (["sample", "--checkpoint", "tinker://x", "--prompt", "hi", "--base-url", DEAD_URL], 2,
                   "is not a checkpoint path"),
     "serve.py": (["status"], 3, "no server 'default' has been started"),
+    "synth.py": (["qa", str(REPO / "tests" / "fixtures" / "traces" / "demo.jsonl"), "--output", "{tmp}/qa.jsonl"], 0,
+                 "64 replies -> 63 problems"),
     "tenant.py": (["revoke", "nobody"], 2, "no tenant 'nobody'"),
+    "train_distill.py": (["--prompts", "arithmetic", "--teacher", "base", "--kl-coef", "0"], 2,
+                         "--kl-coef must be positive"),
     "train_rl.py": (["--loss", "gspo", "--passes", "2", "--dataset", "arithmetic", "--base-url", DEAD_URL], 1,
                     "which losses it serves"),
     "train_sl.py": (["--dataset", str(FIXTURE), "--model", "{model}", "--base-url", DEAD_URL, "--dry-run"], 0,

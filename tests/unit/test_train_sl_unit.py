@@ -248,7 +248,7 @@ def test_a_failed_or_killed_run_frees_its_slot_and_leaves_no_data(home, tmp_path
                   resume_keys=(), recipe=lambda folder, url: sl.recipe(folder, url, data, SETTINGS),
                   progress=sl.SlProgress(3), report=str)
     with pytest.raises(KeyboardInterrupt if how == "sigterm" else RuntimeError):
-        run.run_recipe(folder, "http://x", job)
+        run.run_recipe(folder, "http://x", job, server_timeout=0)  # no server here to watch
     assert seen["data"] == data.payload
     assert freed == [["model_x"]] and (folder / runs.MODELS_FILE).read_text() == ""
     assert list((home / "tmp").iterdir()) == []

@@ -45,13 +45,11 @@ def _targets():
     from skyrl.tx.layers import lora
 
     mixin, embed = getattr(lora, "LoRAMixin", None), getattr(lora, "LoRAEmbed", None)
-    missing = [name for name, ok in (
-        ("LoRAMixin.apply_lora", callable(getattr(mixin, "apply_lora", None))),
-        ("LoRAMixin._apply_lora_weight", callable(getattr(mixin, "_apply_lora_weight", None))),
-        ("LoRAEmbed._apply_lora_weight", callable(getattr(embed, "_apply_lora_weight", None))),
-    ) if not ok]
-    if missing:
-        raise RuntimeError(f"{NAME}: this SkyRL lacks {', '.join(missing)}; it is not the version rlcli pins")
+    import pins  # a sibling in runtime/: the launcher's folder is on sys.path
+
+    pins.require(NAME, {"LoRAMixin.apply_lora": getattr(mixin, "apply_lora", None),
+                        "LoRAMixin._apply_lora_weight": getattr(mixin, "_apply_lora_weight", None),
+                        "LoRAEmbed._apply_lora_weight": getattr(embed, "_apply_lora_weight", None)})
     return lora
 
 

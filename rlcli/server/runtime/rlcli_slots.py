@@ -38,12 +38,10 @@ def _targets():
 
     impl = getattr(jax_backend, "JaxBackendImpl", None)
     accumulated = getattr(jax_backend, "AccumulatedGradients", None)
-    missing = [name for name, ok in (
-        ("JaxBackendImpl.create_model", callable(getattr(impl, "create_model", None))),
-        ("AccumulatedGradients.reset_adapter", callable(getattr(accumulated, "reset_adapter", None))),
-    ) if not ok]
-    if missing:
-        raise RuntimeError(f"{NAME}: this SkyRL lacks {', '.join(missing)}; it is not the version rlcli pins")
+    import pins  # a sibling in runtime/: the launcher's folder is on sys.path
+
+    pins.require(NAME, {"JaxBackendImpl.create_model": getattr(impl, "create_model", None),
+                        "AccumulatedGradients.reset_adapter": getattr(accumulated, "reset_adapter", None)})
     return impl
 
 

@@ -376,8 +376,15 @@ def register(role: str) -> None:
     file = os.environ.get(FILE_ENV)
     if not file:
         raise RuntimeError(f"{NAME}: {FILE_ENV} is not set; `rlcli serve start --tenants` sets it")
-    from skyrl.tinker import api
+    import pins
+    from skyrl.tinker import api, db_models, proto_serialization
 
+    pins.require(NAME, {
+        "skyrl.tinker.api.app.add_middleware": getattr(api.app, "add_middleware", None),
+        "skyrl.tinker.proto_serialization.parse_forward_backward_request":
+            getattr(proto_serialization, "parse_forward_backward_request", None),
+        "skyrl.tinker.db_models.ModelDB": getattr(db_models, "ModelDB", None),
+    })
     keys = Keys(Path(file), os.environ.get(INTERNAL_ENV) or None)
     owners = Owners(Path.cwd() / OWNERS_FILE)
     api.app.add_middleware(TenantGate, keys=keys, owners=owners)

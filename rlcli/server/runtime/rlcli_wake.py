@@ -99,31 +99,36 @@ class Doorbell:
         select.select([self.sock], [], [], timeout)
 
 
-def check_targets() -> None:
-    """Raise unless every SkyRL piece this extension replaces exists where skyrl 0.4.0 has it."""
+def check_targets(role: str = "both") -> None:
+    """Raise unless every SkyRL piece this extension replaces exists where skyrl 0.4.0 has it.
+
+    role "engine" checks the engine's pieces only: importing SkyRL's API (FastAPI and its routes) would cost the
+    engine ~0.6 s of its start for modules it never uses."""
     import importlib
 
-    missing = []
+    found = {}
     for module_name, dotted in TARGETS:
+        if role == "engine" and module_name != "skyrl.tinker.engine":
+            continue
         obj = importlib.import_module(module_name)
         for part in dotted.split("."):
             obj = getattr(obj, part, None)
-        if not callable(obj):
-            missing.append(f"{module_name}.{dotted}")
-    from skyrl.tinker import api
+        found[f"{module_name}.{dotted}"] = obj
+    if role != "engine":
+        from skyrl.tinker import api
 
-    # lifespan starts the poller and retrieve_future waits through module globals; rebinding those
-    # globals reaches them only while they are looked up by name.
-    lifespan = getattr(api.lifespan, "__wrapped__", api.lifespan)
-    if "poll_futures" not in lifespan.__code__.co_names:
-        missing.append("api.lifespan calling poll_futures by name")
-    if "wait_for_future" not in api.retrieve_future.__code__.co_names:
-        missing.append("api.retrieve_future calling wait_for_future by name")
-    for name in ("FutureDB", "TERMINAL_STATUSES", "AsyncSession", "select"):
-        if not hasattr(api, name):
-            missing.append(f"skyrl.tinker.api.{name}")
-    if missing:
-        raise RuntimeError(f"{NAME}: this SkyRL lacks {', '.join(missing)}; it is not the version rlcli pins")
+        # lifespan starts the poller and retrieve_future waits through module globals; rebinding those
+        # globals reaches them only while they are looked up by name.
+        lifespan = getattr(api.lifespan, "__wrapped__", api.lifespan)
+        by_name = {"api.lifespan calling poll_futures by name": "poll_futures" in lifespan.__code__.co_names,
+                   "api.retrieve_future calling wait_for_future by name":
+                       "wait_for_future" in api.retrieve_future.__code__.co_names}
+        found.update(by_name)
+        found.update({f"skyrl.tinker.api.{name}": hasattr(api, name)
+                      for name in ("FutureDB", "TERMINAL_STATUSES", "AsyncSession", "select")})
+    import pins  # a sibling in runtime/: the launcher's folder is on sys.path
+
+    pins.require(NAME, found)
 
 
 def relax_sqlite_sync() -> None:
@@ -151,7 +156,7 @@ def relax_sqlite_sync() -> None:
 def install_engine(wake_id: str) -> None:
     from skyrl.tinker.engine import TinkerEngine
 
-    check_targets()
+    check_targets("engine")
     relax_sqlite_sync()
     bell = Doorbell(wake_id, own="engine", peer="api")
     completed = [0]  # futures completed by this process so far

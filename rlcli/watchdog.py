@@ -1,0 +1,124 @@
+"""Noticing a dead server within a bounded time, in every command that waits on one.
+
+The tinker client retries a vanished server for ever (its session heartbeat only warns), so a command
+whose server died (OOM, reboot, `kill -9`) would wait until someone ended it. `watch(url, timeout_s)`
+runs a thread beside the command that asks the server's health route every few seconds. SkyRL's API
+answers it from its own event loop while the engine computes, so a long compile or a big batch keeps
+it answering: only a server that has not answered for `timeout_s` seconds (refused, reset, or silent)
+counts as gone. Its engine dying takes the API down with it (SkyRL's API exits when its engine does),
+so that case is seen too. When the server is gone, the command's main thread gets ServerGone raised
+where it waits (a signal to that thread breaks any blocking wait); should the command not leave the
+watched block within GRACE_S (ServerGone caught on the way, a wait no signal reaches), the process exits
+with the same line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+
+from rlcli.errors import EXIT_SERVER_GONE, RlcliError, UsageError
+
+DEFAULT_TIMEOUT_S = 60.0
+HEALTH_ROUTE = "/api/v1/healthz"
+GRACE_S = 15.0  # after ServerGone is raised, how long unwinding may take before the process exits anyway
+SIGNAL = signal.SIGUSR1
+
+
+class ServerGone(RlcliError):
+    """The server stopped answering its health route for longer than the timeout."""
+
+    exit_code = EXIT_SERVER_GONE
+
+
+def healthy(url: str, timeout_s: float) -> bool:
+    try:
+        with urllib.request.urlopen(url + HEALTH_ROUTE, timeout=timeout_s) as resp:
+            return resp.status == 200
+    except (OSError, ValueError):  # refused, reset, timed out, or an HTTP error status
+        return False
+
+
+class Watch:
+    """The health poller: `gone` once the server has not answered for timeout_s seconds."""
+
+    def __init__(self, url: str, timeout_s: float, message: Callable[[float], str]):
+        self.url, self.timeout_s, self.message = url.rstrip("/"), timeout_s, message
+        self.interval_s = min(5.0, max(timeout_s / 6, 0.25))
+        self.gone: ServerGone | None = None
+        self.closed = False  # the block has been left: the command is unwinding on its own
+        self.last_ok = time.monotonic()  # the last answer from the health route
+        self.noticed_after_s: float | None = None  # from the last good answer to the verdict
+        self._stop = threading.Event()
+        self._main = threading.main_thread().ident
+        self._thread = threading.Thread(target=self._run, name="rlcli-server-watch", daemon=True)
+
+    def start(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread() and self.gone is None:
+            self._thread.join(timeout=1.0)  # not mid-request while the interpreter shuts down
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            if healthy(self.url, min(10.0, max(self.timeout_s / 3, 1.0))):
+                self.last_ok = time.monotonic()
+                continue
+            silent = time.monotonic() - self.last_ok
+            if silent >= self.timeout_s and not self._stop.is_set():
+                self.noticed_after_s = silent
+                self.gone = ServerGone(self.message(silent))
+                self._interrupt()
+                return
+
+    def _interrupt(self) -> None:
+        signal.pthread_kill(self._main, SIGNAL)  # wakes the main thread out of select/lock waits
+        time.sleep(GRACE_S)
+        if self.closed:
+            return
+        # The block was never left: something caught ServerGone or waits where no signal reaches (a thread
+        # of the tinker client on the dead server). Leave anyway, with the line.
+        print(f"rlcli: error: {self.gone}", file=sys.stderr, flush=True)
+        os._exit(EXIT_SERVER_GONE)
+
+
+@contextlib.contextmanager
+def watch(url: str, timeout_s: float | None = DEFAULT_TIMEOUT_S,
+          message: Callable[[float], str] | None = None) -> Iterator[Watch | None]:
+    """Inside the block, a server that stops answering for timeout_s seconds raises ServerGone in the
+    main thread. timeout_s None or 0: no watch (the block waits as long as the server does)."""
+    if not timeout_s or threading.current_thread() is not threading.main_thread():
+        yield None
+        return
+    message = message or (lambda silent: f"the server at {url} stopped answering (no answer for {silent:.0f} s): "
+                                         "restart it (`rlcli serve restart`), then run the command again")
+    w = Watch(url, timeout_s, message)
+
+    def on_signal(signum: int, frame: object) -> None:
+        if w.gone is not None:
+            raise w.gone
+
+    previous = signal.signal(SIGNAL, on_signal)
+    w.start()
+    try:
+        yield w
+    except BaseException as e:
+        if w.gone is None and isinstance(e, Exception) and not isinstance(e, UsageError) and not healthy(url, 2.0):
+            # A request of the command's own gave up first (its timeout is shorter): the same verdict, now.
+            w.gone = ServerGone(message(time.monotonic() - w.last_ok))
+        if w.gone is not None and e is not w.gone:
+            raise w.gone from e  # whatever the dead server caused on the way (a failed request): one line
+        raise
+    finally:
+        w.closed = True
+        w.stop()
+        signal.signal(SIGNAL, previous)

@@ -1,0 +1,120 @@
+"""What the fault tests share: a throwaway server they may kill, a trainer they may kill, a small filesystem.
+
+A test that kills its server gets its own (`fault_server`, module-scoped, restartable: the same home and
+port as rlcli.server.private's servers, started again after a kill); the others use the session's server
+from tests/conftest.py. Faults are real: kill -9 by pid, SIGSTOP, a tmpfs filled to the
+last byte. What this machine does not permit (mount as non-root, say) is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rlcli.server import private, process
+from tests.conftest import REPO, RLCLI, run_rlcli, shared_server_venv
+
+FIXTURES = REPO / "tests" / "fixtures"
+SL_DATA = FIXTURES / "sl_small.jsonl"  # 24 chats: batch 2 gives 12 steps per epoch
+
+
+class FaultServer:
+    """A private server under its own RLCLI_HOME, on its own port, that a test may kill and start again."""
+
+    def __init__(self, home: Path, model: str):
+        self.home, self.model, self.port = home, model, private.free_port()
+        self.env = dict(private.private_env(home, shared_server_venv()), TINKER_API_KEY="tml-faults")
+        self.url = f"http://{private.HOST}:{self.port}"
+
+    def start(self) -> None:
+        run_rlcli(*private.start_command(self.model, self.port, "--slots", "3")[len(RLCLI):],
+                  env=self.env, check=True, timeout=900)
+
+    def stop(self) -> None:
+        run_rlcli("serve", "stop", env=self.env, timeout=120)
+
+    def pids(self) -> list[int]:
+        state = process.read_state(self.home / "servers" / "default")
+        return process.live_members(state) if state else []
+
+    def kill9(self) -> list[int]:
+        """kill -9 every process of the server (supervisor, API, engine), one pid at a time."""
+        pids = self.pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
+
+@pytest.fixture(scope="module")
+def fault_server(tmp_path_factory, embedded_model):
+    srv = FaultServer(tmp_path_factory.mktemp("rlcli-fault-home"), embedded_model)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def trainer(*args: str, env: dict) -> subprocess.Popen:
+    """An rlcli command in the background, its output captured (text)."""
+    return subprocess.Popen([*RLCLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=REPO, start_new_session=True)
+
+
+def step_rows(folder: Path) -> list[dict]:
+    path = folder / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            rows.append(json.loads(line))
+    return [r for r in rows if "train_mean_nll" in r]
+
+
+def wait_for(predicate, timeout_s: float, proc: subprocess.Popen | None = None, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the command ended (rc {proc.returncode}) before {what}:\n{out}\n{err}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 4 MiB tmpfs that the test may fill; skipped where mounting is not permitted."""
+    mnt = tmp_path / "small-fs"
+    mnt.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command on this machine")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or 'not root'}): the full-disk tests need one")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fill(folder: Path) -> Path:
+    """Fill the filesystem holding folder to the last byte; returns the filler file (delete it to free)."""
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        for size in (65536, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * size)
+    return filler

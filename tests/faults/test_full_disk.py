@@ -1,0 +1,79 @@
+"""A full disk fails the command with one line and leaves nothing half-written under a final name.
+
+Each test fills a real 4 MiB tmpfs to the last byte (tests/faults/conftest.py: skipped where mounting is not
+permitted), then frees it and shows the command (or the resumed run) completes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from rlcli.train.folder import last_checkpoint
+from tests.conftest import REPO, run_rlcli
+from tests.faults.conftest import SL_DATA, fill, step_rows, trainer, wait_for
+from tests.faults.test_server_dies import last_line, record
+
+pytestmark = [pytest.mark.server, pytest.mark.faults]
+
+FULL = "rlcli: error: no space left on the device"
+TRACES = REPO / "rlcli" / "data" / "demo" / "demo-traces.openai.jsonl"
+
+
+@pytest.fixture(scope="module")
+def sampler_checkpoint(server, tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("full-disk") / "run"
+    run_rlcli("train", "sl", "--dataset", str(SL_DATA), "--batch-size", "2", "--max-steps", "2", "--save-every",
+              "0", "--base-url", server.url, "--log-path", str(folder), env=dict(server.env, TINKER_API_KEY="tml-f"),
+              check=True)
+    return last_checkpoint(folder, "sampler_path")["sampler_path"]
+
+
+def test_export_onto_a_full_disk(server, sampler_checkpoint, small_fs):
+    out = small_fs / "adapter"
+    filler = fill(small_fs)
+    proc = run_rlcli("export", sampler_checkpoint, "-o", str(out), "--base-url", server.url, env=server.env,
+                     timeout=300)
+    record("disk full during rlcli export -o", rc=proc.returncode, line=last_line(proc.stderr))
+    assert proc.returncode == 1 and last_line(proc.stderr).startswith(FULL), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in small_fs.iterdir()) == ["filler"]  # no output, no staging folder left
+    filler.unlink()
+    run_rlcli("export", sampler_checkpoint, "-o", str(out), "--base-url", server.url, env=server.env, check=True)
+    assert (out / "adapter_model.safetensors").is_file()
+
+
+def test_import_onto_a_full_disk(small_fs):
+    out = small_fs / "chats.jsonl"
+    filler = fill(small_fs)
+    proc = run_rlcli("import", str(TRACES), "-f", "openai", "-o", str(out), timeout=120)
+    record("disk full during rlcli import -o", rc=proc.returncode, line=last_line(proc.stderr))
+    assert proc.returncode == 1 and last_line(proc.stderr).startswith(FULL), proc.stderr
+    assert sorted(p.name for p in small_fs.iterdir()) == ["filler"]  # no truncated file, no .part
+    filler.unlink()
+    run_rlcli("import", str(TRACES), "-f", "openai", "-o", str(out), check=True, timeout=120)
+    assert out.stat().st_size > 0
+
+
+def test_a_full_run_folder_stops_training_and_the_run_resumes(server, small_fs):
+    folder = small_fs / "run"
+    env = dict(server.env, TINKER_API_KEY="tml-f")
+    args = ["train", "sl", "--dataset", str(SL_DATA), "--batch-size", "2", "--max-steps", "12", "--save-every",
+            "2", "--base-url", server.url, "--log-path", str(folder)]
+    proc = trainer(*args, env=env)
+    wait_for(lambda: last_checkpoint(folder, "state_path") is not None, 600, proc, "the first checkpoint")
+    filler = fill(small_fs)
+    filled_at = time.monotonic()
+    _, err = proc.communicate(timeout=300)
+    record("disk full under the run folder during train sl", rc=proc.returncode, exit_s=round(time.monotonic() -
+           filled_at, 2), line=last_line(err))
+    assert proc.returncode == 1 and last_line(err).startswith(FULL), err[-3000:]
+    assert "Traceback" not in err and "Logging error" not in err
+    filler.unlink()
+    done = run_rlcli(*args, "--resume", env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (folder / "checkpoints.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["name"] for line in lines)  # every record whole
+    assert [r["step"] for r in step_rows(folder)] == list(range(12))

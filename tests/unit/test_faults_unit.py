@@ -1,0 +1,138 @@
+"""Fast checks of the fault handling pieces: the watchdog's verdict, resume trimming, seeds, full-disk line.
+The real faults (kill -9, SIGSTOP, a full tmpfs) are in tests/faults/."""
+
+from __future__ import annotations
+
+import errno
+import http.server
+import json
+import threading
+import time
+
+import pytest
+
+from rlcli import errors, watchdog
+from rlcli.train import folder as runs
+from rlcli.train.hooks import sample_seed
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    answering = True
+
+    def do_GET(self):  # noqa: N802 - the stdlib's name
+        if not Health.answering:
+            time.sleep(5)  # silent: the client's request times out
+            return
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{"status": "ok"}')
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def health_server():
+    Health.answering = True
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def test_an_answering_server_is_never_declared_gone(health_server):
+    with watchdog.watch(health_server, 1.0) as w:
+        time.sleep(2.5)  # a long step: the health route keeps answering
+    assert w.gone is None
+
+
+def test_a_silent_server_raises_server_gone_in_the_main_thread(health_server):
+    with pytest.raises(watchdog.ServerGone) as gone, watchdog.watch(health_server, 1.0,
+                                                                    lambda s: f"gone after {s:.0f} s"):
+        Health.answering = False
+        threading.Event().wait(30)  # a blocking wait, as the tinker client's: the signal breaks it
+    assert str(gone.value).startswith("gone after") and gone.value.exit_code == errors.EXIT_SERVER_GONE
+
+
+def test_a_command_that_left_the_block_is_not_ended_later(health_server, monkeypatch):
+    monkeypatch.setattr(watchdog, "GRACE_S", 0.5)
+    with pytest.raises(watchdog.ServerGone), watchdog.watch(health_server, 0.5):
+        Health.answering = False
+        threading.Event().wait(30)
+    time.sleep(1.5)  # past the grace: this process (pytest) is still here
+
+
+def test_a_request_that_gives_up_first_gets_the_same_verdict(health_server):
+    with pytest.raises(watchdog.ServerGone) as gone, watchdog.watch(health_server, 60.0, lambda s: "gone"):
+        Health.answering = False
+        raise TimeoutError("the command's own request timed out")
+    assert isinstance(gone.value.__cause__, TimeoutError)
+
+
+def test_an_error_of_an_answering_server_stays_itself(health_server):
+    with pytest.raises(ValueError), watchdog.watch(health_server, 60.0):
+        raise ValueError("a bad answer")
+
+
+def test_a_refused_connection_counts_as_silence():
+    with pytest.raises(watchdog.ServerGone), watchdog.watch("http://127.0.0.1:9", 0.5):
+        threading.Event().wait(30)
+
+
+def test_timeout_zero_watches_nothing():
+    with watchdog.watch("http://127.0.0.1:9", 0) as w:
+        pass
+    assert w is None
+
+
+def batch(row: dict) -> int:
+    return row["batch"]
+
+
+def write_rows(path, rows: list[dict], torn: str = "") -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + torn)
+
+
+def test_resume_drops_redone_steps_and_torn_lines(tmp_path):
+    write_rows(tmp_path / "metrics.jsonl", [{"step": i, "loss": 1.0} for i in range(7)], '{"step": 7, "lo')
+    write_rows(tmp_path / "checkpoints.jsonl", [{"name": "000002", "batch": 3, "state_path": "s2"}], '{"name": "0')
+    last, start = runs.resume_point(tmp_path, batch)
+    assert (last["name"], start) == ("000002", 3)
+    assert [r["step"] for r in runs.read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2]
+    assert runs.parsed_lines(tmp_path / "checkpoints.jsonl") == ([last], 0)
+
+
+def test_a_checkpoint_past_a_missing_metrics_row_is_not_resumed_from(tmp_path):
+    """The run died after saving checkpoint 000004 (ready for step 5) but before logging step 4's row."""
+    write_rows(tmp_path / "metrics.jsonl", [{"step": i} for i in range(4)])
+    write_rows(tmp_path / "checkpoints.jsonl", [{"name": "000002", "batch": 3, "state_path": "s2"},
+                                                {"name": "000004", "batch": 5, "state_path": "s4"}])
+    last, start = runs.resume_point(tmp_path, batch)
+    assert (last["name"], start) == ("000002", 3)  # steps 3 and 4 run again; each gets its row once
+    assert [c["name"] for c in runs.read_jsonl(tmp_path / "checkpoints.jsonl")] == ["000002"]
+
+
+def test_sample_seeds_depend_on_what_is_asked_not_when():
+    assert sample_seed(0, 1, [5, 6], 0) == sample_seed(0, 1, [5, 6], 0)
+    seeds = {sample_seed(0, 1, [5, 6], k) for k in range(4)}  # one group: four different samples
+    assert len(seeds) == 4 and sample_seed(1, 1, [5, 6], 0) != sample_seed(0, 1, [5, 6], 0)
+    assert all(0 <= s < 2**31 for s in seeds)
+
+
+def test_a_full_disk_during_a_copy_names_the_destination(capsys):
+    def copy():
+        raise OSError(errno.ENOSPC, "No space left on device", "/tmp/src.bin", None, "/data/dst.bin")
+
+    assert errors.run_guarded(copy) == errors.EXIT_FAILED
+    assert "(/data/dst.bin)" in capsys.readouterr().err
+
+
+def test_a_full_disk_is_one_line(capsys):
+    def write():
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/out.jsonl")
+
+    assert errors.run_guarded(write) == errors.EXIT_FAILED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["rlcli: error: no space left on the device (/data/out.jsonl): free some space, then run "
+                   "the command again (a training run: with --resume)"]
