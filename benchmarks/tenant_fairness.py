@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,15 +62,29 @@ def main() -> None:
     parser.add_argument("--flood", type=int, default=24)
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    import tinker
 
     home = Path(tempfile.mkdtemp(prefix="rlcli-fairness-home-"))
-    env = dict(os.environ, RLCLI_HOME=str(home))
-    keys = {name: subprocess.run([*RLCLI, "tenant", "add", name], env=env, capture_output=True, text=True,
-                                 check=True, cwd=PACKAGE_PARENT).stdout.strip() for name in ("flood", "quiet")}
-    model = subprocess.run([*RLCLI, "model", "install"], capture_output=True, text=True, check=True,
-                           cwd=PACKAGE_PARENT).stdout.split()[0]
     alone, flooded, flood_total = [], [], []
+    try:  # the keys and the server's state go with the home, however the run ends
+        env = dict(os.environ, RLCLI_HOME=str(home))
+        keys = {name: subprocess.run([*RLCLI, "tenant", "add", name], env=env, capture_output=True, text=True,
+                                     check=True, cwd=PACKAGE_PARENT).stdout.strip() for name in ("flood", "quiet")}
+        model = subprocess.run([*RLCLI, "model", "install"], capture_output=True, text=True, check=True,
+                               cwd=PACKAGE_PARENT).stdout.split()[0]
+        run(args, home, keys, model, alone, flooded, flood_total)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    ratio = summary(flooded)["median"] / summary(alone)["median"]
+    path = write_receipt("tenant-fairness", {
+        "versions": versions("tinker"), "flood_requests": args.flood, "batch": "8 x 64 tokens",
+        "quiet_alone_s": summary(alone), "quiet_flooded_s": summary(flooded), "flood_total_s": summary(flood_total),
+        "flooded_over_alone": ratio, "raw": {"alone": alone, "flooded": flooded, "flood_total": flood_total}})
+    print(f"quiet waits {ratio:.1f}x its idle time behind {args.flood} flood requests; receipt {path}")
+
+
+def run(args, home: Path, keys: dict, model: str, alone: list, flooded: list, flood_total: list) -> None:
+    import tinker
+
     with private_server(model, "--tenants", "--slots", "3", home=home) as srv:
         api = srv.url + "/api/v1"
         models = {name: tinker.ServiceClient(base_url=srv.url, api_key=key).create_lora_training_client(
@@ -95,12 +110,6 @@ def main() -> None:
             flood_total.append(time.perf_counter() - t_flood)
             print(f"rep {rep + 1}/{args.reps}: quiet alone {alone[-1]:.2f}s, behind {args.flood} flood requests "
                   f"{flooded[-1]:.2f}s (the flood took {flood_total[-1]:.2f}s)", flush=True)
-    ratio = summary(flooded)["median"] / summary(alone)["median"]
-    path = write_receipt("tenant-fairness", {
-        "versions": versions("tinker"), "flood_requests": args.flood, "batch": "8 x 64 tokens",
-        "quiet_alone_s": summary(alone), "quiet_flooded_s": summary(flooded), "flood_total_s": summary(flood_total),
-        "flooded_over_alone": ratio, "raw": {"alone": alone, "flooded": flooded, "flood_total": flood_total}})
-    print(f"quiet waits {ratio:.1f}x its idle time behind {args.flood} flood requests; receipt {path}")
 
 
 if __name__ == "__main__":
