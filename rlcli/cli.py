@@ -72,6 +72,11 @@ COMMANDS: dict[str, Any] = {
     "eval": ("score a checkpoint or the base model on train rl's held-out problems", "rlcli.evaluate:evaluate"),
     "export": ("download sampler weights as a PEFT adapter or merged Hugging Face model", "rlcli.export:export"),
     "doctor": ("check this machine and the server: one line per check, with the fix", "rlcli.doctor:doctor"),
+    "tenant": ("API keys of a server a team shares (`serve start --tenants`)", {
+        "add": ("add a tenant and print its key once", "rlcli.tenants:add"),
+        "list": ("list tenants and their quotas (never keys)", "rlcli.tenants:list_"),
+        "revoke": ("remove a tenant; servers refuse its key from the next request", "rlcli.tenants:revoke"),
+    }),
     "model": ("the embedded tiny model", _functions_of("rlcli.model", {
         "install": "put the shipped model in RLCLI_HOME (no build) and print its folder",
         "build": "run the recipe that made the shipped model; say whether the bytes match",
@@ -172,6 +177,7 @@ def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
     )
     root.add_argument("--version", action="store_true", help="print rlcli's and its pinned stack's versions")
     root.add_argument("--debug", action="store_true", help="show tracebacks (same as RLCLI_DEBUG=1)")
+    root.add_argument("--api-key", metavar="KEY", help=API_KEY_HELP)
     path: list[str] = []
     node: Any = COMMANDS
     parser = root
@@ -193,6 +199,8 @@ def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
         summary, _ = _doc_args(fn)
         parser.description = summary
         _add_function_args(parser, fn)
+        if "--api-key" not in parser._option_string_actions:  # every command takes it (main hands it on)
+            parser.add_argument("--api-key", metavar="KEY", dest="_api_key", help=API_KEY_HELP)
     return parser, path
 
 
@@ -212,8 +220,27 @@ def versions() -> str:
     return "\n".join(lines)
 
 
+API_KEY_HELP = "tenant key for a server started with --tenants (default: TINKER_API_KEY)"
+
+
+def _take_api_key(argv: list[str]) -> list[str]:
+    """Remove --api-key KEY (any command, anywhere) and hand the key on as TINKER_API_KEY."""
+    for i, word in enumerate(argv):
+        if word == "--api-key" or word.startswith("--api-key="):
+            value = word.partition("=")[2] if "=" in word else (argv[i + 1] if i + 1 < len(argv) else "")
+            from rlcli.tenants import api_key
+
+            api_key(value or "missing")
+            return argv[:i] + argv[i + (1 if "=" in word else 2):]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = _take_api_key(argv)
+    except Exception as e:  # a bad key: one line, like every usage error
+        return run_guarded(_raise, e)
     if "--debug" in argv:
         import os
 
@@ -234,8 +261,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr if rest else sys.stdout)
         return EXIT_USAGE if rest or path else 0
     ns = parser.parse_args(rest)
-    kwargs = {k: v for k, v in vars(ns).items() if k != "debug"}
+    kwargs = {k: v for k, v in vars(ns).items() if k not in ("debug", "_api_key")}
     return run_guarded(_load(_lookup(path)[1]), **kwargs)
+
+
+def _raise(error: BaseException) -> None:
+    raise error
 
 
 def entry() -> None:

@@ -9,6 +9,7 @@ yet", anything else is the answer. The SkyRL 0.4.0 message texts rlcli recognise
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 
@@ -26,14 +27,21 @@ def request_json(url: str, payload: dict | None = None, timeout: float = 30.0,
     """GET url (payload None) or POST payload as JSON; the JSON answer ({} when empty). HTTP errors raise
     urllib.error.HTTPError, network ones OSError: callers decide what each means to them."""
     data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **key_header(),
+                                                          **(headers or {})})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read() or b"{}")
 
 
 def open_url(url: str, timeout: float = 30.0):
     """A GET whose body the caller reads itself (a download); errors as for request_json."""
-    return urllib.request.urlopen(urllib.request.Request(url), timeout=timeout)
+    return urllib.request.urlopen(urllib.request.Request(url, headers=key_header()), timeout=timeout)
+
+
+def key_header() -> dict[str, str]:
+    """The tenant key (TINKER_API_KEY, set by --api-key too) as the tinker client sends it: X-API-Key."""
+    key = os.environ.get("TINKER_API_KEY")
+    return {"X-API-Key": key} if key else {}
 
 
 def wait_future(base_url: str, request_id: str, timeout: float = 90.0, attempts: int = 20) -> dict:

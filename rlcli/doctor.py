@@ -137,6 +137,43 @@ def check_server(srv: Server) -> Check:
     return Check("server", "warn", f"no server running at {srv.url}: `rlcli serve start`")
 
 
+def check_api_key(srv: Server) -> Check:
+    """Does the server take this key (TINKER_API_KEY or --api-key)? Only a server with --tenants checks one."""
+    import urllib.error
+
+    key = os.environ.get("TINKER_API_KEY")
+    if not srv.reachable:
+        return Check("api-key", "warn", "no server to check the key against")
+    try:
+        _get_json(f"{srv.url}/api/v1/training_runs?limit=1")
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            what = "refuses this key" if key else "wants a tenant key"
+            return Check("api-key", "fail", f"{srv.url} {what}: set TINKER_API_KEY or pass --api-key (the server's "
+                         "owner makes one with `rlcli tenant add NAME`)")
+        return Check("api-key", "warn", f"could not check the key: HTTP {e.code}")
+    except (OSError, ValueError) as e:
+        return Check("api-key", "warn", f"could not check the key: {e}")
+    return Check("api-key", "ok", "the server accepts this key" if key else "the server checks no keys")
+
+
+def check_database() -> Check:
+    """Can the server venv reach the database `serve start` uses (RLCLI_DATABASE_URL or the recorded one)?"""
+    from rlcli.server import database, process
+
+    state = process.read_state(config.server_state_dir())
+    url = os.environ.get(database.ENV) or (state.settings.get("database_url") if state else None)
+    if not url:
+        return Check("database", "ok", "sqlite in the server's folder (the embedded default)")
+    venv = config.server_venv_dir()
+    if not (venv / "bin" / "python").exists():
+        return Check("database", "warn", f"{database.redacted(url)}: no server venv to check it with")
+    why = database.check(url, venv)
+    if why:
+        return Check("database", "fail", f"cannot connect to {database.redacted(url)}: {why}")
+    return Check("database", "ok", f"{database.redacted(url)} answers")
+
+
 def check_backend(srv: Server) -> Check:
     if not srv.reachable:
         return Check("backend", "warn", "skipped: the server is not reachable")
@@ -247,6 +284,8 @@ def run_checks(srv: Server) -> list[Check]:
         ("tinker-pins", check_tinker_pins),
         ("server-venv", check_server_venv),
         ("server", lambda: check_server(srv)),
+        ("api-key", lambda: check_api_key(srv)),
+        ("database", check_database),
         ("backend", lambda: check_backend(srv)),
         ("cuda", check_cuda),
         ("docker", check_docker),
@@ -264,12 +303,16 @@ def run_checks(srv: Server) -> list[Check]:
     return checks
 
 
-def doctor(base_url: str | None = None) -> int:
+def doctor(base_url: str | None = None, api_key: str | None = None) -> int:
     """Check this machine and the server: Pythons, pins, server venv, server, backend, CUDA, Docker, disk, memory.
 
     Args:
         base_url: server URL (default: TINKER_BASE_URL, else the managed server)
+        api_key: tenant key for a server started with --tenants (default: TINKER_API_KEY)
     """
+    from rlcli.tenants import api_key as take_key
+
+    take_key(api_key)
     explicit = bool(base_url or os.environ.get("TINKER_BASE_URL"))
     checks = run_checks(Server(config.resolve_base_url(base_url), explicit))
     failed = [c.name for c in checks if c.status == "fail"]

@@ -52,7 +52,7 @@ def _resolve_model(base_model: str | None) -> str:
 
 
 def skyrl_api_args(*, base_model: str, backend: str, host: str, port: int, backend_cfg: dict,
-                   state_dir: Path, checkpoints_base: str | None) -> list[str]:
+                   state_dir: Path, checkpoints_base: str | None, database_url: str | None = None) -> list[str]:
     """SkyRL API flags with every dangerous default replaced (docs/decisions.md: megatron, 0.0.0.0, /tmp)."""
     paths = process.layout(state_dir)
     args = [
@@ -60,7 +60,7 @@ def skyrl_api_args(*, base_model: str, backend: str, host: str, port: int, backe
         "--backend", backend,
         "--host", host,
         "--port", str(port),
-        "--database-url", f"sqlite:///{paths['database']}",
+        "--database-url", database_url or f"sqlite:///{paths['database']}",
         "--checkpoints-base", checkpoints_base or str(paths["checkpoints"]),
         "--external-inference-lora-base", str(paths["lora"]),
     ]
@@ -88,13 +88,16 @@ def start(
     name: str = "default",
     extensions: bool = True,
     slots: int | None = None,
+    tenants: bool = False,
+    insecure: bool = False,
+    database_url: str | None = None,
 ) -> int:
     """Start SkyRL's Tinker API server and wait until its engine serves requests.
 
     Args:
         base_model: Hugging Face id or local model folder; default: rlcli's embedded tiny model
         backend: jax (runs anywhere), fsdp or megatron (Linux + CUDA, on Ray)
-        host: address to bind; anything but loopback exposes an unauthenticated server
+        host: address to bind; anything but loopback needs --tenants (keys checked) or --insecure
         port: port to bind
         gpus: GPUs per node (fsdp/megatron placement; jax: devices used)
         nodes: nodes for fsdp/megatron; more than one runs on an existing Ray cluster (--ray-address)
@@ -110,6 +113,11 @@ def start(
             LoRA cost per adapter used); --no-extensions: stock SkyRL
         slots: LoRA models the jax server holds at once (default 4; each costs memory, and on stock SkyRL
             step time too); a full server refuses a new model naming this flag
+        tenants: check API keys (`rlcli tenant add`) and keep each tenant's models, futures and checkpoints
+            its own; needed, or --insecure, for a --host other than loopback
+        insecure: allow a non-loopback --host without --tenants (a trusted network only: SkyRL checks no keys)
+        database_url: SkyRL's database, e.g. postgresql://USER:PASSWORD@HOST:5432/DB (default: RLCLI_DATABASE_URL,
+            else sqlite in the server's folder); the password goes to the server as PGPASSWORD, never argv
     """
     if backend != "jax" and not hw.has_cuda():
         raise UsageError(f"the {backend} backend needs NVIDIA GPUs with CUDA and none was found; "
@@ -127,24 +135,34 @@ def start(
                          "(`rlcli serve status`; `rlcli serve stop` first)")
     process.check_port_free(host, port)
     model = _resolve_model(base_model)
-    if not _is_loopback(host):
+    from rlcli import tenants as tenancy
+
+    tenancy.check_exposure(host, tenants, insecure, _is_loopback(host))
+    tenant_env, internal_key = tenancy.server_env() if tenants else ({}, None)
+    from rlcli.server import database
+
+    db_url, db_env = database.resolve(database_url)
+    tenant_env = {**tenant_env, **db_env}
+    if not _is_loopback(host) and not tenants:
         print(f"rlcli: warning: binding {host}: SkyRL checks no credentials, so anyone who can reach "
               f"this port can train on and download from the server", file=sys.stderr)
     venv_dir = server_venv.ensure_server_venv(backend, python, venv)
     lock_fd = process.acquire_lock(state_dir)
     try:
         state = _spawn(venv_dir, state_dir, lock_fd, model, backend, host, port, backend_cfg,
-                       checkpoints_base, ray_address, extensions)
+                       checkpoints_base, ray_address, extensions, tenant_env, db_url)
     finally:
         os.close(lock_fd)  # the launcher holds its own copy for as long as it lives
     state.settings = dict(base_model=model, backend=backend, host=host, port=port, gpus=gpus, nodes=nodes,
                           tp=tp, backend_config=backend_config, checkpoints_base=checkpoints_base,
                           python=python, venv=venv, ray_address=ray_address, extensions=extensions,
-                          slots=slots)
+                          slots=slots, tenants=tenants, insecure=insecure, database_url=database_url)
     process.write_state(state_dir, state)
     sized = f", {slots} LoRA slots" if slots else ""
     print(f"rlcli: server {name!r} starting at {state.url} (backend {backend}{sized}, model {model}); "
           f"log: {process.layout(state_dir)['log']}", file=sys.stderr)
+    if internal_key:
+        os.environ["TINKER_API_KEY"] = internal_key  # this start's own key, for the readiness round trip
     if wait > 0:
         try:
             process.wait_ready(state, process.layout(state_dir)["log"], wait)
@@ -159,12 +177,13 @@ def start(
 
 def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: str, host: str, port: int,
            backend_cfg: dict, checkpoints_base: str | None, ray_address: str | None,
-           extensions: bool = True) -> process.ServerState:
+           extensions: bool = True, tenant_env: dict | None = None,
+           database_url: str | None = None) -> process.ServerState:
     paths = process.layout(state_dir)
     for key in ("checkpoints", "lora"):
         paths[key].mkdir(parents=True, exist_ok=True, mode=0o700)
     api_args = skyrl_api_args(base_model=model, backend=backend, host=host, port=port, backend_cfg=backend_cfg,
-                              state_dir=state_dir, checkpoints_base=checkpoints_base)
+                              state_dir=state_dir, checkpoints_base=checkpoints_base, database_url=database_url)
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     if Path(model).is_dir():  # a local model needs no hub; never let a lookup hang offline
@@ -180,6 +199,9 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
     # runtime/rlcli_samplers.py: sampling a saved checkpoint never replaces a training model's weights.
     # runtime/rlcli_warmup.py: a restart traces the batch shapes earlier runs served before it is ready.
     env["RLCLI_SERVER_EXTENSIONS"] = SERVER_EXTENSIONS if extensions else ""
+    env.update(tenant_env or {})  # PGPASSWORD for --database-url; the tenants file for --tenants
+    if tenant_env and "RLCLI_TENANTS_FILE" in tenant_env:  # runtime/rlcli_tenants.py, even with --no-extensions
+        env["RLCLI_SERVER_EXTENSIONS"] = ",".join(filter(None, [env["RLCLI_SERVER_EXTENSIONS"], "rlcli_tenants"]))
     cmd = [str(venv_dir / "bin" / "python"), str(LAUNCHER), "supervise", "--log", str(paths["log"]),
            "--max-log-bytes", str(MAX_LOG_BYTES), "--", *api_args]
     proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -53,6 +53,7 @@ CALLS = {
     "serve.py": (["status"], 3, "no server 'default' has been started"),
     "synth.py": (["qa", str(REPO / "tests" / "fixtures" / "traces" / "demo.jsonl"), "--output", "{tmp}/qa.jsonl"], 0,
                  "64 replies -> 63 problems"),
+    "tenant.py": (["revoke", "nobody"], 2, "no tenant 'nobody'"),
     "train_distill.py": (["--prompts", "arithmetic", "--teacher", "base", "--kl-coef", "0"], 2,
                          "--kl-coef must be positive"),
     "train_rl.py": (["--loss", "gspo", "--passes", "2", "--dataset", "arithmetic", "--base-url", DEAD_URL], 1,

@@ -1,0 +1,391 @@
+"""rlcli server extension: API keys and isolation between tenants, for a server a team shares.
+
+Runs INSIDE the server venv (Python 3.12): standard library, skyrl and what skyrl imports; never rlcli.
+The launcher imports it when RLCLI_SERVER_EXTENSIONS names it (`rlcli serve start --tenants` does, with
+or without --no-extensions) and calls `register("api")` before SkyRL's API starts.
+
+SkyRL 0.4.0 checks no credentials. This wraps SkyRL's whole ASGI app, so nothing reaches a route unchecked:
+- Deny by default: every request needs a valid key (X-API-Key, which the tinker client sends, or
+  `Authorization: Bearer`) except PUBLIC (health). Unknown paths, /docs and /openapi.json included: 401.
+- Keys: RLCLI_TENANTS_FILE (rlcli/tenants.py writes it, SHA-256 hashes only), reread when it changes,
+  so a revoked key is refused from the next request on.
+- Bodies are read as JSON, forward_backward's also as the protobuf the tinker SDK sends (decoded by SkyRL's
+  own parser); any other body is refused (422), so no request names an id the gate did not see.
+- Isolation: the ids a tenant's requests create (sessions, models, sampling sessions, futures) are
+  recorded as its own (in OWNERS_FILE in the server's state folder, so a restart keeps them). A request
+  naming an id or a tinker:// path that is not the caller's answers 404 as if it did not exist; the
+  training-run listing shows the caller's runs only.
+- Quotas: models held and futures waiting per tenant (its max_models / max_queued), 429 + Retry-After.
+- weight_decay > 0 is refused: SkyRL's jax optimizer (optax adamw over the whole LoRA table) decays every
+  adapter slot on any model's step, so one tenant's step would shrink everyone else's LoRA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode
+
+NAME = "rlcli_tenants"
+VERSION = "1.0"
+FILE_ENV = "RLCLI_TENANTS_FILE"
+INTERNAL_ENV = "RLCLI_TENANTS_INTERNAL"
+INTERNAL_TENANT = "_rlcli"
+OWNERS_FILE = "tenant-owners.jsonl"  # in the server's working folder (its state folder)
+PUBLIC = {("GET", "/api/v1/healthz")}  # the only requests answered without a key
+# Server-wide controls (SkyRL's torch profiler): no tenant's business; they answer 404 as unknown paths do.
+ADMIN = {"/start_profiling", "/stop_profiling", "/profiling_status"}
+ID_FIELDS = ("session_id", "model_id", "sampling_session_id", "request_id", "sampler_id")
+RETRY_AFTER_S = 2
+# Routes that queue work for the engine (a future each): what max_queued counts and limits.
+QUEUED_ROUTES = {f"/api/v1/{r}" for r in ("create_model", "unload_model", "forward_backward", "forward", "optim_step",
+                                           "load_weights", "save_weights", "save_weights_for_sampler", "asample")}
+_state = {"checked": 0, "refused": 0, "hidden": 0, "throttled": 0}
+
+
+def log(message: str) -> None:
+    print(f"[{NAME} {VERSION}] {message}", file=sys.stderr, flush=True)
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Keys:
+    """The tenants file, reread when its mtime or size changes (one stat per request)."""
+
+    def __init__(self, path: Path, internal_hash: str | None):
+        self.path, self.internal = path, internal_hash
+        self.stamp: tuple | None = None
+        self.by_hash: dict[str, tuple[str, dict]] = {}
+
+    def tenant(self, key: str | None) -> tuple[str, dict] | None:
+        if not key:
+            return None
+        digest = _hash(key)
+        if self.internal and hmac.compare_digest(digest, self.internal):
+            return INTERNAL_TENANT, {}
+        try:
+            st = self.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            self.by_hash, self.stamp = {}, None  # no file: nobody but the internal key
+            return None
+        if stamp != self.stamp:
+            try:
+                tenants = json.loads(self.path.read_text())["tenants"]
+                self.by_hash = {t["key_sha256"]: (name, t) for name, t in tenants.items()}
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log(f"cannot read {self.path} ({e}); refusing every key until it is fixed")
+                self.by_hash = {}
+            self.stamp = stamp
+        return self.by_hash.get(digest)
+
+
+class Owners:
+    """Which tenant created each id; appended to a private file so a restart keeps it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.owner: dict[str, str] = {}
+        self.models: dict[str, set[str]] = {}  # tenant -> model ids it holds (for max_models)
+        self.queued: dict[str, set[str]] = {}  # tenant -> request ids not yet retrieved (for max_queued)
+        self.lock = threading.Lock()
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    kind, ident, tenant = json.loads(line)
+                except ValueError:
+                    continue
+                self._apply(kind, ident, tenant)
+
+    def _apply(self, kind: str, ident: str, tenant: str) -> None:
+        if kind == "unload":
+            self.models.get(tenant, set()).discard(ident)
+            return
+        self.owner[ident] = tenant
+        if kind == "model":
+            self.models.setdefault(tenant, set()).add(ident)
+
+    def record(self, kind: str, ident: str, tenant: str) -> None:
+        with self.lock:
+            self._apply(kind, ident, tenant)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "a") as f:
+                f.write(json.dumps([kind, ident, tenant]) + "\n")
+
+
+def _tinker_primary(path: str) -> str | None:
+    """The model id of a tinker://MODEL_ID/... path."""
+    if not path.startswith("tinker://"):
+        return None
+    return path[len("tinker://"):].split("/", 1)[0] or None
+
+
+def _named_ids(method: str, path: str, body: dict | None) -> list[str]:
+    """Every id and tinker:// model a request names, in its path or its JSON body."""
+    found = []
+    parts = path.strip("/").split("/")
+    if len(parts) >= 4 and parts[:2] == ["api", "v1"] and parts[2] in ("training_runs", "models", "samplers"):
+        found.append(parts[3])
+    if isinstance(body, dict):
+        for field in ID_FIELDS:
+            if isinstance(body.get(field), (str, int)):
+                found.append(str(body[field]))
+        for value in body.values():
+            if isinstance(value, str) and (primary := _tinker_primary(value)):
+                found.append(primary)
+    return found
+
+
+class TenantGate:
+    """ASGI middleware around SkyRL's app: key check, ownership, quotas."""
+
+    def __init__(self, app, keys: Keys, owners: Owners):
+        self.app, self.keys, self.owners = app, keys, owners
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        method, path = scope["method"], scope["path"]
+        if (method, path) in PUBLIC:
+            return await self.app(scope, receive, send)
+        _state["checked"] += 1
+        headers = dict(scope["headers"])
+        key = headers.get(b"x-api-key", b"").decode(errors="replace")
+        if not key and headers.get(b"authorization", b"").lower().startswith(b"bearer "):
+            key = headers[b"authorization"][7:].decode(errors="replace").strip()
+        found = self.keys.tenant(key)
+        if found is None:
+            _state["refused"] += 1
+            return await _answer(send, 401, {"detail": "a valid API key is required (X-API-Key or TINKER_API_KEY; "
+                                                       "`rlcli tenant add NAME` makes one)"})
+        tenant, quota = found
+        raw = b""
+        more = True
+        while more:
+            message = await receive()
+            raw += message.get("body", b"")
+            more = message.get("more_body", False)
+        body = _parse_body(path, headers, raw)
+        if body is _UNREADABLE:  # fail closed: a body the gate cannot read could name anyone's ids
+            return await _answer(send, 422, {"detail": "request body is neither JSON nor a forward_backward proto"})
+        if path == "/api/v1/create_model" and quota.get("max_models") and "app" in scope:
+            await self._forget_unloaded(scope["app"], tenant)
+        refusal = self._refusal(tenant, quota, method, path, body)
+        if refusal is not None:
+            status, detail, extra = refusal
+            return await _answer(send, status, {"detail": detail}, extra)
+        if method == "GET" and path == "/api/v1/training_runs":
+            return await self._listing(scope, send, tenant)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        status_box, chunks = [0], []
+
+        async def capture(message):
+            if message["type"] == "http.response.start":
+                status_box[0] = message["status"]
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    self._settle(tenant, path, body, status_box[0], b"".join(chunks))
+            await send(message)
+
+        await self.app(scope, replay, capture)
+
+    async def _forget_unloaded(self, app, tenant: str) -> None:
+        """Models SkyRL unloaded itself (a session that stopped its heartbeat) no longer count as held."""
+        held = sorted(self.owners.models.get(tenant, ()))
+        engine = getattr(app.state, "db_engine", None)
+        if not held or engine is None:
+            return
+        from skyrl.tinker.db_models import ModelDB
+        from sqlmodel import select
+        from sqlmodel.ext.asyncio.session import AsyncSession
+
+        query = select(ModelDB.model_id, ModelDB.status).where(ModelDB.model_id.in_(held))
+        try:
+            async with AsyncSession(engine) as session:
+                rows = (await session.exec(query)).all()
+        except Exception as e:  # the count stays as the gate knows it; the quota errs on the strict side
+            log(f"could not read model states ({type(e).__name__}: {e})")
+            return
+        live = {model_id for model_id, status in rows if status not in ("unloaded", "unloading")}
+        for model_id in set(held) - live:
+            self.owners.record("unload", model_id, tenant)
+
+    def _refusal(self, tenant: str, quota: dict, method: str, path: str, body) -> tuple | None:
+        if tenant == INTERNAL_TENANT:
+            return None
+        if path in ADMIN:
+            return 404, "Not Found", None
+        for ident in _named_ids(method, path, body):
+            if self.owners.owner.get(ident) != tenant:
+                _state["hidden"] += 1
+                return 404, _not_found(path), None
+        if path == "/api/v1/optim_step" and isinstance(body, dict):
+            decay = (body.get("adam_params") or {}).get("weight_decay") or 0
+            if decay > 0:
+                return 400, ("weight_decay > 0 is refused on a shared server: SkyRL's optimizer decays every "
+                             "LoRA slot on any model's step, so it would shrink other tenants' models; use "
+                             "weight_decay 0"), None
+        held = len(self.owners.models.get(tenant, ()))
+        if path == "/api/v1/create_model" and quota.get("max_models") and held >= quota["max_models"]:
+            _state["throttled"] += 1
+            return 429, (f"tenant {tenant!r} holds {held} models, its limit; unload one first "
+                         "(`rlcli tenant add` sets --max-models)"), [(b"retry-after", str(RETRY_AFTER_S).encode())]
+        waiting = self.owners.queued.get(tenant, set())
+        if quota.get("max_queued") and len(waiting) >= quota["max_queued"] and path in QUEUED_ROUTES:
+            _state["throttled"] += 1
+            return 429, (f"tenant {tenant!r} has {len(waiting)} requests waiting, its limit; retrieve results "
+                         "first"), [(b"retry-after", str(RETRY_AFTER_S).encode())]
+        return None
+
+    def _settle(self, tenant: str, path: str, body, status: int, raw: bytes) -> None:
+        """After SkyRL answered: a future that is done (any answer but 408, pending) leaves the queue count;
+        ids a successful request created become the tenant's."""
+        owners = self.owners
+        if path == "/api/v1/retrieve_future" and isinstance(body, dict):
+            if status != 408:
+                with owners.lock:
+                    owners.queued.get(tenant, set()).discard(str(body.get("request_id")))
+            # save_weights_for_sampler's result names the sampling session SkyRL made for the caller's model
+            if status == 200 and b'"sampling_session_id"' in raw:
+                with contextlib.suppress(ValueError, AttributeError):
+                    made = json.loads(raw).get("sampling_session_id")
+                    if made and str(made) not in owners.owner:
+                        owners.record("sampling", str(made), tenant)
+            return
+        if status != 200:
+            return
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            return
+        if not isinstance(answer, dict):
+            return
+        if path == "/api/v1/unload_model" and isinstance(body, dict):
+            owners.record("unload", str(body.get("model_id")), tenant)
+        for field, kind in (("session_id", "session"), ("model_id", "model"),
+                            ("sampling_session_id", "sampling"), ("request_id", "future")):
+            ident = answer.get(field)
+            if ident is None or (kind == "model" and path != "/api/v1/create_model"):
+                continue
+            if kind in ("session", "sampling") and not path.startswith("/api/v1/create_"):
+                continue
+            owners.record(kind, str(ident), tenant)
+            if kind == "future":
+                with owners.lock:
+                    owners.queued.setdefault(tenant, set()).add(str(ident))
+
+    async def _listing(self, scope, send, tenant: str):
+        """The training-run listing, filtered to the caller's runs and paginated after the filter."""
+        query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
+        offset, limit = int(query.get("offset", 0) or 0), int(query.get("limit", 20) or 20)
+        inner = dict(scope, query_string=urlencode({"offset": 0, "limit": 10**9}).encode())
+        start, chunks = {}, []
+
+        async def collect(message):
+            if message["type"] == "http.response.start":
+                start.update(message)
+            else:
+                chunks.append(message.get("body", b""))
+
+        async def empty():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        await self.app(inner, empty, collect)
+        answer = json.loads(b"".join(chunks) or b"{}")
+        runs = answer.get("training_runs") or []
+        if tenant != INTERNAL_TENANT:
+            runs = [r for r in runs if self.owners.owner.get(r.get("training_run_id")) == tenant]
+        answer["training_runs"] = runs[offset:offset + limit]
+        answer["cursor"] = {"offset": offset, "limit": limit, "total_count": len(runs)}
+        await _answer(send, start.get("status", 200), answer)
+
+
+_UNREADABLE = object()
+PROTO_ROUTES = {"/api/v1/forward_backward"}  # the tinker SDK sends these as protobuf (SkyRL decodes them)
+
+
+def _parse_body(path: str, headers: dict, raw: bytes):
+    """The request's body as a dict (JSON, or the forward_backward proto as SkyRL reads it), None when empty."""
+    if not raw:
+        return None
+    content_type = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+    if path in PROTO_ROUTES and content_type == b"application/x-protobuf":
+        from skyrl.tinker.proto_serialization import parse_forward_backward_request
+
+        try:
+            if headers.get(b"content-encoding", b"").strip().lower() == b"zstd":
+                import zstandard
+
+                raw = zstandard.ZstdDecompressor().decompress(raw, max_output_size=1 << 30)
+            return parse_forward_backward_request(raw)[0]
+        except Exception:
+            return _UNREADABLE
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return _UNREADABLE
+
+
+def _not_found(path: str) -> str:
+    """SkyRL's own 404 words for what the route looks up, so a foreign id reads exactly like an absent one."""
+    if "retrieve_future" in path:
+        return "Future not found"
+    if "session" in path and "sampling" not in path:
+        return "Session not found"
+    if "sampler" in path:
+        return "Sampler not found"
+    return "Model not found"
+
+
+async def _answer(send, status: int, payload: dict, extra_headers=None) -> None:
+    body = json.dumps(payload).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + list(extra_headers or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+def describe() -> dict:
+    """What the capabilities route says about this extension (tenants, not keys)."""
+    from skyrl.tinker import api
+
+    routes = sorted(f"{','.join(sorted(getattr(r, 'methods', None) or ['*']))} {r.path}" for r in api.app.routes)
+    return {"public": sorted(f"{m} {p}" for m, p in PUBLIC), "checked": "every other request", "routes": routes,
+            **_state}
+
+
+def register(role: str) -> None:
+    if role != "api":
+        return
+    file = os.environ.get(FILE_ENV)
+    if not file:
+        raise RuntimeError(f"{NAME}: {FILE_ENV} is not set; `rlcli serve start --tenants` sets it")
+    import pins
+    from skyrl.tinker import api, db_models, proto_serialization
+
+    pins.require(NAME, {
+        "skyrl.tinker.api.app.add_middleware": getattr(api.app, "add_middleware", None),
+        "skyrl.tinker.proto_serialization.parse_forward_backward_request":
+            getattr(proto_serialization, "parse_forward_backward_request", None),
+        "skyrl.tinker.db_models.ModelDB": getattr(db_models, "ModelDB", None),
+    })
+    keys = Keys(Path(file), os.environ.get(INTERNAL_ENV) or None)
+    owners = Owners(Path.cwd() / OWNERS_FILE)
+    api.app.add_middleware(TenantGate, keys=keys, owners=owners)
+    log(f"every request but {sorted(p for _m, p in PUBLIC)} needs a tenant key from {file}")
