@@ -6,6 +6,11 @@ Launch:  rlcli train distill --prompts arithmetic --teacher base --load-checkpoi
          rlcli train distill --prompts problems.jsonl --teacher tinker://RUN/weights/000040 --dry-run
          rlcli train distill --prompts arithmetic --teacher-url http://127.0.0.1:8001   (a second server)
          rlcli train distill --prompts arithmetic --teacher base --log-path runs/d --resume
+         rlcli train distill --prompts traces.jsonl --teacher base --teacher-context answer   (self-distillation)
+
+--prompts FILE.jsonl is {"question", "answer"} lines or `rlcli import` conversations (read and held out by
+rlcli.train.traces, as `train rl --env replay` does). --teacher-context answer (rlcli.train.teacher_context):
+the teacher's logprobs come from the prompt with the logged answer noted; the student trains on the plain one.
 
 The teacher (rlcli.train.teacher) and the loss are settled first: a bad flag, an unservable loss, a
 teacher that is not there or a second server whose tokenizer differs all fail in one line before a
@@ -23,10 +28,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rlcli.config import resolve_base_url
 from rlcli.errors import UsageError
-from rlcli.train import heldout, rl_loop, run
+from rlcli.train import heldout, rl_loop, run, traces
 from rlcli.train.heldout import Grader
 from rlcli.train.rl import checkpoint_state
 from rlcli.train.rl_loop import RlSettings
+from rlcli.train.teacher_context import TeacherContext
+from rlcli.train.teacher_context import check as teacher_context_check
 
 if TYPE_CHECKING:
     from rlcli.train.envs import Data
@@ -34,7 +41,7 @@ if TYPE_CHECKING:
 RECIPE_NAME = "rlcli_train_distill"
 DistillLoss = Literal["importance_sampling", "ppo", "cispo", "gspo"]  # what the cookbook's distillation data suits
 RESUME_KEYS = ("model", "renderer", "loss", "batch_size", "group_size", "teacher", "teacher_url", "kl_coef",
-               "kl_discount", "reward_coef", "eval_size", "seed")
+               "kl_discount", "reward_coef", "teacher_context", "eval_size", "seed")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +52,7 @@ class Settings(RlSettings):
     kl_coef: float = 1.0
     kl_discount: float = 0.0
     reward_coef: float = 0.0
+    teacher_context: str = "none"
     batch_size: int = run.BATCH_SIZE
     eval_every: int = 10
     eval_size: int = 0
@@ -69,8 +77,10 @@ def describe(plan: Any, data: Data, s: Settings, steps: int, teacher: Any) -> st
     held_out = (f"{data.held_out} held-out prompts: teacher KL and correctness every {s.eval_every} steps"
                 if data.held_out and s.eval_every else "no held-out evaluation")
     reward = f" + {s.reward_coef:g} x reward ({data.grader})" if s.reward_coef else ""
+    context = ("; its prompt also shows the logged answer (teacher_prompts.jsonl)"
+               if s.teacher_context == "answer" else "")
     return "\n".join([
-        f"teacher: {teacher.describe()}",
+        f"teacher: {teacher.describe()}{context}",
         f"signal: -{s.kl_coef:g} x (student - teacher logprob) per token"
         f"{f', discounted {s.kl_discount:g}' if s.kl_discount else ''}{reward}",
         rl_loop.describe_loss(plan),
@@ -93,7 +103,8 @@ def build_config(folder: Path, url: str, s: Settings) -> Any:
 
 def train_distill(prompts: str | None = None, teacher: str | None = None, teacher_url: str | None = None,
                   dataset_path: str | None = None, load_checkpoint: str | None = None, kl_coef: float = 1.0,
-                  kl_discount: float = 0.0, reward_coef: float = 0.0, loss: DistillLoss = "importance_sampling",
+                  kl_discount: float = 0.0, reward_coef: float = 0.0, teacher_context: TeacherContext = "none",
+                  loss: DistillLoss = "importance_sampling",
                   loss_config: str | None = None, model: str | None = None, base_url: str | None = None,
                   renderer: str | None = None, batch_size: int = run.BATCH_SIZE, group_size: int = run.GROUP_SIZE,
                   lr: float = run.RL_LR, max_tokens: int = 256, temperature: float = run.TEMPERATURE,
@@ -105,7 +116,9 @@ def train_distill(prompts: str | None = None, teacher: str | None = None, teache
     """Distill a teacher into a LoRA student on the student's own samples (on-policy distillation).
 
     Args:
-        prompts: arithmetic, gsm8k, or a JSONL file of {"question", "answer"} (as train rl's --dataset)
+        prompts: arithmetic, gsm8k, or a JSONL file: {"question", "answer"} lines (as train rl's --dataset), or
+            conversations as `rlcli import` writes them (the prompt: the conversation before its last
+            assistant turn; that logged reply: the answer); held out by a stable hash of the prompt
         teacher: base (the served base model), a run folder (its newest saved state),
             tinker://RUN/weights/NAME, or tinker://RUN/sampler_weights/NAME (its state of that name is used)
         teacher_url: a second server whose base model is the teacher (same tokenizer as the student)
@@ -114,6 +127,8 @@ def train_distill(prompts: str | None = None, teacher: str | None = None, teache
         kl_coef: weight of the per-token teacher signal
         kl_discount: discount for later tokens' signal (0: each token its own)
         reward_coef: add the prompts' graded reward times this (RL with a teacher; 0: off)
+        teacher_context: none, or answer (self-distillation: the teacher's logprobs are computed on the prompt
+            with the logged answer noted in its last user turn; the student trains on its plain prompt)
         loss: importance_sampling, ppo, cispo or gspo (computed on the server)
         loss_config: JSON object of loss settings, as for train rl
         model: the server's base model, exactly as it was started (default: ask the server)
@@ -139,8 +154,9 @@ def train_distill(prompts: str | None = None, teacher: str | None = None, teache
     """
     if not prompts:
         raise UsageError("pass --prompts arithmetic, --prompts gsm8k [--dataset-path FILE.jsonl], or --prompts "
-                         "FILE.jsonl ({question, answer} lines)")
+                         "FILE.jsonl ({question, answer} lines, or `rlcli import` conversations)")
     check_flags(kl_coef, kl_discount, reward_coef, group_size)
+    teacher_context_check(teacher_context, prompts)
     held = 0 if eval_every == 0 else eval_size
     try:  # train rl's flag check, its messages in this command's words
         name, path, grader = heldout.choose_dataset(prompts, dataset_path, grader, max_operand, held)
@@ -148,6 +164,12 @@ def train_distill(prompts: str | None = None, teacher: str | None = None, teache
         raise UsageError(str(e).replace("--dataset ", "--prompts ")) from None
     run.check_numbers(seed=seed, batch_size=batch_size, max_tokens=max_tokens, lora_rank=lora_rank, max_steps=max_steps,
                       save_every=save_every, eval_every=eval_every, eval_size=eval_size, lr=lr, temperature=temperature)
+    conversations = None
+    if name == "file" and traces.is_traces_file(str(path)):  # `rlcli import` output: train rl's replay reader
+        if grader != "auto":
+            raise UsageError(f"--grader is for {{question, answer}} files; {path} holds conversations, scored by "
+                             "matching the logged reply: drop --grader")
+        conversations = traces.Spec(str(path))
     state = checkpoint_state(load_checkpoint)
     url = resolve_base_url(base_url)
     plan = rl_loop.plan_losses(url, loss, loss_config, "auto")
@@ -157,17 +179,20 @@ def train_distill(prompts: str | None = None, teacher: str | None = None, teache
     chosen = teachers.resolve(teacher, teacher_url, url, t.model, dry_run)
     from rlcli.train import distill_loop, envs  # the cookbook and `datasets`: only once the plan stands
 
-    data = envs.load_data(name, path, batch_size, max_steps, grader, held, max_operand or heldout.ARITHMETIC_MAX)
+    data = envs.load_data(name, path, batch_size, max_steps, grader, held, max_operand or heldout.ARITHMETIC_MAX,
+                          replay=conversations)
     steps = min(data.batches, max_steps or data.batches)
     s = Settings(model=t.model, renderer=t.renderer, prompts=name if name != "file" else str(path), loss=plan.loss,
                  loss_config=dict(plan.config), passes=plan.passes, teacher=chosen.path or chosen.source,
                  teacher_url=chosen.url if chosen.kind == "url" else None, kl_coef=kl_coef, kl_discount=kl_discount,
-                 reward_coef=reward_coef, batch_size=batch_size, group_size=group_size, lr=lr, max_tokens=max_tokens,
+                 reward_coef=reward_coef, teacher_context=teacher_context, batch_size=batch_size,
+                 group_size=group_size, lr=lr, max_tokens=max_tokens,
                  temperature=temperature, lora_rank=lora_rank, max_steps=max_steps, save_every=save_every,
                  eval_every=eval_every, eval_size=data.held_out, grader=data.grader, load_checkpoint=state,
                  seed=seed)
     progress = distill_loop.DistillProgress(steps, plan.loss, plan.passes, with_reward=reward_coef > 0)
     loop = distill_loop.Run(teacher=chosen, reward_coef=reward_coef, batch_size=batch_size, load_checkpoint=state,
+                            context=teacher_context,
                             builder=envs.dataset_builder(data, t.model, t.renderer, batch_size, group_size))
     job = run.Job(settings=s, summary=describe(plan, data, s, steps, chosen), digest=("dataset_sha256", data.sha256),
                   same_input="the same --prompts", resume_keys=RESUME_KEYS, progress=progress,

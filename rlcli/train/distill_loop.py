@@ -55,6 +55,7 @@ class Run:
     reward_coef: float
     batch_size: int
     load_checkpoint: str | None
+    context: str = "none"  # --teacher-context: answer puts the logged answer in the teacher's prompt
 
 
 @contextlib.contextmanager
@@ -84,6 +85,12 @@ async def main(cfg: Any, r: Run) -> None:
     start = resume.batch if resume else 0
     service = tinker.ServiceClient(base_url=cfg.base_url)
     teacher_client = await teacher.sampling_client(r.teacher, service)  # first: see the module docstring
+    register = None
+    if r.context == "answer":
+        from rlcli.train.teacher_context import ContextTeacher
+
+        teacher_client = ContextTeacher(teacher_client, cfg.log_path)
+        register = teacher_client.register
     if r.teacher.kind == "state":  # it took the slot run.server_slots cleaned: clean the student's too
         from rlcli.slots import ensure_clean_next_slot
 
@@ -103,7 +110,7 @@ async def main(cfg: Any, r: Run) -> None:
     if test_set is not None and cfg.eval_every > 0:
         evaluators = [Unprefixed(RLTestSetEvaluator(test_set, max_tokens=cfg.max_tokens, num_groups_to_log=0)),
                       HeldOutKl(test_set, teacher_client, cfg.max_tokens)]
-    dataset = CompositeDataset([RewardScaled(train_set, r.reward_coef)], [r.batch_size])
+    dataset = CompositeDataset([RewardScaled(train_set, r.reward_coef, register)], [r.batch_size])
     steps = min(cfg.max_steps or len(dataset), len(dataset))
     manager = checkpoint_utils.CheckpointManager(training_client=student, service_client=service,
                                                  log_path=cfg.log_path, save_every=cfg.save_every,
@@ -142,6 +149,8 @@ class HeldOutKl:
         import tinker
 
         prompt, stop = await env.initial_observation()
+        if hasattr(self.teacher, "register"):  # --teacher-context answer
+            self.teacher.register(env, prompt)
         params = tinker.SamplingParams(max_tokens=self.max_tokens, temperature=1.0, stop=stop)
         seq = (await student.sample_async(prompt, 1, params)).sequences[0]
         if not seq.tokens:
@@ -162,22 +171,22 @@ class HeldOutKl:
 class RewardScaled:
     """The training set with every reward times `coef` (0: distillation alone; the teacher KL is all)."""
 
-    def __init__(self, dataset: Any, coef: float):
-        self.dataset, self.coef = dataset, coef
+    def __init__(self, dataset: Any, coef: float, register: Callable[[Any, Any], None] | None = None):
+        self.dataset, self.coef, self.register = dataset, coef, register
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def get_batch(self, index: int) -> Sequence[Any]:
-        return [ScaledGroup(b, self.coef) for b in self.dataset.get_batch(index)]
+        return [ScaledGroup(b, self.coef, self.register) for b in self.dataset.get_batch(index)]
 
 
 class ScaledGroup:
-    def __init__(self, builder: Any, coef: float):
-        self.builder, self.coef = builder, coef
+    def __init__(self, builder: Any, coef: float, register: Callable[[Any, Any], None] | None = None):
+        self.builder, self.coef, self.register = builder, coef, register
 
     async def make_envs(self) -> list[Any]:
-        return [ScaledEnv(env, self.coef) for env in await self.builder.make_envs()]
+        return [ScaledEnv(env, self.coef, self.register) for env in await self.builder.make_envs()]
 
     async def compute_group_rewards(self, trajectory_group: Any, env_group: Any) -> list[tuple[float, Any]]:
         inner = [e.env for e in env_group]
@@ -193,11 +202,16 @@ class ScaledGroup:
 
 
 class ScaledEnv:
-    def __init__(self, env: Any, coef: float):
-        self.env, self.coef = env, coef
+    """An env with its reward scaled; with `register`, its prompt handed to the teacher (ContextTeacher)."""
+
+    def __init__(self, env: Any, coef: float, register: Callable[[Any, Any], None] | None = None):
+        self.env, self.coef, self.register = env, coef, register
 
     async def initial_observation(self) -> Any:
-        return await self.env.initial_observation()
+        prompt, stop = await self.env.initial_observation()
+        if self.register is not None:
+            self.register(self.env, prompt)
+        return prompt, stop
 
     async def step(self, action: Any, **kwargs: Any) -> Any:
         result = await self.env.step(action, **kwargs)

@@ -120,6 +120,18 @@ def conversation_problems(conv: dict[str, Any], where: str, turn: str, tools_env
     return found
 
 
+def is_traces_file(path: str) -> bool:
+    """Whether a JSONL file's first record is a conversation ({"messages": [...]}), as `rlcli import` writes;
+    False for anything else (its own reader then says what is wrong)."""
+    try:
+        with open(Path(path).expanduser(), encoding="utf-8") as f:
+            first = next((line for line in f if line.strip()), "")
+        obj = json.loads(first) if first else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(obj, dict) and "messages" in obj
+
+
 def parse_traces(lines: Any, source: str, turn: str = "last", tools_env: bool = False) -> Traces:
     problems: list[Problem] = []
     skipped: Counter[str] = Counter()

@@ -216,3 +216,27 @@ def test_train_rl_with_a_kl_penalty_against_the_base(server, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "KL penalty vs the base model: 0.1" in proc.stderr
     assert abs(rows(run / "metrics.jsonl")[0]["kl_policy_base"]) < 0.01  # a fresh LoRA is the base
+
+
+def test_self_distillation_on_imported_conversations(server, tmp_path):
+    """`rlcli import` output as prompts, the teacher (the base) shown each logged answer: a fresh LoRA
+    student is the base, so any teacher KL comes from the answer in the teacher's prompt."""
+    data = tmp_path / "traces.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} + {i + 3}?"},
+                                                     {"role": "assistant", "content": f"It is {2 * i + 3}."}]}) + "\n"
+                            for i in range(6)))
+    run = tmp_path / "self"
+    proc = distill(server.env, server.url, run, "--prompts", str(data), "--teacher", "base",
+                   "--teacher-context", "answer", *TINY, "--max-steps", "2", "--eval-size", "2", "--eval-every", "2")
+    assert f"replay traces {data}" in proc.stderr and "its prompt also shows the logged answer" in proc.stderr
+    found = rows(run / "metrics.jsonl")
+    kl = [m[metrics.TEACHER_KL] for m in found if metrics.TEACHER_KL in m]
+    print(f"teacher KL per step {kl}; held-out {[m.get(metrics.TEST_TEACHER_KL) for m in found]}")
+    assert len(kl) == 2 and abs(kl[0]) > 0.01  # without the answer a fresh LoRA would sit below 0.01
+    assert metrics.TEST_TEACHER_KL in found[0]
+    seen = rows(run / "teacher_prompts.jsonl")
+    assert len(seen) >= 2 * 2 + 2  # two steps of two prompts, and the two held-out ones
+    for row in seen:
+        assert f"correct answer is: {row['answer']}" in row["teacher_prompt"]
+        assert row["answer"] not in row["student_prompt"] and row["answer"].startswith("It is ")
+    assert (run / MODELS_FILE).read_text() == ""

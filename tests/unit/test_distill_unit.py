@@ -115,6 +115,8 @@ def test_the_mask_travels_as_weights_and_explicit_weights_win():
     ({"teacher": "tinker://m/weights/x", "teacher_url": DEAD_URL}, "drop --teacher"),
     ({"teacher": "no/such/run"}, "nor a run folder"),
     ({"teacher": "tinker://m/bogus/x/y"}, "is not a checkpoint path"),
+    ({"teacher_context": "answer"}, "--teacher-context answer needs prompts with logged answers"),
+    ({"teacher_context": "bogus"}, "--teacher-context bogus: give none or answer"),
 ])
 def test_bad_flags_fail_in_one_line_before_any_model(fake_server, embedded_model, tmp_path, flags, message):
     args = dict(prompts="arithmetic", teacher="base", base_url=DEAD_URL, model=embedded_model,
@@ -223,3 +225,4 @@ def test_fixed_choices_are_declared():
     found = choices_of(distill.train_distill)
     assert found["loss"] == ("importance_sampling", "ppo", "cispo", "gspo")
     assert found["grader"] == ("auto", "gsm8k", "numeric", "exact")
+    assert found["teacher_context"] == ("none", "answer")
