@@ -23,7 +23,7 @@ from tinker_cookbook.renderers.base import Message, Renderer, get_text_content
 from tinker_cookbook.rl.types import Env, StepResult
 
 from rlcli.harbor.phases import begin_step, end_step, finish
-from rlcli.harbor.sandbox import ExecResult, Sandbox, SandboxError, SandboxPool, script_command
+from rlcli.harbor.sandbox import ExecResult, Sandbox, SandboxError, SandboxPool, gone_error, is_gone, script_command
 from rlcli.harbor.taskconfig import Step
 from rlcli.harbor.tasks import Task
 
@@ -307,6 +307,10 @@ async def run_scripted(task: Task, policy: str, pool: SandboxPool, settings: Age
         finish(record, task, settings.reward_key)
     except SandboxError as e:
         record.error = str(e)
+    except Exception as e:
+        if not is_gone(e):
+            raise
+        record.error = str(gone_error(f" (task {task.name})"))
     finally:
         record.seconds = time.monotonic() - started
         await pool.close(sandbox)

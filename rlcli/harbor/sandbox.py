@@ -26,6 +26,7 @@ import tarfile
 import threading
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,53 @@ class SandboxError(RlcliError):
     """The container died or Docker failed: the rollout cannot go on (not the agent's fault)."""
 
 
+class DockerGone(SandboxError):
+    """The Docker daemon itself stopped answering (stopped, crashed, restarted): every sandbox is affected."""
+
+
+def docker_where() -> str:
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+def is_gone(error: BaseException) -> bool:
+    """Whether an error from the docker SDK means the daemon is unreachable (not one container's failure)."""
+    import docker
+    import requests
+    import urllib3
+
+    if isinstance(error, DockerGone | requests.exceptions.ConnectionError | urllib3.exceptions.ProtocolError
+                  | requests.exceptions.ChunkedEncodingError | ConnectionError):
+        return True
+    return isinstance(error, docker.errors.DockerException) and not isinstance(error, docker.errors.APIError) \
+        and any(key in str(error) for key in ("Connection refused", "No such file or directory", "Connection aborted"))
+
+
+def gone_error(what: str = "") -> DockerGone:
+    return DockerGone(f"the Docker daemon at {docker_where()} stopped answering{what}")
+
+
+def daemon_answers(timeout_s: float = 5.0) -> bool:
+    """One quick ping on a fresh connection (a short timeout: a frozen daemon counts as gone)."""
+    import docker
+
+    try:
+        docker.from_env(timeout=max(1, int(timeout_s))).ping()
+        return True
+    except Exception:
+        return False
+
+
+def wait_for_daemon(timeout_s: float, poll_s: float = 0.5) -> bool:
+    """Whether the daemon answers again within timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if daemon_answers(min(5.0, max(1.0, deadline - time.monotonic()))):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+
+
 @dataclass
 class ExecResult:
     exit_code: int
@@ -61,7 +109,7 @@ def connect(pool_size: int = 16) -> Any:
     """A docker client that answers, or a one-line error that says how to start a daemon."""
     import docker
 
-    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    where = docker_where()
     try:
         client = docker.from_env(max_pool_size=pool_size, timeout=120)
         client.ping()
@@ -99,8 +147,17 @@ def sweep(client: Any) -> int:
 
 
 def remove_mine(client: Any) -> int:
-    """Remove every sandbox this process started (the last line of defence after Ctrl-C or a crash)."""
-    mine = client.containers.list(all=True, filters={"label": f"{OWNER}={owner_id()}"})
+    """Remove every sandbox this process started (the last line of defence after Ctrl-C or a crash).
+
+    With the daemon gone there is nothing to ask: its containers carry auto-remove, which the daemon
+    honours when it starts again (it does not restore containers), so none outlives the outage.
+    """
+    try:
+        mine = client.containers.list(all=True, filters={"label": f"{OWNER}={owner_id()}"})
+    except Exception as e:
+        if is_gone(e):
+            return 0
+        raise
     for container in mine:
         _remove(container)
     return len(mine)
@@ -109,8 +166,13 @@ def remove_mine(client: Any) -> int:
 def _remove(container: Any) -> None:
     import docker
 
-    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # gone, or removal in progress
+    try:
         container.remove(force=True)
+    except (docker.errors.NotFound, docker.errors.APIError):  # gone, or removal in progress
+        pass
+    except Exception as e:  # the daemon is gone: it removes auto-remove containers when it starts again
+        if not is_gone(e):
+            raise
 
 
 def run_options(limits: Limits, lifetime_s: float, online: bool = False,
@@ -202,6 +264,10 @@ class Sandbox:
         except docker.errors.NotFound:
             why = self.killed or "removed, or its lifetime ran out"
             raise SandboxError(f"sandbox {self.short_id} is gone ({why})") from None
+        except Exception as e:
+            if is_gone(e):
+                raise gone_error(f" (sandbox {self.short_id})") from None
+            raise
         state = self.container.attrs.get("State") or {}
         if self.killed or state.get("Status") != "running":
             why = ", killed for memory" if state.get("OOMKilled") else f": {self.killed}" if self.killed else ""
@@ -335,19 +401,32 @@ class _Capped:
 class SandboxPool:
     """The sandboxes of one run: at most `size` alive at once (--max-sandboxes), each removed after use."""
 
-    def __init__(self, client: Any, size: int):
-        self.client, self.size = client, size
+    def __init__(self, client: Any, size: int, on_gone: Callable[[str], Awaitable[None]] | None = None):
+        """on_gone(task name): called when the daemon is gone as a sandbox starts; returns once it is back
+        (the start is tried once more), raises when it is not."""
+        self.client, self.size, self.on_gone = client, size, on_gone
         self._slots: asyncio.Semaphore | None = None  # made inside the running event loop
 
     async def open(self, task: Task, lifetime_s: float) -> Sandbox:
+        try:
+            return await self._open(task, lifetime_s)
+        except DockerGone:
+            if self.on_gone is None:
+                raise
+            await self.on_gone(task.name)  # nothing ran yet: once the daemon is back, start afresh
+            return await self._open(task, lifetime_s)
+
+    async def _open(self, task: Task, lifetime_s: float) -> Sandbox:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.size)
         await self._slots.acquire()
         try:
             image, _ = await asyncio.to_thread(ensure_image, self.client, task)
             sandbox = await asyncio.to_thread(Sandbox.start, self.client, image, task, lifetime_s)
-        except BaseException:
+        except BaseException as e:
             self._slots.release()
+            if isinstance(e, Exception) and not isinstance(e, DockerGone) and is_gone(e):
+                raise gone_error(f" (starting a sandbox for task {task.name})") from None
             raise
         try:
             if image == task.docker_image and not task.has_dockerfile and task.environment.is_dir() \
