@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from rlcli.config import ensure_api_key, resolve_base_url
 from rlcli.errors import EXIT_FAILED, RlcliError, UsageError
+from rlcli.harbor.daemon import DEFAULT_DOCKER_TIMEOUT_S
 from rlcli.harbor.images import prepare_images
 from rlcli.harbor.summary import summary_table
 from rlcli.harbor.tasks import NetworkChoice, Task, load_tasks
@@ -32,31 +33,6 @@ from rlcli.train.folder import run_folder
 
 Policy = Literal["oracle", "nop", "model"]
 DEFAULT_COMMAND_TIMEOUT_S = 120.0
-DEFAULT_DOCKER_TIMEOUT_S = 60.0
-
-
-class DockerWatch:
-    """After a failed rollout: is the daemon there? If not, wait up to timeout_s for it (one waiter for all
-    rollouts); back in time, the run goes on (the failed rollouts keep their reason), else it stops."""
-
-    def __init__(self, timeout_s: float):
-        self.timeout_s, self.lock, self.lost = timeout_s, asyncio.Lock(), ""
-
-    async def check(self, task: str) -> None:
-        from rlcli.harbor.sandbox import daemon_answers, docker_where, wait_for_daemon
-
-        async with self.lock:
-            if not self.lost and not await asyncio.to_thread(daemon_answers):
-                print(f"the Docker daemon at {docker_where()} stopped answering (rollout of {task}); waiting up to "
-                      f"{self.timeout_s:g}s for it to come back", file=sys.stderr, flush=True)
-                if await asyncio.to_thread(wait_for_daemon, self.timeout_s):
-                    print("the Docker daemon answers again: going on", file=sys.stderr, flush=True)
-                else:
-                    self.lost = task
-        if self.lost:
-            from rlcli.harbor.sandbox import gone_error
-            raise gone_error(f" during rollout of {self.lost} and did not come back within {self.timeout_s:g}s "
-                             "(--docker-timeout)")
 
 
 def status_of(record: Any) -> str:
@@ -92,6 +68,7 @@ async def run_all(tasks: list[Task], policy: str, client: Any, settings: Any, fo
     from tinker_cookbook.rl.rollouts import do_single_rollout
 
     from rlcli.harbor.agent import HarborEnv, run_scripted
+    from rlcli.harbor.daemon import DockerWatch
     from rlcli.harbor.sandbox import SandboxPool
 
     watch = DockerWatch(docker_timeout)
@@ -151,7 +128,8 @@ def run(task_dir: str, policy: Policy = "oracle", task_filter: str | None = None
             (the rollouts in flight fail with that reason either way)
     """
     from rlcli.harbor.agent import AgentSettings
-    from rlcli.harbor.sandbox import DockerGone, remove_mine
+    from rlcli.harbor.daemon import DockerGone
+    from rlcli.harbor.sandbox import remove_mine
     if policy != "model" and (model or checkpoint):
         raise UsageError(f"--model and --checkpoint choose the agent of --policy model, not {policy}")
     trainer.check_numbers(max_turns=max_turns, max_tokens=max_tokens, temperature=temperature, limit=limit,

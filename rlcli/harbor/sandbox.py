@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.errors import RlcliError
+from rlcli.harbor.daemon import DockerGone, SandboxError, docker_where, gone_error, is_gone
 from rlcli.harbor.images import LABEL, TASK_LABEL, ensure_image
 from rlcli.harbor.tasks import Limits, Task
 
@@ -40,57 +41,6 @@ MAX_OUTPUT_BYTES = 16_000  # of a command's output kept (head and tail)
 KILL_GRACE_S = 5.0  # after a command's timeout, before the client kills its process group itself
 DOCKER_HINT = ("start one: `sudo scripts/docker_up.sh` (`make docker`) on Debian/Ubuntu, "
                "`sudo systemctl start docker`, or open Docker Desktop")
-
-
-class SandboxError(RlcliError):
-    """The container died or Docker failed: the rollout cannot go on (not the agent's fault)."""
-
-
-class DockerGone(SandboxError):
-    """The Docker daemon itself stopped answering (stopped, crashed, restarted): every sandbox is affected."""
-
-
-def docker_where() -> str:
-    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-
-
-def is_gone(error: BaseException) -> bool:
-    """Whether an error from the docker SDK means the daemon is unreachable (not one container's failure)."""
-    import docker
-    import requests
-    import urllib3
-
-    if isinstance(error, DockerGone | requests.exceptions.ConnectionError | urllib3.exceptions.ProtocolError
-                  | requests.exceptions.ChunkedEncodingError | ConnectionError):
-        return True
-    return isinstance(error, docker.errors.DockerException) and not isinstance(error, docker.errors.APIError) \
-        and any(key in str(error) for key in ("Connection refused", "No such file or directory", "Connection aborted"))
-
-
-def gone_error(what: str = "") -> DockerGone:
-    return DockerGone(f"the Docker daemon at {docker_where()} stopped answering{what}")
-
-
-def daemon_answers(timeout_s: float = 5.0) -> bool:
-    """One quick ping on a fresh connection (a short timeout: a frozen daemon counts as gone)."""
-    import docker
-
-    try:
-        docker.from_env(timeout=max(1, int(timeout_s))).ping()
-        return True
-    except Exception:
-        return False
-
-
-def wait_for_daemon(timeout_s: float, poll_s: float = 0.5) -> bool:
-    """Whether the daemon answers again within timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if daemon_answers(min(5.0, max(1.0, deadline - time.monotonic()))):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_s)
 
 
 @dataclass

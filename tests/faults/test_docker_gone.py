@@ -178,7 +178,8 @@ def test_docker_dies_mid_rollout_and_stays_away(dockerd, tmp_path):
     leftover = dockerd.rlcli_containers()  # the daemon is back (restarted above)
     assert leftover == [], f"containers left behind: {leftover}"
     record("docker daemon killed during harbor run", seconds_to_notice=round(noticed, 1),
-           docker_timeout_s=TIMEOUT_S, exit_code=proc.returncode, message=line)
+           docker_timeout_s=TIMEOUT_S, exit_code=proc.returncode,
+           message=line.replace(dockerd.host, "unix://<private dockerd>"))
 
 
 def test_docker_back_within_timeout_run_goes_on(dockerd, tmp_path):
