@@ -52,10 +52,15 @@ def daemon_answers(timeout_s: float = 5.0) -> bool:
     import docker
 
     try:
-        docker.from_env(timeout=max(1, int(timeout_s))).ping()
-        return True
+        client = docker.from_env(timeout=max(1, int(timeout_s)))
     except Exception:
         return False
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+    finally:
+        client.close()
 
 
 def wait_for_daemon(timeout_s: float, poll_s: float = 0.5) -> bool:
