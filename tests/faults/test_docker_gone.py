@@ -2,10 +2,10 @@
 with one line within a bounded time (or goes on when the daemon is back within --docker-timeout), and no
 rlcli container is left once the daemon is back.
 
-The daemon killed is a private one this test starts (its own data root, exec root, socket and pid file, no
-bridge and no iptables), never the machine's: rlcli is pointed at it through DOCKER_HOST. The base image is
-copied into it from the machine's daemon (`docker save | docker load`, read-only there). Skipped with the
-reason where a private dockerd cannot be started (not root, no dockerd, no base image).
+The daemon killed is a private one this test starts (its own data root, exec root, socket, pid file and
+bridge, no iptables), never the machine's (nor its docker0): rlcli is pointed at it through DOCKER_HOST.
+The base image is copied into it from the machine's daemon (`docker save | docker load`, read-only there).
+Skipped with the reason where a private dockerd cannot be started (not root, no dockerd, no base image).
 """
 
 from __future__ import annotations
@@ -28,6 +28,14 @@ from tests.faults.test_server_dies import last_line, record
 pytestmark = [pytest.mark.docker, pytest.mark.faults, pytest.mark.timeout(600)]
 
 IMAGE = "debian:bookworm-slim"
+# Documentation ranges (routed nowhere); the first one this machine uses in no address and no route.
+BRIDGE_NETS = ("198.51.100", "203.0.113", "192.0.2")
+
+
+def free_bridge_address() -> str | None:
+    used = subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout + \
+        subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+    return next((f"{net}.1/24" for net in BRIDGE_NETS if f"{net}." not in used), None)
 TIMEOUT_S = 3  # --docker-timeout when the daemon stays away
 NOTICE_BOUND_S = 60  # generous: the broken stream, one ping, the wait, unwinding, on a loaded 2-core machine
 
@@ -35,8 +43,8 @@ NOTICE_BOUND_S = 60  # generous: the broken stream, one ping, the wait, unwindin
 class PrivateDockerd:
     """A dockerd of the test's own that it may kill -9 and start again."""
 
-    def __init__(self, root: Path):
-        self.root, self.sock = root, root / "sock"
+    def __init__(self, root: Path, bridge: str):
+        self.root, self.sock, self.bridge = root, root / "sock", bridge
         self.host = f"unix://{self.sock}"
         self.proc: subprocess.Popen | None = None
 
@@ -52,7 +60,7 @@ class PrivateDockerd:
 
     def _start(self) -> None:
         cmd = ["dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
-               "--pidfile", str(self.root / "pid"), "-H", self.host, "--bridge=none", "--iptables=false",
+               "--pidfile", str(self.root / "pid"), "-H", self.host, f"--bridge={self.bridge}", "--iptables=false",
                "--ip6tables=false", "--ip-forward=false", "--ip-masq=false"]
         log = open(self.root / "dockerd.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
@@ -114,9 +122,23 @@ def dockerd():
         pytest.skip("no dockerd/docker binaries on this machine")
     if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode != 0:
         pytest.skip(f"no {IMAGE} image in the machine's Docker to copy: build it with scripts/base_image.sh")
+    if not shutil.which("ip"):
+        pytest.skip("no `ip` command to make the private dockerd's own bridge")
     root = Path(tempfile.mkdtemp(prefix="rlcli-dockerd-"))  # short: a unix socket path has ~100 bytes
-    daemon = PrivateDockerd(root)
+    # Its own bridge, never docker0: a dockerd started with --bridge=none deletes the host's docker0
+    # interface (breaking the machine's daemon), and one on docker0 would share it.
+    bridge = f"rlcli{os.getpid() % 100000}"
+    docker0 = Path("/sys/class/net/docker0").exists()
+    daemon = PrivateDockerd(root, bridge)
+    address = free_bridge_address()
+    if address is None:
+        pytest.skip(f"every candidate subnet for a private bridge is in use here: {BRIDGE_NETS}")
     try:
+        made = subprocess.run(["ip", "link", "add", "name", bridge, "type", "bridge"], capture_output=True, text=True)
+        if made.returncode != 0:
+            pytest.skip(f"cannot make a bridge for a private dockerd: {made.stderr.strip()}")
+        subprocess.run(["ip", "addr", "add", address, "dev", bridge], check=True, capture_output=True)
+        subprocess.run(["ip", "link", "set", bridge, "up"], check=True, capture_output=True)
         try:
             daemon.start()
         except (RuntimeError, OSError) as e:
@@ -125,9 +147,11 @@ def dockerd():
         subprocess.run(["docker", "-H", daemon.host, "load", "-q"], stdin=save.stdout, check=True,
                        capture_output=True)
         save.wait()
+        assert Path("/sys/class/net/docker0").exists() == docker0, "the private dockerd touched docker0"
         yield daemon
     finally:
         daemon.clean_up()
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
 def sleepy_task(root: Path, name: str, seconds: int) -> Path:
