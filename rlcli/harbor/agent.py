@@ -22,6 +22,7 @@ import tinker
 from tinker_cookbook.renderers.base import Message, Renderer, get_text_content
 from tinker_cookbook.rl.types import Env, StepResult
 
+from rlcli.harbor.daemon import DockerGone, gone_error, is_gone
 from rlcli.harbor.phases import begin_step, end_step, finish
 from rlcli.harbor.sandbox import ExecResult, Sandbox, SandboxError, SandboxPool, script_command
 from rlcli.harbor.taskconfig import Step
@@ -199,8 +200,7 @@ class HarborEnv(Env):
         try:
             await begin_step(self.sandbox, self.task, self.current, self.settings.budget(self.current))
         except SandboxError as e:
-            self.record.error = str(e)
-            await self.close()
+            await self._failed(e)
             raise
         self.started = self.step_started = time.monotonic()  # after the wait for a sandbox: not the agent's time
         return self.renderer.build_generation_prompt(self.messages), self.renderer.get_stop_sequences()
@@ -230,8 +230,7 @@ class HarborEnv(Env):
                 return await self._next_step(replies)
             finish(self.record, self.task, self.settings.reward_key)
         except SandboxError as e:
-            self.record.error = str(e)
-            await self.close()
+            await self._failed(e)
             raise
         await self.close()
         return StepResult(self.record.reward, True, tinker.ModelInput.empty(), self.renderer.get_stop_sequences(),
@@ -258,6 +257,14 @@ class HarborEnv(Env):
         result = await asyncio.to_thread(self.sandbox.exec, command, timeout)
         self.record.add_command(command, result)
         return result_message(call_id, describe_result(result, timeout), self.native)
+
+    async def _failed(self, error: SandboxError) -> None:
+        """The rollout failed with its reason; when the daemon itself went away, the run waits for it (and
+        stops when it is not back within --docker-timeout: the pool's on_gone raises)."""
+        self.record.error = str(error)
+        await self.close()
+        if isinstance(error, DockerGone) and self.pool.on_gone is not None:
+            await self.pool.on_gone(self.task.name)
 
     async def close(self) -> None:
         """Remove the container and write the record (once), however the rollout ended."""
@@ -307,6 +314,10 @@ async def run_scripted(task: Task, policy: str, pool: SandboxPool, settings: Age
         finish(record, task, settings.reward_key)
     except SandboxError as e:
         record.error = str(e)
+    except Exception as e:
+        if not is_gone(e):
+            raise
+        record.error = str(gone_error(f" (task {task.name})"))
     finally:
         record.seconds = time.monotonic() - started
         await pool.close(sandbox)

@@ -18,6 +18,7 @@ from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilde
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 
 from rlcli.harbor.agent import AgentSettings, HarborEnv
+from rlcli.harbor.daemon import DEFAULT_DOCKER_TIMEOUT_S, DockerWatch
 from rlcli.harbor.sandbox import SandboxPool, connect
 from rlcli.harbor.tasks import Task, load_task
 
@@ -98,12 +99,14 @@ class HarborDatasetBuilder(RLDatasetBuilder):
     seed: int = 0
     network: str = "task"  # --network: "none" turns every phase off
     reward_key: str | None = None
+    docker_timeout_s: float = DEFAULT_DOCKER_TIMEOUT_S  # --docker-timeout
 
     async def __call__(self) -> tuple[HarborDataset, HarborDataset | None]:
         renderer = get_renderer(self.renderer_name, get_tokenizer(self.model_name))
         settings = AgentSettings(self.max_turns, self.command_timeout_s, self.sandbox_timeout_s,
                                  reward_key=self.reward_key)
-        pool = SandboxPool(connect(pool_size=2 * self.max_sandboxes + 8), self.max_sandboxes)
+        pool = SandboxPool(connect(pool_size=2 * self.max_sandboxes + 8), self.max_sandboxes,
+                           on_gone=DockerWatch(self.docker_timeout_s).check)
         shared, folder = Shared(renderer, settings, pool), Path(self.trajectories)
         train = [load_task(Path(p), n, self.network) for p, n in zip(self.task_paths, self.task_names, strict=True)]
         held = [load_task(Path(p), n, self.network) for p, n in zip(self.eval_paths, self.eval_names, strict=True)]

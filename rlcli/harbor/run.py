@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlcli.config import ensure_api_key, resolve_base_url
-from rlcli.errors import EXIT_FAILED, UsageError
+from rlcli.errors import EXIT_FAILED, RlcliError, UsageError
+from rlcli.harbor.daemon import DEFAULT_DOCKER_TIMEOUT_S
 from rlcli.harbor.images import prepare_images
 from rlcli.harbor.summary import summary_table
 from rlcli.harbor.tasks import NetworkChoice, Task, load_tasks
@@ -62,13 +63,16 @@ def sampling_policy(model: str | None, checkpoint: str | None, base_url: str | N
 
 
 async def run_all(tasks: list[Task], policy: str, client: Any, settings: Any, folder: Path, max_sandboxes: int,
-                  sampler: tuple[Any, Any] | None, rollouts: int = 1) -> list[Any]:
+                  sampler: tuple[Any, Any] | None, rollouts: int = 1,
+                  docker_timeout: float = DEFAULT_DOCKER_TIMEOUT_S) -> list[Any]:
     from tinker_cookbook.rl.rollouts import do_single_rollout
 
     from rlcli.harbor.agent import HarborEnv, run_scripted
+    from rlcli.harbor.daemon import DockerWatch
     from rlcli.harbor.sandbox import SandboxPool
 
-    pool = SandboxPool(client, max_sandboxes)
+    watch = DockerWatch(docker_timeout)
+    pool = SandboxPool(client, max_sandboxes, on_gone=watch.check)
 
     async def one(task: Task, i: int) -> Any:
         stem = folder / (task.name.replace("/", "_") + (f"-{i}" if rollouts > 1 else ""))
@@ -84,6 +88,8 @@ async def run_all(tasks: list[Task], policy: str, client: Any, settings: Any, fo
                 await env.close()
             record = env.record
         print(f"{task.name:<32} reward {record.reward:.3f}  {status_of(record)}  {record.seconds:.1f}s", flush=True)
+        if record.error:
+            await watch.check(task.name)
         return record
 
     return list(await asyncio.gather(*(one(t, i) for t in tasks for i in range(rollouts))))
@@ -94,7 +100,7 @@ def run(task_dir: str, policy: Policy = "oracle", task_filter: str | None = None
         renderer: str | None = None, max_turns: int = 10, max_tokens: int = 1024, temperature: float = 1.0,
         command_timeout: float | None = None, sandbox_timeout: float | None = None, max_sandboxes: int = 4,
         rollouts: int = 1, network: NetworkChoice = "task", reward_key: str | None = None,
-        output: str | None = None) -> int:
+        output: str | None = None, docker_timeout: float = DEFAULT_DOCKER_TIMEOUT_S) -> int:
     """Run Harbor tasks in local Docker and grade them with their tests, without training.
 
     Args:
@@ -118,14 +124,17 @@ def run(task_dir: str, policy: Policy = "oracle", task_filter: str | None = None
             for any task, in any phase)
         reward_key: the reward.json key that is the reward (default: "reward" if present, else the mean of the keys)
         output: folder for results.jsonl and trajectories (default: RLCLI_HOME/runs/harbor-run-<time>)
+        docker_timeout: seconds to wait for a Docker daemon that stopped answering mid-run before stopping the run
+            (the rollouts in flight fail with that reason either way)
     """
     from rlcli.harbor.agent import AgentSettings
+    from rlcli.harbor.daemon import DockerGone
     from rlcli.harbor.sandbox import remove_mine
     if policy != "model" and (model or checkpoint):
         raise UsageError(f"--model and --checkpoint choose the agent of --policy model, not {policy}")
     trainer.check_numbers(max_turns=max_turns, max_tokens=max_tokens, temperature=temperature, limit=limit,
                   command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, max_sandboxes=max_sandboxes,
-                  rollouts=rollouts)
+                  rollouts=rollouts, docker_timeout=docker_timeout)
     skipped: list[tuple[str, str]] = []
     tasks = load_tasks(task_dir, task_filter, limit, "harbor run", network, skipped)
     folder = run_folder(output, False, kind="harbor-run")
@@ -139,7 +148,10 @@ def run(task_dir: str, policy: Policy = "oracle", task_filter: str | None = None
     try:
         with trainer.sigterm_as_interrupt():
             records = asyncio.run(run_all(runnable, policy, client, settings, folder, max_sandboxes, sampler,
-                                          rollouts)) if runnable else []
+                                          rollouts, docker_timeout)) if runnable else []
+    except DockerGone as e:  # the rollouts in flight wrote their records with the reason; the run stops
+        raise RlcliError(f"{e}: start it again (containers of this run are removed by the daemon as it starts), "
+                         f"then rerun; trajectories so far are in {folder}") from None
     finally:
         remove_mine(client)  # after Ctrl-C, whatever the rollouts could not remove themselves
     with open(folder / "results.jsonl", "w") as f:

@@ -26,11 +26,13 @@ import tarfile
 import threading
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlcli.errors import RlcliError
+from rlcli.harbor.daemon import DockerGone, SandboxError, docker_where, gone_error, is_gone
 from rlcli.harbor.images import LABEL, TASK_LABEL, ensure_image
 from rlcli.harbor.tasks import Limits, Task
 
@@ -39,10 +41,6 @@ MAX_OUTPUT_BYTES = 16_000  # of a command's output kept (head and tail)
 KILL_GRACE_S = 5.0  # after a command's timeout, before the client kills its process group itself
 DOCKER_HINT = ("start one: `sudo scripts/docker_up.sh` (`make docker`) on Debian/Ubuntu, "
                "`sudo systemctl start docker`, or open Docker Desktop")
-
-
-class SandboxError(RlcliError):
-    """The container died or Docker failed: the rollout cannot go on (not the agent's fault)."""
 
 
 @dataclass
@@ -61,7 +59,7 @@ def connect(pool_size: int = 16) -> Any:
     """A docker client that answers, or a one-line error that says how to start a daemon."""
     import docker
 
-    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    where = docker_where()
     try:
         client = docker.from_env(max_pool_size=pool_size, timeout=120)
         client.ping()
@@ -99,8 +97,17 @@ def sweep(client: Any) -> int:
 
 
 def remove_mine(client: Any) -> int:
-    """Remove every sandbox this process started (the last line of defence after Ctrl-C or a crash)."""
-    mine = client.containers.list(all=True, filters={"label": f"{OWNER}={owner_id()}"})
+    """Remove every sandbox this process started (the last line of defence after Ctrl-C or a crash).
+
+    With the daemon gone there is nothing to ask: its containers carry auto-remove, which the daemon
+    honours when it starts again (it does not restore containers), so none outlives the outage.
+    """
+    try:
+        mine = client.containers.list(all=True, filters={"label": f"{OWNER}={owner_id()}"})
+    except Exception as e:
+        if is_gone(e):
+            return 0
+        raise
     for container in mine:
         _remove(container)
     return len(mine)
@@ -109,8 +116,13 @@ def remove_mine(client: Any) -> int:
 def _remove(container: Any) -> None:
     import docker
 
-    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # gone, or removal in progress
+    try:
         container.remove(force=True)
+    except (docker.errors.NotFound, docker.errors.APIError):  # gone, or removal in progress
+        pass
+    except Exception as e:  # the daemon is gone: it removes auto-remove containers when it starts again
+        if not is_gone(e):
+            raise
 
 
 def run_options(limits: Limits, lifetime_s: float, online: bool = False,
@@ -202,6 +214,10 @@ class Sandbox:
         except docker.errors.NotFound:
             why = self.killed or "removed, or its lifetime ran out"
             raise SandboxError(f"sandbox {self.short_id} is gone ({why})") from None
+        except Exception as e:
+            if is_gone(e):
+                raise gone_error(f" (sandbox {self.short_id})") from None
+            raise
         state = self.container.attrs.get("State") or {}
         if self.killed or state.get("Status") != "running":
             why = ", killed for memory" if state.get("OOMKilled") else f": {self.killed}" if self.killed else ""
@@ -335,19 +351,32 @@ class _Capped:
 class SandboxPool:
     """The sandboxes of one run: at most `size` alive at once (--max-sandboxes), each removed after use."""
 
-    def __init__(self, client: Any, size: int):
-        self.client, self.size = client, size
+    def __init__(self, client: Any, size: int, on_gone: Callable[[str], Awaitable[None]] | None = None):
+        """on_gone(task name): called when the daemon is gone as a sandbox starts; returns once it is back
+        (the start is tried once more), raises when it is not."""
+        self.client, self.size, self.on_gone = client, size, on_gone
         self._slots: asyncio.Semaphore | None = None  # made inside the running event loop
 
     async def open(self, task: Task, lifetime_s: float) -> Sandbox:
+        try:
+            return await self._open(task, lifetime_s)
+        except DockerGone:
+            if self.on_gone is None:
+                raise
+            await self.on_gone(task.name)  # nothing ran yet: once the daemon is back, start afresh
+            return await self._open(task, lifetime_s)
+
+    async def _open(self, task: Task, lifetime_s: float) -> Sandbox:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.size)
         await self._slots.acquire()
         try:
             image, _ = await asyncio.to_thread(ensure_image, self.client, task)
             sandbox = await asyncio.to_thread(Sandbox.start, self.client, image, task, lifetime_s)
-        except BaseException:
+        except BaseException as e:
             self._slots.release()
+            if isinstance(e, Exception) and not isinstance(e, DockerGone) and is_gone(e):
+                raise gone_error(f" (starting a sandbox for task {task.name})") from None
             raise
         try:
             if image == task.docker_image and not task.has_dockerfile and task.environment.is_dir() \

@@ -25,6 +25,7 @@ from typing import Any
 
 from rlcli.config import resolve_base_url
 from rlcli.errors import UsageError
+from rlcli.harbor.daemon import DEFAULT_DOCKER_TIMEOUT_S
 from rlcli.harbor.images import prepare_images
 from rlcli.harbor.tasks import NetworkChoice, Task, load_tasks, split_tasks, tasks_hash
 from rlcli.train import rl_loop, run
@@ -47,6 +48,7 @@ class Settings(RlSettings):
     max_sandboxes: int = 4
     network: NetworkChoice = "task"
     reward_key: str | None = None
+    docker_timeout: float = DEFAULT_DOCKER_TIMEOUT_S
 
 
 @contextlib.contextmanager
@@ -97,7 +99,8 @@ def build_config(folder: Path, url: str, s: Settings, train: list[Task], held: l
         renderer_name=s.renderer, groups_per_batch=s.groups_per_batch, group_size=s.group_size,
         steps=s.steps, max_turns=s.max_turns, command_timeout_s=s.command_timeout,
         sandbox_timeout_s=s.sandbox_timeout, max_sandboxes=s.max_sandboxes,
-        trajectories=str(folder / "trajectories"), network=s.network, reward_key=s.reward_key)
+        trajectories=str(folder / "trajectories"), network=s.network, reward_key=s.reward_key,
+        docker_timeout_s=s.docker_timeout)
     # Retry a rollout whose sandbox died (3 per group); a task that keeps failing stops the run.
     return cookbook.Config(learning_rate=s.lr, dataset_builder=builder, model_name=s.model,
                            recipe_name=RECIPE_NAME, max_tokens=s.max_tokens, log_path=str(folder),
@@ -117,7 +120,7 @@ def train_harbor(dataset: str | None = None, loss: RlLoss = "gspo", loss_config:
                  max_sandboxes: int = 4, max_steps: int | None = None, save_every: int = run.SAVE_EVERY,
                  log_path: str | None = None, resume: bool = False, network: NetworkChoice = "task",
                  reward_key: str | None = None, dry_run: bool = False, seed: int = run.SEED,
-                 server_timeout: float = run.SERVER_TIMEOUT) -> int:
+                 server_timeout: float = run.SERVER_TIMEOUT, docker_timeout: float = DEFAULT_DOCKER_TIMEOUT_S) -> int:
     """Train a LoRA agent with RL on Harbor tasks run in local Docker; each rollout's test verdict is its reward.
 
     Args:
@@ -152,6 +155,8 @@ def train_harbor(dataset: str | None = None, loss: RlLoss = "gspo", loss_config:
         dry_run: plan the loss, find the tasks, print the plan; make no model and no container
         seed: the run's seed (the LoRA's initialisation and every sampling seed; kept in the run folder)
         server_timeout: seconds the server may go without answering before the run stops (0: wait for ever)
+        docker_timeout: seconds to wait for a Docker daemon that stopped answering before the run stops (the
+            rollouts in flight fail with that reason; sandboxes not yet started wait for it)
     """
     if not dataset:
         raise UsageError("pass --dataset DIR (a folder of Harbor tasks, or one task) or --dataset NAME@VERSION "
@@ -162,7 +167,7 @@ def train_harbor(dataset: str | None = None, loss: RlLoss = "gspo", loss_config:
                       save_every=save_every, eval_every=eval_every, lr=lr, temperature=temperature,
                       groups_per_batch=groups_per_batch, max_turns=max_turns, max_sandboxes=max_sandboxes,
                       command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, limit=limit,
-                      eval_tasks=eval_tasks, seed=seed)
+                      eval_tasks=eval_tasks, seed=seed, docker_timeout=docker_timeout)
     url = resolve_base_url(base_url)
     plan = rl_loop.plan_losses(url, loss, loss_config, passes)  # first: an unservable loss fails before real work
     t = run.target("harbor", log_path, resume, url, model, renderer, dry_run, server_timeout)
@@ -174,7 +179,8 @@ def train_harbor(dataset: str | None = None, loss: RlLoss = "gspo", loss_config:
                  steps=max_steps or math.ceil(len(train) / groups_per_batch), max_turns=max_turns,
                  max_tokens=max_tokens, temperature=temperature, lr=lr, lora_rank=lora_rank, eval_every=eval_every,
                  command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, max_sandboxes=max_sandboxes,
-                 save_every=save_every, max_steps=max_steps, network=network, reward_key=reward_key, seed=seed)
+                 save_every=save_every, max_steps=max_steps, network=network, reward_key=reward_key, seed=seed,
+                 docker_timeout=docker_timeout)
     progress = RlProgress(s.steps, plan.loss, plan.passes)
     job = run.Job(settings=s, summary=describe(plan, dataset, train, held, s),
                   digest=("tasks_sha256", tasks_hash(train + held)), same_input="the same --dataset and filters",

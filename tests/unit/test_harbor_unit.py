@@ -321,3 +321,32 @@ def test_harbor_commands_import_nothing_heavy():
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'tinker', 'tinker_cookbook', 'chz', 'docker'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_daemon_gone_is_told_from_one_containers_failure(monkeypatch):
+    import docker
+    import requests
+
+    from rlcli.harbor.daemon import DockerGone, SandboxError, gone_error, is_gone
+
+    assert is_gone(requests.exceptions.ConnectionError("('Connection aborted.', ConnectionRefusedError(111))"))
+    assert is_gone(docker.errors.DockerException("Error while fetching server API version: Connection refused"))
+    assert not is_gone(docker.errors.APIError("409 Conflict: No such file or directory in the container"))
+    assert not is_gone(SandboxError("sandbox abc died (exited, exit 137, killed for memory)"))
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/x.sock")
+    error = gone_error(" (task t)")
+    assert isinstance(error, DockerGone) and isinstance(error, SandboxError)
+    assert str(error) == "the Docker daemon at unix:///run/x.sock stopped answering (task t)"
+
+
+def test_the_watch_stops_the_run_when_the_daemon_stays_away(monkeypatch, tmp_path):
+    import asyncio
+
+    from rlcli.harbor.daemon import DockerGone, DockerWatch
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")  # nothing listens there
+    watch = DockerWatch(0.5)
+    with pytest.raises(DockerGone, match="did not come back within 0.5s"):
+        asyncio.run(watch.check("t"))
+    with pytest.raises(DockerGone):  # every later rollout stops too, without waiting again
+        asyncio.run(watch.check("u"))

@@ -1,0 +1,97 @@
+"""The Docker daemon going away mid-run: telling it from one container's failure, and waiting for it.
+
+A rollout whose daemon vanishes fails with that reason (DockerGone); the run then asks the daemon once
+(DockerWatch) and, if it does not answer, waits up to --docker-timeout for it: back in time, the run goes on
+(sandboxes not yet started are started afresh), else it stops with one line. Containers carry auto-remove,
+which a restarted daemon honours, so none outlives the outage (docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+from rlcli.errors import RlcliError
+
+DEFAULT_DOCKER_TIMEOUT_S = 60.0  # --docker-timeout: how long a run waits for a daemon that went away
+
+
+class SandboxError(RlcliError):
+    """The container died or Docker failed: the rollout cannot go on (not the agent's fault)."""
+
+
+class DockerGone(SandboxError):
+    """The Docker daemon itself stopped answering (stopped, crashed, restarted): every sandbox is affected."""
+
+
+def docker_where() -> str:
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+def is_gone(error: BaseException) -> bool:
+    """Whether an error from the docker SDK means the daemon is unreachable (not one container's failure)."""
+    import docker
+    import requests
+    import urllib3
+
+    if isinstance(error, DockerGone | requests.exceptions.ConnectionError | urllib3.exceptions.ProtocolError
+                  | requests.exceptions.ChunkedEncodingError | ConnectionError):
+        return True
+    return isinstance(error, docker.errors.DockerException) and not isinstance(error, docker.errors.APIError) \
+        and any(key in str(error) for key in ("Connection refused", "No such file or directory", "Connection aborted"))
+
+
+def gone_error(what: str = "") -> DockerGone:
+    return DockerGone(f"the Docker daemon at {docker_where()} stopped answering{what}")
+
+
+def daemon_answers(timeout_s: float = 5.0) -> bool:
+    """One quick ping on a fresh connection (a short timeout: a frozen daemon counts as gone)."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=max(1, int(timeout_s)))
+    except Exception:
+        return False
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+    finally:
+        client.close()
+
+
+def wait_for_daemon(timeout_s: float, poll_s: float = 0.5) -> bool:
+    """Whether the daemon answers again within timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if daemon_answers(min(5.0, max(1.0, deadline - time.monotonic()))):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+
+
+class DockerWatch:
+    """After a failed rollout: is the daemon there? If not, wait up to timeout_s for it (one waiter for all
+    rollouts); back in time, the run goes on (the failed rollouts keep their reason), else it stops."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s, self.lock, self.lost = timeout_s, asyncio.Lock(), ""
+
+    async def check(self, task: str) -> None:
+        async with self.lock:
+            if not self.lost and not await asyncio.to_thread(daemon_answers):
+                print(f"the Docker daemon at {docker_where()} stopped answering (rollout of {task}); waiting up to "
+                      f"{self.timeout_s:g}s for it to come back", file=sys.stderr, flush=True)
+                if await asyncio.to_thread(wait_for_daemon, self.timeout_s):
+                    print("the Docker daemon answers again: going on", file=sys.stderr, flush=True)
+                else:
+                    self.lost = task
+        if self.lost:
+            raise gone_error(f" during rollout of {self.lost} and did not come back within {self.timeout_s:g}s "
+                             "(--docker-timeout)")
+
+

@@ -1,0 +1,231 @@
+"""The Docker daemon dies during `rlcli harbor run`: the rollout in flight fails with the reason, the run stops
+with one line within a bounded time (or goes on when the daemon is back within --docker-timeout), and no
+rlcli container is left once the daemon is back.
+
+The daemon killed is a private one this test starts (its own data root, exec root, socket, pid file and
+bridge, no iptables), never the machine's (nor its docker0): rlcli is pointed at it through DOCKER_HOST.
+The base image is copied into it from the machine's daemon (`docker save | docker load`, read-only there).
+Skipped with the reason where a private dockerd cannot be started (not root, no dockerd, no base image).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from rlcli.harbor.images import LABEL
+from tests.faults.conftest import trainer, wait_for
+from tests.faults.test_server_dies import last_line, record
+
+pytestmark = [pytest.mark.docker, pytest.mark.faults, pytest.mark.timeout(600)]
+
+IMAGE = "debian:bookworm-slim"
+# Documentation ranges (routed nowhere); the first one this machine uses in no address and no route.
+BRIDGE_NETS = ("198.51.100", "203.0.113", "192.0.2")
+
+
+def free_bridge_address() -> str | None:
+    used = subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True).stdout + \
+        subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+    return next((f"{net}.1/24" for net in BRIDGE_NETS if f"{net}." not in used), None)
+TIMEOUT_S = 3  # --docker-timeout when the daemon stays away
+NOTICE_BOUND_S = 60  # generous: the broken stream, one ping, the wait, unwinding, on a loaded 2-core machine
+
+
+class PrivateDockerd:
+    """A dockerd of the test's own that it may kill -9 and start again."""
+
+    def __init__(self, root: Path, bridge: str):
+        self.root, self.sock, self.bridge = root, root / "sock", bridge
+        self.host = f"unix://{self.sock}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, tries: int = 3) -> None:
+        """Start it; again when it gives up at once (the killed one's containerd may still be letting go)."""
+        for left in range(tries - 1, -1, -1):
+            try:
+                return self._start()
+            except RuntimeError:
+                if not left:
+                    raise
+                time.sleep(2)
+
+    def _start(self) -> None:
+        cmd = ["dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
+               "--pidfile", str(self.root / "pid"), "-H", self.host, f"--bridge={self.bridge}", "--iptables=false",
+               "--ip6tables=false", "--ip-forward=false", "--ip-masq=false"]
+        log = open(self.root / "dockerd.log", "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + 60
+        while not self.answers():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = (self.root / "dockerd.log").read_text(errors="replace")[-400:]
+                raise RuntimeError(f"the private dockerd did not start: {tail}")
+            time.sleep(0.3)
+
+    def answers(self) -> bool:
+        return subprocess.run(["docker", "-H", self.host, "version"], capture_output=True).returncode == 0
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=60)
+            if self.proc.poll() is None:
+                self.kill9()
+
+    def clean_up(self) -> None:
+        """Stop it, end what its containerd left running (shims of a daemon that never came back), undo its
+        mounts (it bind-mounts its data root; overlays of live containers), remove its folder."""
+        self.stop()
+        root, parents = str(self.root), {}
+        for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+            with contextlib.suppress(OSError, ValueError):
+                parents[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        for shim, _ in list(parents.items()):
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{shim}/cmdline").read_bytes().decode(errors="replace")
+                if "containerd-shim" in cmdline and root in cmdline:
+                    for pid in [p for p, parent in parents.items() if parent == shim] + [shim]:  # container, shim
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, signal.SIGKILL)
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+        for mount in sorted((m for m in mounts if m == root or m.startswith(root + "/")), key=len, reverse=True):
+            subprocess.run(["umount", "-l", mount], capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def rlcli_containers(self) -> list[str]:
+        out = subprocess.run(["docker", "-H", self.host, "ps", "-a", "-q", "--filter", f"label={LABEL}"],
+                             capture_output=True, text=True, check=True).stdout
+        return out.split()
+
+
+@pytest.fixture(scope="module")
+def dockerd():
+    if os.geteuid() != 0:
+        pytest.skip("a private dockerd needs root")
+    if not shutil.which("dockerd") or not shutil.which("docker"):
+        pytest.skip("no dockerd/docker binaries on this machine")
+    if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode != 0:
+        pytest.skip(f"no {IMAGE} image in the machine's Docker to copy: build it with scripts/base_image.sh")
+    if not shutil.which("ip"):
+        pytest.skip("no `ip` command to make the private dockerd's own bridge")
+    root = Path(tempfile.mkdtemp(prefix="rlcli-dockerd-"))  # short: a unix socket path has ~100 bytes
+    # Its own bridge, never docker0: a dockerd started with --bridge=none deletes the host's docker0
+    # interface (breaking the machine's daemon), and one on docker0 would share it.
+    bridge = f"rlcli{os.getpid() % 100000}"
+    docker0 = Path("/sys/class/net/docker0").exists()
+    daemon = PrivateDockerd(root, bridge)
+    address = free_bridge_address()
+    if address is None:
+        pytest.skip(f"every candidate subnet for a private bridge is in use here: {BRIDGE_NETS}")
+    try:
+        made = subprocess.run(["ip", "link", "add", "name", bridge, "type", "bridge"], capture_output=True, text=True)
+        if made.returncode != 0:
+            pytest.skip(f"cannot make a bridge for a private dockerd: {made.stderr.strip()}")
+        subprocess.run(["ip", "addr", "add", address, "dev", bridge], check=True, capture_output=True)
+        subprocess.run(["ip", "link", "set", bridge, "up"], check=True, capture_output=True)
+        try:
+            daemon.start()
+        except (RuntimeError, OSError) as e:
+            pytest.skip(f"cannot start a private dockerd here: {e}")
+        save = subprocess.Popen(["docker", "save", IMAGE], stdout=subprocess.PIPE)
+        subprocess.run(["docker", "-H", daemon.host, "load", "-q"], stdin=save.stdout, check=True,
+                       capture_output=True)
+        save.wait()
+        assert Path("/sys/class/net/docker0").exists() == docker0, "the private dockerd touched docker0"
+        yield daemon
+    finally:
+        daemon.clean_up()
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+
+
+def sleepy_task(root: Path, name: str, seconds: int) -> Path:
+    """A task on the prebuilt base image whose solution sleeps, then passes."""
+    task = root / name
+    (task / "solution").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "instruction.md").write_text("Write /root/done.\n")
+    (task / "task.toml").write_text(f'version = "1.0"\n[agent]\ntimeout_sec = 120.0\n[verifier]\ntimeout_sec = 30.0\n'
+                                    f'[environment]\ndocker_image = "{IMAGE}"\ncpus = 1\nmemory_mb = 256\n')
+    (task / "solution" / "solve.sh").write_text(f"#!/bin/sh\nsleep {seconds}\ntouch /root/done\n")
+    (task / "tests" / "test.sh").write_text("#!/bin/sh\nmkdir -p /logs/verifier\n"
+                                            "if [ -f /root/done ]; then r=1; else r=0; fi\n"
+                                            "echo $r > /logs/verifier/reward.txt\n")
+    return task
+
+
+def harbor_run(task: Path, out: Path, dockerd: PrivateDockerd, home: Path, docker_timeout: int):
+    env = dict(os.environ, DOCKER_HOST=dockerd.host, RLCLI_HOME=str(home))
+    return trainer("harbor", "run", str(task), "--policy", "oracle", "--network", "none", "--output", str(out),
+                   "--docker-timeout", str(docker_timeout), env=env)
+
+
+def wait_for_sandbox(dockerd: PrivateDockerd, proc: subprocess.Popen) -> None:
+    wait_for(lambda: bool(dockerd.rlcli_containers()), 120, proc, "a sandbox to start")
+    time.sleep(1.5)  # the solution's sleep is under way
+
+
+def test_docker_dies_mid_rollout_and_stays_away(dockerd, tmp_path):
+    task = sleepy_task(tmp_path / "tasks", "sleepy", 20)
+    proc = harbor_run(task, tmp_path / "out", dockerd, tmp_path / "home", TIMEOUT_S)
+    try:
+        wait_for_sandbox(dockerd, proc)
+        dockerd.kill9()
+        killed = time.monotonic()
+        out, err = proc.communicate(timeout=NOTICE_BOUND_S)
+        noticed = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if dockerd.proc is None or dockerd.proc.poll() is not None:
+            dockerd.start()
+    line = last_line(err)
+    assert proc.returncode != 0, err
+    assert "Traceback" not in err, err
+    assert "Docker daemon" in line and "did not come back" in line and "--docker-timeout" in line, err
+    assert "error: the Docker daemon" in out, out  # the rollout in flight failed with the reason
+    leftover = dockerd.rlcli_containers()  # the daemon is back (restarted above)
+    assert leftover == [], f"containers left behind: {leftover}"
+    record("docker daemon killed during harbor run", seconds_to_notice=round(noticed, 1),
+           docker_timeout_s=TIMEOUT_S, exit_code=proc.returncode,
+           message=line.replace(dockerd.host, "unix://<private dockerd>"))
+
+
+def test_docker_back_within_timeout_run_goes_on(dockerd, tmp_path):
+    tasks = tmp_path / "tasks"
+    sleepy_task(tasks, "a-first", 20)
+    sleepy_task(tasks, "b-second", 1)
+    env = dict(os.environ, DOCKER_HOST=dockerd.host, RLCLI_HOME=str(tmp_path / "home"))
+    proc = trainer("harbor", "run", str(tasks), "--policy", "oracle", "--network", "none", "--output",
+                   str(tmp_path / "out"), "--docker-timeout", "120", "--max-sandboxes", "1", env=env)
+    try:
+        wait_for_sandbox(dockerd, proc)
+        dockerd.kill9()
+        time.sleep(1)  # the rollout notices the daemon gone before it is back
+        dockerd.start()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "Traceback" not in err, err
+    assert "answers again" in err, err
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert "error: the Docker daemon" in rows["a-first"], out  # in flight: failed with its reason
+    assert "passed" in rows["b-second"], out  # after the daemon came back: ran as usual
+    assert proc.returncode != 0  # one rollout failed
+    assert dockerd.rlcli_containers() == []
