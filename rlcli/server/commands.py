@@ -146,6 +146,11 @@ def start(
     if not _is_loopback(host) and not tenants:
         print(f"rlcli: warning: binding {host}: SkyRL checks no credentials, so anyone who can reach "
               f"this port can train on and download from the server", file=sys.stderr)
+    if backend == "jax":
+        from rlcli.doctor import map_count_warning, read_map_count
+
+        if warning := map_count_warning(read_map_count()):
+            print(f"rlcli: warning: {warning}", file=sys.stderr)
     venv_dir = server_venv.ensure_server_venv(backend, python, venv)
     lock_fd = process.acquire_lock(state_dir)
     try:
