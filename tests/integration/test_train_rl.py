@@ -1,8 +1,9 @@
 """`rlcli train rl` against the real SkyRL server on CPU: each loss route runs, logs, and frees its slot.
 
 Sizes are the smallest that still exercise a group: 2 problems x 4 samples, 8 sampled tokens, 4
-held-out problems (18 for the ppo run that `rlcli eval` scores again). Three steps are too few for learning to show through sampling noise, so it is not
-asserted here, only that every figure is logged (notebooks/gsm8k.ipynb shows a run that learns).
+held-out problems (18 for the ppo run that `rlcli eval` scores again). Three steps are too few for
+learning to show through sampling noise, so it is not asserted here, only that every figure is logged
+(notebooks/gsm8k.ipynb shows a run that learns).
 """
 
 from __future__ import annotations
