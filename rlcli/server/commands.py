@@ -16,7 +16,7 @@ from pathlib import Path
 from rlcli import config
 from rlcli.errors import RlcliError, UsageError
 from rlcli.server import backend_config as hw
-from rlcli.server import process, server_venv
+from rlcli.server import process, scaling, server_venv
 from rlcli.server.server_venv import Backend
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
@@ -91,6 +91,9 @@ def start(
     tenants: bool = False,
     insecure: bool = False,
     database_url: str | None = None,
+    processes: int = 1,
+    local_processes: int | None = None,
+    coordinator: str | None = None,
 ) -> int:
     """Start SkyRL's Tinker API server and wait until its engine serves requests.
 
@@ -118,6 +121,11 @@ def start(
         insecure: allow a non-loopback --host without --tenants (a trusted network only: SkyRL checks no keys)
         database_url: SkyRL's database, e.g. postgresql://USER:PASSWORD@HOST:5432/DB (default: RLCLI_DATABASE_URL,
             else sqlite in the server's folder); the password goes to the server as PGPASSWORD, never argv
+        processes: jax processes (JAX's distributed runtime, model and batch sharded over all: fsdp); the
+            engine is process 0, the others are workers in this server's process group
+        local_processes: how many of them run on this machine (default all); the rest join with `rlcli serve worker`
+        coordinator: HOST:PORT of the jax coordination service (default: a free loopback port); a non-loopback
+            one needs --insecure
     """
     if backend != "jax" and not hw.has_cuda():
         raise UsageError(f"the {backend} backend needs NVIDIA GPUs with CUDA and none was found; "
@@ -128,6 +136,8 @@ def start(
     backend_cfg = hw.map_hardware(backend, gpus, nodes, tp)
     backend_cfg.update(hw.parse_backend_config(backend_config))
     slots = hw.slot_config(backend, slots, backend_cfg)
+    local_workers = scaling.processes_config(backend, processes, local_processes, coordinator, gpus, tp, insecure,
+                                             backend_cfg)
     state_dir = config.private_dir(config.server_state_dir(name))
     old = process.read_state(state_dir)
     if old and process.live_members(old):
@@ -150,15 +160,17 @@ def start(
     lock_fd = process.acquire_lock(state_dir)
     try:
         state = _spawn(venv_dir, state_dir, lock_fd, model, backend, host, port, backend_cfg,
-                       checkpoints_base, ray_address, extensions, tenant_env, db_url)
+                       checkpoints_base, ray_address, extensions, tenant_env, db_url, local_workers)
     finally:
         os.close(lock_fd)  # the launcher holds its own copy for as long as it lives
     state.settings = dict(base_model=model, backend=backend, host=host, port=port, gpus=gpus, nodes=nodes,
                           tp=tp, backend_config=backend_config, checkpoints_base=checkpoints_base,
                           python=python, venv=venv, ray_address=ray_address, extensions=extensions,
-                          slots=slots, tenants=tenants, insecure=insecure, database_url=database_url)
+                          slots=slots, tenants=tenants, insecure=insecure, database_url=database_url,
+                          processes=processes, local_processes=local_processes, coordinator=coordinator)
     process.write_state(state_dir, state)
     sized = f", {slots} LoRA slots" if slots else ""
+    sized += f", {processes} jax processes" if processes > 1 else ""
     print(f"rlcli: server {name!r} starting at {state.url} (backend {backend}{sized}, model {model}); "
           f"log: {process.layout(state_dir)['log']}", file=sys.stderr)
     if internal_key:
@@ -178,7 +190,7 @@ def start(
 def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: str, host: str, port: int,
            backend_cfg: dict, checkpoints_base: str | None, ray_address: str | None,
            extensions: bool = True, tenant_env: dict | None = None,
-           database_url: str | None = None) -> process.ServerState:
+           database_url: str | None = None, local_workers: int = 0) -> process.ServerState:
     paths = process.layout(state_dir)
     for key in ("checkpoints", "lora"):
         paths[key].mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -203,7 +215,7 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
     if tenant_env and "RLCLI_TENANTS_FILE" in tenant_env:  # runtime/rlcli_tenants.py, even with --no-extensions
         env["RLCLI_SERVER_EXTENSIONS"] = ",".join(filter(None, [env["RLCLI_SERVER_EXTENSIONS"], "rlcli_tenants"]))
     cmd = [str(venv_dir / "bin" / "python"), str(LAUNCHER), "supervise", "--log", str(paths["log"]),
-           "--max-log-bytes", str(MAX_LOG_BYTES), "--", *api_args]
+           "--max-log-bytes", str(MAX_LOG_BYTES), "--local-workers", str(local_workers), "--", *api_args]
     proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, pass_fds=(lock_fd,), env=env, cwd=state_dir,
                             umask=0o077)
@@ -292,6 +304,9 @@ def status(name: str = "default") -> int:
         detail += f" slots={state.settings['slots']} (raise with `rlcli serve start --slots N`)"
     if word == "running" and (warmed := _warmup_line(name)):
         detail += f"; {warmed}"
+    lost = scaling.lost_worker_line(process.tail(process.layout(config.server_state_dir(name))["log"], 200))
+    if word == "dead" and lost:
+        detail += f"; {lost}"
     if word == "dead" and members:
         detail += f"; leftover processes {members}: run `rlcli serve stop`"
     elif word == "dead":
