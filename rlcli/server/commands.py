@@ -305,7 +305,7 @@ def status(name: str = "default") -> int:
     if word == "running" and (warmed := _warmup_line(name)):
         detail += f"; {warmed}"
     lost = scaling.lost_worker_line(process.tail(process.layout(config.server_state_dir(name))["log"], 200))
-    if word == "dead" and lost:
+    if word in ("dead", "unresponsive") and lost:
         detail += f"; {lost}"
     if word == "dead" and members:
         detail += f"; leftover processes {members}: run `rlcli serve stop`"

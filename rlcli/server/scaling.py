@@ -100,7 +100,8 @@ def worker(coordinator: str, processes: int, process_id: int, venv: str | None =
 
     venv_dir = server_venv.ensure_server_venv("jax", python, venv)
     # The model comes from the path (or hub id) the server names: a local folder must be at that path here too.
-    env = dict(os.environ, PYTHONUNBUFFERED="1", RLCLI_SERVER_EXTENSIONS=SERVER_EXTENSIONS if extensions else "", **compilation_cache_env())
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **compilation_cache_env(),
+               RLCLI_SERVER_EXTENSIONS=SERVER_EXTENSIONS if extensions else "")
     cmd = [str(venv_dir / "bin" / "python"), str(LAUNCHER), "worker", coordinator, str(processes), str(process_id)]
     print(f"rlcli: jax process {process_id} of {processes} joining {coordinator} (Ctrl-C to leave; the server "
           "stops without it)", file=sys.stderr, flush=True)
@@ -114,3 +115,21 @@ def lost_worker_line(log_tail: str) -> str | None:
     """The launcher's line saying a worker of its own died, if the log's tail has one."""
     found = [line for line in log_tail.splitlines() if line.startswith(WORKER_LOST)]
     return found[-1].removeprefix("[rlcli launcher] ") if found else None
+
+
+def doctor_check(site_packages) -> tuple[str, str]:
+    """(status, detail) for `rlcli doctor`: what a multi-process jax server needs on this machine."""
+    from rlcli.doctor import installed_version
+
+    cores = os.cpu_count() or 1
+    try:
+        _free_loopback_port()
+    except OSError as e:
+        return "fail", f"cannot open a loopback port for the jax coordinator ({e}): --processes needs TCP on 127.0.0.1"
+    jax = installed_version(site_packages, "jax") if site_packages else None
+    ray = installed_version(site_packages, "ray") if site_packages else None
+    detail = (f"{cores} cores: `serve start --processes N` runs best with N <= {cores} (one core or GPU each); "
+              f"jax {jax or 'not installed'} (gloo collectives on CPU); "
+              + (f"ray {ray} in the server venv (jax on Ray usable)" if ray else
+                 "no ray in the server venv (jax on Ray: `rlcli serve install --with ray`)"))
+    return ("ok" if jax else "warn"), detail

@@ -75,9 +75,8 @@ def broadcast_delete_model() -> None:
     """SkyRL 0.4.0's JaxBackend broadcasts create_model but not delete_model: process 0 freed a LoRA slot the
     workers kept, so the next model got slot 1 on one process and slot 2 on another, and the next batch failed
     (`... passed to device_put is not the same on each process`). Broadcast it like the other calls."""
-    from skyrl.backends import jax as jax_backend
-
     import pins
+    from skyrl.backends import jax as jax_backend
 
     backend = getattr(jax_backend, "JaxBackend", None)
     pins.require("rlcli distributed", {
