@@ -110,7 +110,8 @@ def start(
         wait: seconds to wait for readiness; 0 returns once the processes are started
         python: a Python 3.12 interpreter to build the server venv with
         venv: the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv)
-        ray_address: address of an existing Ray cluster (fsdp/megatron, several nodes)
+        ray_address: address of an existing Ray cluster (fsdp/megatron several nodes; jax with --processes N:
+            every jax process a Ray actor)
         name: which managed server (one state folder each)
         extensions: load rlcli's server extensions (fused gspo on jax, clean LoRA slots, no polling waits,
             LoRA cost per adapter used); --no-extensions: stock SkyRL
@@ -137,7 +138,7 @@ def start(
     backend_cfg.update(hw.parse_backend_config(backend_config))
     slots = hw.slot_config(backend, slots, backend_cfg)
     local_workers = scaling.processes_config(backend, processes, local_processes, coordinator, gpus, tp, insecure,
-                                             backend_cfg)
+                                             backend_cfg, ray_address or os.environ.get("RAY_ADDRESS"))
     state_dir = config.private_dir(config.server_state_dir(name))
     old = process.read_state(state_dir)
     if old and process.live_members(old):
@@ -157,6 +158,9 @@ def start(
         print(f"rlcli: warning: binding {host}: SkyRL checks no credentials, so anyone who can reach "
               f"this port can train on and download from the server", file=sys.stderr)
     venv_dir = server_venv.ensure_server_venv(backend, python, venv)
+    if backend_cfg.get("use_ray") and backend == "jax" and not server_venv.has_extra(venv_dir, "ray"):
+        raise UsageError(f"the jax backend on Ray needs Ray in the server venv {venv_dir}: "
+                         "`rlcli serve install --ray` adds it (server-ray.lock)")
     lock_fd = process.acquire_lock(state_dir)
     try:
         state = _spawn(venv_dir, state_dir, lock_fd, model, backend, host, port, backend_cfg,
@@ -366,16 +370,22 @@ def restart(wait: float = 600.0, name: str = "default") -> int:
     return start(**{**state.settings, "wait": wait, "name": name})
 
 
-def install(backend: Backend = "jax", python: str | None = None, venv: str | None = None) -> int:
+def install(backend: Backend = "jax", python: str | None = None, venv: str | None = None, ray: bool = False) -> int:
     """Build (or verify) the server venv from the lock in rlcli/server/env/, without starting a server.
 
     Args:
         backend: jax, fsdp or megatron
         python: a Python 3.12 interpreter to build it with
         venv: the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv)
+        ray: add Ray (server-ray.lock) for the jax backend on a Ray cluster; never installed unless asked
     """
     if backend != "jax" and not hw.has_cuda():
         raise UsageError(f"the {backend} backend needs NVIDIA GPUs with CUDA and none was found; "
                          "use --backend jax on this machine")
-    print(server_venv.ensure_server_venv(backend, python, venv))
+    if ray and backend != "jax":
+        raise UsageError(f"--ray adds Ray to the jax server venv; the {backend} backend's own extra brings Ray")
+    path = server_venv.ensure_server_venv(backend, python, venv)
+    if ray:
+        server_venv.ensure_extra(path, "ray")
+    print(path)
     return 0
