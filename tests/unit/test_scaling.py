@@ -60,3 +60,19 @@ def test_lost_worker_line_is_read_from_the_log():
     tail = "x\n[rlcli launcher] jax worker process 1 exited with code -9; the server cannot run without it: stopping\n"
     assert scaling.lost_worker_line(tail).startswith("jax worker process 1 exited with code -9")
     assert scaling.lost_worker_line("nothing here") is None
+
+
+def test_on_ray_every_process_is_an_actor_and_samples_fit_the_mesh():
+    cfg: dict = {}
+    assert scaling.processes_config("jax", 2, None, None, None, 1, False, cfg, ray_address="127.0.0.1:6379") == 0
+    assert cfg == {"use_ray": True, "num_processes": 2, "sample_max_num_sequences": 2,
+                   "fully_sharded_data_parallel_size": 2}
+    with pytest.raises(UsageError, match="Ray places the jax processes"):
+        scaling.processes_config("jax", 2, 1, None, None, 1, False, {}, ray_address="127.0.0.1:6379")
+
+
+def test_the_ray_lock_changes_no_pin_of_the_jax_lock():
+    from rlcli.locks import ROOT, pins
+
+    jax, ray = (pins(ROOT / f"rlcli/server/env/server-{name}.lock") for name in ("jax", "ray"))
+    assert "ray" in ray and not {name for name in ray.keys() & jax.keys() if ray[name] != jax[name]}
