@@ -105,8 +105,8 @@ def _on_ray(processes: int, local_processes: int | None, coordinator: str | None
     return 0
 
 
-def worker(coordinator: str, processes: int, process_id: int, venv: str | None = None, python: str | None = None,
-           extensions: bool = True) -> int:
+def worker(coordinator: str = "", processes: int = 0, process_id: int = 0, venv: str | None = None,
+           python: str | None = None, extensions: bool = True) -> int:
     """Run jax process K of a multi-process server that another machine started; ends when that server ends.
 
     Args:
@@ -117,6 +117,8 @@ def worker(coordinator: str, processes: int, process_id: int, venv: str | None =
         python: a Python 3.12 interpreter to build the server venv with
         extensions: load rlcli's server extensions; must match the server's (--no-extensions on both or neither)
     """
+    if not coordinator or processes < 2:
+        raise UsageError("give --coordinator HOST:PORT and --processes N (N > 1) as the server was started with")
     _split_address(coordinator, "--coordinator")
     if not 1 <= process_id < processes:
         raise UsageError(f"--process-id {process_id} must be 1..{processes - 1} (0 is the server's engine)")
@@ -130,9 +132,13 @@ def worker(coordinator: str, processes: int, process_id: int, venv: str | None =
     print(f"rlcli: jax process {process_id} of {processes} joining {coordinator} (Ctrl-C to leave; the server "
           "stops without it)", file=sys.stderr, flush=True)
     try:
-        return subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL).returncode
+        code = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL).returncode
     except KeyboardInterrupt:
         return 130
+    # The runtime ends a worker whose coordinator went away with an abort and jax's stack dump: say it plainly.
+    print(f"rlcli: jax process {process_id} ended (exit {code}): the server at {coordinator} stopped or lost "
+          "a process; start this worker again after the server", file=sys.stderr)
+    return 1 if code else 0
 
 
 def lost_worker_line(log_tail: str) -> str | None:
