@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,10 +18,10 @@ import numpy as np
 import pytest
 
 from rlcli.client import unload_model
-from rlcli.server.private import private_server
-from rlcli.server.process import group_members, read_state
+from rlcli.server.private import RLCLI, free_port, private_env, private_server
+from rlcli.server.process import group_members, read_state, wait_ready
 from rlcli.train.losses import served_losses
-from tests.conftest import run_rlcli, shared_server_venv
+from tests.conftest import REPO, run_rlcli, shared_server_venv
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -115,3 +116,30 @@ def test_a_dead_worker_stops_the_server_and_stop_leaves_nothing(two_processes):
     assert sample.returncode != 0 and len(sample.stderr.strip().splitlines()) == 1, sample.stderr
     run_rlcli("serve", "stop", env=two_processes.env, check=True)
     assert group_members(state.pgid) == []
+
+
+def test_a_worker_started_by_hand_joins_a_coordinator_on_loopback(embedded_model, tmp_path):
+    """The other-machine form, on one machine: the server runs process 0 only; `rlcli serve worker` joins it;
+    the server becomes ready through both; after `serve stop` the worker ends with one closing line."""
+    home = tmp_path / "home"
+    env = private_env(home, shared_server_venv())
+    coordinator = f"127.0.0.1:{free_port()}"
+    start = run_rlcli("serve", "start", "--base-model", embedded_model, "--port", str(free_port()),
+                      "--processes", "2", "--local-processes", "1", "--coordinator", coordinator, "--wait", "0",
+                      env=env, timeout=300, check=True)
+    assert "2 jax processes" in start.stderr
+    worker = subprocess.Popen([*RLCLI, "serve", "worker", "--coordinator", coordinator, "--processes", "2",
+                               "--process-id", "1"], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        state = read_state(home / "servers" / "default")
+        wait_ready(state, home / "servers" / "default" / "server.log", 600)  # a LoRA made and unloaded on both
+        log = (home / "servers" / "default" / "server.log").read_text()
+        assert "process 1: every process loaded the same extensions" in log
+        run_rlcli("serve", "stop", env=env, check=True)
+        _, err = worker.communicate(timeout=120)
+        assert worker.returncode == 1 and err.strip().splitlines()[-1].startswith("rlcli: jax process 1 ended")
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+        run_rlcli("serve", "stop", env=env)
