@@ -83,23 +83,30 @@ def main() -> None:
                                      check=True, cwd=PACKAGE_PARENT).stdout.strip() for name in ("flood", "quiet")}
         model = str(model_dir(args.size))
         run(args, home, keys, model, alone, flooded, flood_total)
+    except Exception:
+        for log in home.glob("servers/*/server.log"):  # why, before the home goes
+            print("".join(log.read_text(errors="replace").splitlines(keepends=True)[-40:]), file=sys.stderr)
+        raise
     finally:
         shutil.rmtree(home, ignore_errors=True)
     ratio = summary(flooded)["median"] / summary(alone)["median"]
     path = write_receipt("tenant-fairness", {
         "versions": versions("tinker"), "model": describe_model(Path(model)), "size": args.size,
         "fair_take": args.take if args.take is not None else "default (1)", "flood_requests": args.flood,
-        "batch": "8 x 64 tokens",
+        "batch": "8 x 64 tokens", "train_micro_batch_size": 8,
         "quiet_alone_s": summary(alone), "quiet_flooded_s": summary(flooded), "flood_total_s": summary(flood_total),
         "flooded_over_alone": ratio, "raw": {"alone": alone, "flooded": flooded, "flood_total": flood_total}})
-    print(f"quiet waits {ratio:.1f}x its idle time behind {args.flood} flood requests (take {args.take}); "
+    print(f"quiet waits {ratio:.1f}x its idle time behind {args.flood} flood requests (take {args.take if args.take is not None else 'default'}); "
           f"receipt {path}")
 
 
 def run(args, home: Path, keys: dict, model: str, alone: list, flooded: list, flood_total: list) -> None:
     import tinker
 
-    with private_server(model, "--tenants", "--slots", "3", home=home) as srv:
+    # A micro-batch of one request's 8 sequences: every pass, however many requests it takes, runs the one
+    # compiled shape (unset, SkyRL fuses a pass into one batch and compiles each new request count anew).
+    backend = json.dumps({"train_micro_batch_size": 8})
+    with private_server(model, "--tenants", "--slots", "3", "--backend-config", backend, home=home) as srv:
         api = srv.url + "/api/v1"
         models = {name: tinker.ServiceClient(base_url=srv.url, api_key=key).create_lora_training_client(
             base_model=model, rank=4, seed=0).model_id for name, key in keys.items()}

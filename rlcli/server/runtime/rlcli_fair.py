@@ -36,7 +36,6 @@ TAKE_ENV = "RLCLI_FAIR_TAKE"
 DEFAULT_TAKE = 1
 PASS_FINDERS = ("find_batchable_model_passes",)
 SINGLE_FINDERS = ("find_single_requests",)
-_state = {"passes": 0, "contended": 0, "deferred": 0}
 
 
 def fair_pick(candidates: list[tuple], tenant_of, served: dict, take: int) -> tuple[list[tuple], dict[str, int]]:
@@ -51,7 +50,6 @@ def fair_pick(candidates: list[tuple], tenant_of, served: dict, take: int) -> tu
         lanes.setdefault(tenant_of(item[1]), []).append(item)
     if len(lanes) <= 1:
         return list(candidates), {}
-    _state["contended"] += 1
     turn = served.get("", 0) + 1
     served[""] = turn  # the pass counter lives under a name no tenant has
     order = sorted(lanes, key=lambda t: (served.get(t, 0), lanes[t][0][0]))
@@ -61,7 +59,6 @@ def fair_pick(candidates: list[tuple], tenant_of, served: dict, take: int) -> tu
         served[tenant] = turn
         for request_id, model_id, *_ in lanes[tenant][take:]:
             later[model_id] = min(later.get(model_id, request_id), request_id)
-            _state["deferred"] += 1
     return chosen, later
 
 
@@ -120,7 +117,6 @@ def install(owners_path: Path) -> None:
     @functools.wraps(original_once)
     def once(self):
         current["later"] = {}
-        _state["passes"] += 1
         return original_once(self)
 
     for name in PASS_FINDERS:
