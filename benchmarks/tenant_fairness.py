@@ -96,7 +96,8 @@ def main() -> None:
         "batch": "8 x 64 tokens", "train_micro_batch_size": 8,
         "quiet_alone_s": summary(alone), "quiet_flooded_s": summary(flooded), "flood_total_s": summary(flood_total),
         "flooded_over_alone": ratio, "raw": {"alone": alone, "flooded": flooded, "flood_total": flood_total}})
-    print(f"quiet waits {ratio:.1f}x its idle time behind {args.flood} flood requests (take {args.take if args.take is not None else 'default'}); "
+    take = "default" if args.take is None else args.take
+    print(f"quiet waits {ratio:.1f}x its idle time behind {args.flood} flood requests (take {take}); "
           f"receipt {path}")
 
 
