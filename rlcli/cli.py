@@ -76,6 +76,8 @@ COMMANDS: dict[str, Any] = {
         "add": ("add a tenant and print its key once", "rlcli.tenants:add"),
         "list": ("list tenants and their quotas (never keys)", "rlcli.tenants:list_"),
         "revoke": ("remove a tenant; servers refuse its key from the next request", "rlcli.tenants:revoke"),
+        "orphans": ("list runs nobody owns (made before --tenants was on)", "rlcli.tenants:orphans"),
+        "claim": ("give runs nobody owns to a tenant (server stopped)", "rlcli.tenants:claim"),
     }),
     "model": ("the embedded tiny model", _functions_of("rlcli.model", {
         "install": "put the shipped model in RLCLI_HOME (no build) and print its folder",
