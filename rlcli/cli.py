@@ -77,6 +77,15 @@ COMMANDS: dict[str, Any] = {
         "list": ("list tenants and their quotas (never keys)", "rlcli.tenants:list_"),
         "revoke": ("remove a tenant; servers refuse its key from the next request", "rlcli.tenants:revoke"),
     }),
+    "loop": ("the continual-learning loop: new traces -> train -> evaluate -> gate -> promote", _functions_of(
+        "rlcli.loop.commands", {
+            "init": "make a loop folder: loop.toml, the ledger, the frozen regression set",
+            "run": "run iterations: ingest, split, train, evaluate, gate, promote (resumes an unfinished one)",
+            "status": "the champion, the last iteration, what is pending",
+            "history": "every iteration as a table: data, runs, scores, decision, why",
+            "promote": "make an iteration's candidate the champion by hand",
+            "rollback": "move the champion alias back (the export follows)",
+        })),
     "model": ("the embedded tiny model", _functions_of("rlcli.model", {
         "install": "put the shipped model in RLCLI_HOME (no build) and print its folder",
         "build": "run the recipe that made the shipped model; say whether the bytes match",
