@@ -156,6 +156,10 @@ def _add_function_args(parser: argparse.ArgumentParser, fn: Callable[..., Any]) 
             parser.add_argument(name, help=help_text, type=kind if kind in (int, float) else str,
                                 choices=fixed.get(name))
             continue
+        if name in _OPTIONAL_POSITIONALS.get(fn.__qualname__, ()):  # `rlcli loop rollback DIR [ITER]`
+            parser.add_argument(name, nargs="?", default=param.default, help=help_text,
+                                type=kind if kind in (int, float) else str, metavar=name.upper())
+            continue
         flags = ["--" + name.replace("_", "-"), *_ALIASES.get(name, ())]
         if kind is bool:
             parser.add_argument(*flags, dest=name, default=param.default, help=help_text,
@@ -166,6 +170,9 @@ def _add_function_args(parser: argparse.ArgumentParser, fn: Callable[..., Any]) 
             parser.add_argument(*flags, dest=name, default=param.default, type=typ, choices=fixed.get(name),
                                 help=help_text + shown, metavar=name.upper())
 
+
+# Defaulted parameters given by position, as fire takes them: {function name: parameters}.
+_OPTIONAL_POSITIONALS: dict[str, tuple[str, ...]] = {"rollback": ("iteration",)}
 
 # Short flags that read naturally in a pipeline (`rlcli import f -f openai -o out`).
 _ALIASES: dict[str, tuple[str, ...]] = {"format": ("-f",), "output": ("-o",), "follow": ("-f",), "lines": ("-n",)}

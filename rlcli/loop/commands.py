@@ -19,7 +19,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
@@ -245,9 +245,8 @@ def promote(dir: str, iteration: int) -> int:
         if ledger.champion() == cand:
             print(f"iteration {iteration} is the champion already")
             return 0
-        s, _ = _recorded(ledger, iteration)
-        stages.move_to(folder, ledger, cand, replace(settings.read(folder), export_format=s.export_format),
-                       _url(s), f"promoted by hand (gate: {it['why']})", iteration)
+        s = settings.read(folder)  # today's export format and hook
+        stages.move_to(folder, ledger, cand, s, _url(s), f"promoted by hand (gate: {it['why']})", iteration)
         with ledger.transaction() as db:
             ledger.finish(db, iteration, "promoted", f"by hand; the gate said: {it['why']}")
     return 0

@@ -2,9 +2,10 @@
 48 chats a batch, 8 SFT steps, ~15 held-out problems).
 
 In order: batch 1 is learned and promoted (exported, hook run); a rerun with nothing new is a no-op; batch 2
-trained on shuffled answers is rejected by the gate; batch 3's run is killed after its first checkpoint, a
-second `loop run` meanwhile refused, and the next run resumes it with the trainer's --resume; rollback
-restores the earlier champion and the export follows; every trace line is accounted for.
+trained on shuffled answers is rejected by the gate; batch 3's run (manual gate) is killed after its first
+checkpoint, a second `loop run` meanwhile refused, and the next run resumes it with the trainer's --resume
+and leaves it pending; `loop promote` makes it champion and `loop rollback` restores the earlier one, the
+export and the hook following; every trace line is accounted for.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def _first_state(run: Path, timeout: float) -> bool:
 
 def test_killed_iteration_resumes_and_a_second_run_is_refused(loop):
     tmp, folder, server = loop
+    settings.write(folder, replace(settings.read(folder), gate="manual"))  # iteration 3 waits for a person
     deliver(tmp, 3)
     first = subprocess.Popen([*RLCLI, "loop", "run", str(folder), "--once"], env=server.env, cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -134,22 +136,25 @@ def test_killed_iteration_resumes_and_a_second_run_is_refused(loop):
              (folder / "iterations" / "0003" / "run-0-sft" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(8))  # each step once: the resume took up where the checkpoint left off
     with opened(folder) as ledger:
-        assert iteration(folder, 3)["decision"] in ("promoted", "rejected")
+        assert iteration(folder, 3)["decision"] == "pending" and ledger.champion().iteration == 1
         assert len(ledger.files()) == files == 3  # never ingested twice
+    status = run_rlcli("loop", "status", str(folder), env=server.env, check=True).stdout
+    assert "waiting for `rlcli loop promote`: iterations [3]" in status and "new trace files waiting: 0" in status
 
 
-def test_rollback_restores_the_earlier_champion_and_its_export(loop):
+def test_promote_by_hand_then_rollback_restores_the_earlier_champion(loop):
     tmp, folder, server = loop
-    with opened(folder) as ledger:
-        before = [a["iteration"] for a in ledger.aliases()]
+    run_rlcli("loop", "promote", str(folder), "3", env=server.env, check=True, timeout=120)
+    assert champion(folder)["iteration"] == 3 and iteration(folder, 3)["decision"] == "promoted"
     proc = run_rlcli("loop", "rollback", str(folder), env=server.env, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    expected = 0 if before[-1] == 1 else 1  # iteration 3 promoted: back to 1; else back to the base model
     with opened(folder) as ledger:
-        assert ledger.champion().iteration == expected
-    assert champion(folder)["iteration"] == expected
-    assert (folder / "champion" / "adapter_config.json").is_file() == (expected == 1)
-    assert (tmp / "hook.log").read_text().split()[-1] == str(expected)
+        assert ledger.champion().iteration == 1
+        assert [a["iteration"] for a in ledger.aliases()] == [1, 3, 1]
+    assert champion(folder)["iteration"] == 1 and (folder / "champion" / "adapter_config.json").is_file()
+    assert (tmp / "hook.log").read_text().split() == ["1", "3", "1"]
+    again = run_rlcli("loop", "rollback", str(folder), "7", env=server.env, timeout=60)
+    assert again.returncode == 2 and "iteration 7 was never champion" in again.stderr
 
 
 def test_history_accounts_for_every_line(loop):
