@@ -28,15 +28,31 @@ def problems(rows: list[dict[str, Any]], limit: int, source: str) -> list[Any]:
 
 
 def answers(model: Champion, prompts: list[list[dict[str, Any]]], s: LoopSettings, url: str) -> list[str]:
-    """Greedy replies of one model to every prompt, one request at a time: the server compiles a sampling
-    batch's shape once, and one at a time keeps that shape the same however many problems there are."""
+    """Greedy replies of one model to every prompt, rendered and parsed by the renderer the trainers use (so a
+    model is asked as it was trained), one request at a time: the server compiles a sampling batch's shape
+    once, and one at a time keeps that shape the same however many problems there are."""
+    import tinker
+    from tinker_cookbook import renderers as cookbook
+    from tinker_cookbook.tokenizer_utils import get_tokenizer
+
     from rlcli import sample
+    from rlcli.train import run
+    from rlcli.train.replay import renderer_messages
 
     if not prompts:
         return []
     smp = sample.open_sampler(model.sampler_path, None, url, None, s.max_tokens, 0.0, s.seed)
-    try:  # complete() serves an unloaded checkpoint again if need be
-        return [sample.complete(smp, p)[0] for p in prompts]
+    try:
+        sample.complete(smp, prompts[0])  # serves an unloaded checkpoint again if need be
+        renderer = cookbook.get_renderer(run.prepare_model(smp.base_model, None), get_tokenizer(smp.base_model))
+        params = tinker.SamplingParams(max_tokens=s.max_tokens, temperature=0.0, seed=s.seed,
+                                       stop=renderer.get_stop_sequences())
+        out = []
+        for p in prompts:
+            prompt = renderer.build_generation_prompt(renderer_messages(p))
+            tokens = smp.client.sample(prompt=prompt, num_samples=1, sampling_params=params).result().sequences[0]
+            out.append(cookbook.get_text_content(renderer.parse_response(tokens.tokens)[0]).strip())
+        return out
     finally:
         sample.close(smp)
 
