@@ -8,7 +8,7 @@ from rlcli.loop import data
 from rlcli.loop.ledger import Ledger
 from rlcli.loop.settings import LoopSettings
 
-COLUMNS = ("iter", "files", "lines", "dropped", "dup", "train", "held", "runs", "held-out champ->cand [CI]",
+COLUMNS = ("iter", "files", "lines", "dropped", "seen", "train", "held", "runs", "held-out champ->cand [CI]",
            "regression champ->cand", "decision", "why")
 
 
