@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -47,7 +48,7 @@ def locked(folder: Path) -> Iterator[Ledger]:
             raise UsageError(f"another `rlcli loop` command is using {folder} (pid {f.read().strip() or '?'}): "
                              "wait for it to finish, or stop it") from None
         f.truncate(0)
-        f.write(str(__import__("os").getpid()))
+        f.write(str(os.getpid()))
         f.flush()
         with opened(folder) as ledger:
             yield ledger

@@ -191,3 +191,22 @@ def test_init_refuses_a_used_folder(loop):
     folder, _ = loop
     with pytest.raises(UsageError, match="not empty"):
         commands.init(str(folder), traces="inbox")
+
+
+def test_watch_sleeps_between_looks_and_once_excludes_it(loop, monkeypatch):
+    folder, inbox = loop
+    for p in inbox.iterdir():
+        p.unlink()
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        if len(slept) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands.time, "sleep", sleep)
+    with pytest.raises(KeyboardInterrupt):
+        commands.run(str(folder), watch=True, every="15m")
+    assert slept == [900, 900]
+    with pytest.raises(UsageError, match="--once and --watch"):
+        commands.run(str(folder), once=True, watch=True)
