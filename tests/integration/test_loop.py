@@ -1,5 +1,5 @@
 """`rlcli loop` against the real SkyRL server on CPU, one loop folder through three trace batches (kept small:
-48 chats a batch, 8 SFT steps, ~15 held-out problems).
+48 chats a batch, 8 SFT steps, at most 16 problems a set, 8 answer tokens).
 
 In order: batch 1 is learned and promoted (exported, hook run); a rerun with nothing new is a no-op; batch 2
 trained on shuffled answers is rejected by the gate; batch 3's run (manual gate) is killed after its first
@@ -27,7 +27,7 @@ from tests.conftest import REPO, RLCLI, run_rlcli
 pytestmark = pytest.mark.server
 # The embedded model learns a constant answer in 8 steps at lr 1e-2 but forgets its sums doing so (measured:
 # regression 0.75 -> 0.25), so these runs leave the regression rule off (margin 1); unit tests cover it.
-SETTINGS = dict(match="number", steps=8, lr=1e-2, save_every=2, max_tokens=16, regression_margin=1.0)
+SETTINGS = dict(match="number", steps=8, lr=1e-2, save_every=2, max_tokens=8, eval_limit=16, regression_margin=1.0)
 
 
 @pytest.fixture(scope="module")
