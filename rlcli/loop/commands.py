@@ -190,6 +190,8 @@ def _advance(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champ: Champ
         assert cand is not None
         if ledger.stage(n, "promote") is None:
             stages.move_to(folder, ledger, cand, s, url, f"iteration {n} passed the gate", n)
+        elif ledger.stage(n, "hook") is None:  # killed between the alias move and the hook
+            stages.hook(folder, ledger, s, cand, n)
     decision = "promoted" if verdict["promote"] else "pending" if verdict.get("manual") else "rejected"
     with ledger.transaction() as db:
         ledger.finish(db, n, decision, verdict["why"])

@@ -119,7 +119,7 @@ class Ledger:
         return [r["stage"] for r in self.rows("SELECT stage FROM stages WHERE iteration = ? ORDER BY at, rowid", n)]
 
     def done(self, db: sqlite3.Connection, n: int, name: str, info: dict[str, Any] | None = None) -> None:
-        db.execute("INSERT INTO stages VALUES (?, ?, ?, ?)", (n, name, now(), json.dumps(info or {})))
+        db.execute("INSERT OR REPLACE INTO stages VALUES (?, ?, ?, ?)", (n, name, now(), json.dumps(info or {})))
 
     def finish(self, db: sqlite3.Connection, n: int, decision: str, why: str) -> None:
         db.execute("UPDATE iterations SET finished = ?, decision = ?, why = ? WHERE n = ?", (now(), decision, why, n))

@@ -177,4 +177,12 @@ def move_to(folder: Path, ledger: Ledger, champ: Champion, s: LoopSettings, url:
         if n is not None and ledger.stage(n, "promote") is None:
             ledger.done(db, n, "promote", {"sampler_path": champ.sampler_path})
     say(f"champion -> {champ.label()} (exported to {folder / CHAMPION_DIR})")
+    hook(folder, ledger, s, champ, n)
+
+
+def hook(folder: Path, ledger: Ledger, s: LoopSettings, champ: Champion, n: int | None = None) -> None:
+    """The user's hook, once per promotion: recorded as a stage, so a loop killed before it ran runs it."""
     run_hook(folder, s, champ)
+    if n is not None:
+        with ledger.transaction() as db:
+            ledger.done(db, n, "hook", {"command": s.hook})

@@ -210,3 +210,24 @@ def test_watch_sleeps_between_looks_and_once_excludes_it(loop, monkeypatch):
     assert slept == [900, 900]
     with pytest.raises(UsageError, match="--once and --watch"):
         commands.run(str(folder), once=True, watch=True)
+
+
+def test_a_hook_killed_before_it_ran_runs_on_the_next_loop_run(loop, monkeypatch):
+    """The alias moved and `promote` was recorded, the hook not: the next run runs it once, then finishes."""
+    folder, _ = loop
+    n = _ingest(folder)
+    ran = []
+    monkeypatch.setattr(commands.stages, "run_hook", lambda folder, s, champ: ran.append(champ.iteration))
+    monkeypatch.setattr(commands.stages, "train", lambda *a: None)
+    cand = Champion(n, "tinker://r/sampler_weights/final", "tinker://r/weights/final")
+    with opened(folder) as ledger, ledger.transaction() as db:
+        db.execute("INSERT INTO runs VALUES (?, 0, 'sft', 'x', ?, ?)", (n, cand.state_path, cand.sampler_path))
+        ledger.done(db, n, "evaluate", {"heldout": gate.Comparison(0, 1, 1, 0.5, 1, 4).__dict__,
+                                        "regression": gate.Comparison(1, 1, 0, 0, 0, 4).__dict__})
+        ledger.done(db, n, "gate", {"promote": True, "why": "test", "manual": False})
+        ledger.move_alias(db, cand, "gate")
+        ledger.done(db, n, "promote", {})
+    assert commands.run(str(folder), once=True) == 0
+    assert ran == [n]
+    with opened(folder) as ledger:
+        assert ledger.iteration(n)["decision"] == "promoted" and ledger.stage(n, "hook") is not None
