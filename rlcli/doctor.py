@@ -156,9 +156,9 @@ def check_api_key(srv: Server) -> Check:
         _get_json(f"{srv.url}/api/v1/training_runs?limit=1")
     except urllib.error.HTTPError as e:
         if e.code == 401:
-            what = "refuses this key" if key else "wants a tenant key"
-            return Check("api-key", "fail", f"{srv.url} {what}: set TINKER_API_KEY or pass --api-key (the server's "
-                         "owner makes one with `rlcli tenant add NAME`)")
+            from rlcli.client import key_refused
+
+            return Check("api-key", "fail", key_refused(srv.url))
         return Check("api-key", "warn", f"could not check the key: HTTP {e.code}")
     except (OSError, ValueError) as e:
         return Check("api-key", "warn", f"could not check the key: {e}")

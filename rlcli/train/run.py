@@ -71,13 +71,17 @@ def check_numbers(**values: float | None) -> None:
 
 def resolve_model(model: str | None, base_url: str, required: bool) -> str:
     """The server's base model; --model must name it exactly (the engine refuses anything else)."""
-    from rlcli.client import server_base_model
+    import urllib.error
+
+    from rlcli.client import key_refused, server_base_model
 
     try:
         served = server_base_model(base_url)
     except (OSError, ValueError, KeyError, IndexError) as e:
         if model and not required:
             return model  # a dry run with --model needs no server
+        if isinstance(e, urllib.error.HTTPError) and e.code == 401:  # --tenants, and no key or a wrong one
+            raise UsageError(key_refused(base_url)) from None
         raise RlcliError(f"cannot reach a Tinker server at {base_url} ({e}): start one with "
                          "`rlcli serve start`, or pass --base-url") from None
     if model and model != served:

@@ -74,3 +74,11 @@ def test_warmup_extension_targets_the_pinned_skyrl():
     script = commands.RUNTIME_DIR / "rlcli_warmup.py"
     proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "present" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_fair_extension_targets_the_pinned_skyrl():
+    """runtime/rlcli_fair.py chooses in TinkerEngine._load_requests, called by the engine's finders."""
+    python = shared_server_venv() / "bin" / "python"
+    script = commands.RUNTIME_DIR / "rlcli_fair.py"
+    proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "present" in proc.stdout, proc.stderr[-2000:]
