@@ -142,8 +142,11 @@ def agree(process_id: int, num_processes: int, extensions: str) -> None:
     log(f"process {process_id}: every process loaded the same extensions {mine}")
 
 
+QUEUE_ONLY = {"rlcli_tenants"}  # keys and the engine's queue: process 0's business, no traced program changes
+
+
 def _loaded(extensions: str) -> list[str]:
-    names = [name.strip() for name in extensions.split(",") if name.strip()]
+    names = [name.strip() for name in extensions.split(",") if name.strip() and name.strip() not in QUEUE_ONLY]
     return [f"{name} {getattr(sys.modules.get(name), 'VERSION', '?')}" for name in names]
 
 
