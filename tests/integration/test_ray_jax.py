@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 
 def _ray_actors() -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
     return [int(line.split()[0]) for line in out.splitlines() if "ray::RayJaxBackendImpl" in line]
 
 
@@ -48,7 +48,7 @@ def ray_head(tmp_path_factory):
 
 def _end_head(temp: str) -> None:
     """ray start's daemons keep the process group start_new_session gave them (found by their --temp-dir)."""
-    out = subprocess.run(["ps", "-eo", "pgid,args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pgid,args"], capture_output=True, text=True).stdout
     groups = {int(line.split()[0]) for line in out.splitlines()[1:] if temp in line}
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pgid in groups:
