@@ -38,7 +38,8 @@ COMMANDS: dict[str, Any] = {
         "logs": "print (or follow) the server log",
         "restart": "stop, then start with the same settings",
         "install": "build or verify the server venv without starting",
-    })),
+    }) | {"worker": ("join another machine's multi-process jax server as one of its processes",
+                     "rlcli.server.scaling:worker")}),
     "demo": ("a short real job on the server: LoRA, SFT steps, save, sample", "rlcli.demo:demo"),
     "train": (
         "train a model on the server",

@@ -109,6 +109,14 @@ def check_server_venv() -> Check:
                  "(~7 min; `serve start` does it too)")
 
 
+def check_processes() -> Check:
+    from rlcli.server import scaling
+
+    lib = config.server_venv_dir() / "lib"
+    site = next(iter(sorted(lib.glob("python3*/site-packages"))), None)
+    return Check("processes", *scaling.doctor_check(site))
+
+
 def _get_json(url: str, timeout: float = 3.0) -> dict:
     from rlcli.client import request_json
 
@@ -288,6 +296,7 @@ def run_checks(srv: Server) -> list[Check]:
         ("database", check_database),
         ("backend", lambda: check_backend(srv)),
         ("cuda", check_cuda),
+        ("processes", check_processes),
         ("docker", check_docker),
         ("disk", check_disk),
         ("memory", lambda: check_memory(srv)),
@@ -304,7 +313,7 @@ def run_checks(srv: Server) -> list[Check]:
 
 
 def doctor(base_url: str | None = None, api_key: str | None = None) -> int:
-    """Check this machine and the server: Pythons, pins, server venv, server, backend, CUDA, Docker, disk, memory.
+    """Check this machine and the server: Pythons, pins, venv, server, backend, CUDA, processes, Docker, disk, memory.
 
     Args:
         base_url: server URL (default: TINKER_BASE_URL, else the managed server)
