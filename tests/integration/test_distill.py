@@ -218,7 +218,7 @@ def test_an_rl_run_exported_merged_teaches_a_base_student_from_a_second_server(s
     byte for byte, so the tokenizer check passes; a fresh student starts at the base, away from the teacher."""
     rl, start = tmp_path / "rl", time.monotonic()
     run_rlcli("train", "rl", "--loss", "gspo", "--dataset", "arithmetic", "--max-operand", "9", "--max-steps", "3",
-              "--batch-size", "4", "--group-size", "4", "--max-tokens", "8", "--lr", "2e-2", "--eval-every", "0",
+              "--batch-size", "4", "--group-size", "4", "--max-tokens", "8", "--lr", "1e-2", "--eval-every", "0",
               "--save-every", "0", "--base-url", server.url, "--log-path", str(rl), env=server.env, timeout=600,
               check=True)
     merged = tmp_path / "rl-merged"
@@ -228,12 +228,17 @@ def test_an_rl_run_exported_merged_teaches_a_base_student_from_a_second_server(s
     with private_server(merged, "--slots", "1", venv=shared_server_venv()) as teacher:
         print(f"teacher server started in {teacher.start_s:.0f}s")
         proc = distill(server.env, server.url, tmp_path / "student", "--prompts", "arithmetic", "--max-operand", "9",
-                       "--teacher-url", teacher.url, *TINY, "--batch-size", "4", "--max-steps", "6", "--lr", "5e-3")
+                       "--teacher-url", teacher.url, *TINY, "--batch-size", "4", "--max-steps", "8", "--lr", "5e-3",
+                       "--eval-size", "8", "--eval-every", "7")
     assert f"the base model {merged} of the server at {teacher.url}" in proc.stderr  # the tokenizer check passed
-    kl = [m[metrics.TEACHER_KL] for m in rows(tmp_path / "student" / "metrics.jsonl")]
-    print(f"teacher KL per step {np.round(kl, 3).tolist()}")
-    assert len(kl) == 6 and np.mean(kl[:2]) > 0.05  # the RL teacher is not the base
-    assert np.mean(kl[-2:]) < np.mean(kl[:2]) / 2
+    found = rows(tmp_path / "student" / "metrics.jsonl")
+    kl = [m[metrics.TEACHER_KL] for m in found]
+    held_out = [m[metrics.TEST_TEACHER_KL] for m in found if metrics.TEST_TEACHER_KL in m]
+    print(f"teacher KL per step {np.round(kl, 3).tolist()}; held-out {np.round(held_out, 3).tolist()}")
+    # The batch KL (4 prompts x 2 samples of a few tokens) swings by a nat from step to step; the held-out KL,
+    # on the same 8 prompts each time, is the signal.
+    assert len(kl) == 8 and len(held_out) == 2 and held_out[0] > 0.1  # the RL teacher is not the base
+    assert held_out[-1] < held_out[0] / 2
 
 
 def test_train_rl_with_a_kl_penalty_against_the_base(server, tmp_path):
