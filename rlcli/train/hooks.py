@@ -33,7 +33,8 @@ pyproject.toml, so a pin bump fails there first.
 - `failed_saves`: every checkpoint the cookbook saves goes through `checkpoint_utils.save_checkpoint_async`,
   which records it in checkpoints.jsonl only once the server confirmed it. A save the server refuses
   (its disk full, say) surfaced as a ValueError naming a request id; inside the block it ends the run
-  with one line naming the save and the server's reason.
+  with one line naming the save and the server's reason. So does the RL loop's save of the sampler
+  weights it samples the next step from (`save_weights_and_get_sampling_client_async`).
 - `cookbook_logging`: the recipes log a rich table and a rendered example per step to the console;
   this keeps those in the run's logs.log, prints one line per step instead (a logger joined to the
   cookbook's MultiplexLogger), and adds rlcli's own figures to each step's metrics.jsonl row.
@@ -87,6 +88,8 @@ PATCHES = (
     Patch("tinker_cookbook.checkpoint_utils", "save_checkpoint_async", "failed_saves: every save, recorded "
           "after the server confirmed it", ("await v.result_async() for k, v in futures.items()",
                                             "save_checkpoint_async(\n")),
+    Patch("tinker", "TrainingClient.save_weights_and_get_sampling_client_async", "failed_saves: the RL loop's "
+          "sampler weights before each step"),
     Patch("tinker_cookbook.supervised.train", "Config.submit_ahead", "rlcli runs SL with submit_ahead=0",
           ('"batch": submitted.batch_idx,', "checkpoint_mgr.maybe_save_async(", "start_batch = resume_info.batch")),
     Patch("tinker_cookbook.rl.train", "tqdm", "quiet_rl_sampling",
@@ -294,26 +297,37 @@ def server_reason(error: Exception) -> str:
 
 @contextlib.contextmanager
 def failed_saves(message: Callable[[str, str], str]) -> Iterator[None]:
-    """Inside the block, a checkpoint save the server answers with an error raises RlcliError(message(name,
-    the server's reason)); nothing is recorded for it (the cookbook writes the record after the save)."""
+    """Inside the block, a save the server answers with an error raises RlcliError(message(what was saved, the
+    server's reason)): a checkpoint (nothing is recorded for it: the cookbook writes the record after the save),
+    or the sampler weights the RL loop saves before each step to sample from (SkyRL keeps those on disk too)."""
     from tinker_cookbook import checkpoint_utils
 
-    original = checkpoint_utils.save_checkpoint_async
+    original, original_step = checkpoint_utils.save_checkpoint_async, \
+        tinker.TrainingClient.save_weights_and_get_sampling_client_async
     signature = inspect.signature(original)
 
-    async def save_checkpoint_async(*args: Any, **kwargs: Any) -> Any:
+    async def refused(what: Callable[[], str], call: Any) -> Any:
         try:
-            return await original(*args, **kwargs)
+            return await call
         except (ValueError, tinker.APIStatusError) as e:
             if isinstance(e, ValueError) and not str(e).startswith("Error retrieving result"):
                 raise
-            raise RlcliError(message(signature.bind(*args, **kwargs).arguments["name"], server_reason(e))) from e
+            raise RlcliError(message(what(), server_reason(e))) from e
+
+    async def save_checkpoint_async(*args: Any, **kwargs: Any) -> Any:
+        return await refused(lambda: f"checkpoint {signature.bind(*args, **kwargs).arguments['name']}",
+                             original(*args, **kwargs))
+
+    async def save_for_the_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return await refused(lambda: "the sampler weights to sample from", original_step(self, *args, **kwargs))
 
     checkpoint_utils.save_checkpoint_async = save_checkpoint_async
+    tinker.TrainingClient.save_weights_and_get_sampling_client_async = save_for_the_step  # type: ignore[method-assign]
     try:
         yield
     finally:
         checkpoint_utils.save_checkpoint_async = original
+        tinker.TrainingClient.save_weights_and_get_sampling_client_async = original_step  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

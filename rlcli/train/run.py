@@ -211,12 +211,12 @@ def gone_message(folder: Path, url: str, progress: ProgressLine) -> Callable[[fl
 
 def save_failed_message(folder: Path) -> Callable[[str, str], str]:
     """The one line a run ends with when the server could not save one of its checkpoints."""
-    def message(name: str, reason: str) -> str:
+    def message(what: str, reason: str) -> str:
         last = runs.last_checkpoint(folder, "state_path")
         saved = f"the last good checkpoint is {last['name']}" if last else "no checkpoint was saved before it"
         fix = ("free space where the server keeps its checkpoints (`rlcli serve start --checkpoints-base`)"
                if "No space left" in reason or "Errno 28" in reason else "fix that on the server")
-        return (f"the server could not save checkpoint {name} ({reason}); nothing was recorded for it and {saved}: "
+        return (f"the server could not save {what} ({reason}); nothing was recorded for it and {saved}: "
                 f"{fix}, then rerun the same command with --log-path {folder} --resume")
     return message
 

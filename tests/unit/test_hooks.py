@@ -78,3 +78,22 @@ def test_a_save_the_server_refuses_is_one_line_and_leaves_no_record(tmp_path, mo
                                         "device); nothing was recorded for it and the last good checkpoint is 000002")
     assert f"--log-path {tmp_path} --resume" in str(raised.value)
     assert checkpoint_utils.save_checkpoint_async is refused  # put back
+
+
+def test_the_rl_loops_save_for_its_next_step_refused_is_one_line_too(tmp_path, monkeypatch):
+    import asyncio
+
+    import tinker
+
+    from rlcli.train.run import save_failed_message
+
+    async def refused(self, *args, **kwargs):
+        raise ValueError("Error retrieving result: Error code: 400 - {'detail': '[Errno 28] No space left on "
+                         "device'} (status 400) for self.request_id='9' — exceeded 3 retries")
+
+    monkeypatch.setattr(tinker.TrainingClient, "save_weights_and_get_sampling_client_async", refused)
+    with hooks.failed_saves(save_failed_message(tmp_path)), pytest.raises(RlcliError) as raised:
+        asyncio.run(tinker.TrainingClient.save_weights_and_get_sampling_client_async(None))
+    assert str(raised.value).startswith("the server could not save the sampler weights to sample from ([Errno 28]")
+    assert "no checkpoint was saved before it" in str(raised.value)
+    assert tinker.TrainingClient.save_weights_and_get_sampling_client_async is refused
