@@ -286,13 +286,16 @@ def sl_checkpoints_name_the_next_batch() -> Iterator[None]:
         CheckpointManager.maybe_save_async = original  # type: ignore[method-assign]
 
 
-SERVER_DETAIL = re.compile(r"'detail': '([^']*)'")
+SERVER_DETAIL = re.compile(r"""'detail': ['"](.*)['"]\}""", re.DOTALL)  # the last quote before the closing brace
+NO_SPACE = "No space left on device"
 
 
 def server_reason(error: Exception) -> str:
-    """The server's own words in a failed request (tinker wraps them in a ValueError or APIStatusError)."""
+    """The server's own words in a failed request (tinker wraps them in a ValueError or APIStatusError); a full
+    disk in one phrase (SkyRL passes on orbax's paragraph when the training state is the part that failed)."""
     found = SERVER_DETAIL.search(str(error))
-    return found.group(1) if found else str(getattr(error, "message", None) or error)[:300]
+    reason = found.group(1) if found else str(getattr(error, "message", None) or error)
+    return f"[Errno 28] {NO_SPACE}" if NO_SPACE in reason else reason[:300]
 
 
 @contextlib.contextmanager

@@ -97,3 +97,12 @@ def test_the_rl_loops_save_for_its_next_step_refused_is_one_line_too(tmp_path, m
     assert str(raised.value).startswith("the server could not save the sampler weights to sample from ([Errno 28]")
     assert "no checkpoint was saved before it" in str(raised.value)
     assert tinker.TrainingClient.save_weights_and_get_sampling_client_async is refused
+
+
+def test_the_servers_reason_for_a_full_disk_is_one_phrase_however_it_is_worded():
+    orbax = ("Error retrieving result: Error code: 400 - {'detail': 'RESOURCE_EXHAUSTED: Error writing \"x\" in OCDBT "
+             "database: Failed to write 696237 bytes to file 15: No space left on device [os_error_code=28]'} "
+             "(status 400) for self.request_id='16' — exceeded 3 retries")
+    assert hooks.server_reason(ValueError(orbax)) == "[Errno 28] No space left on device"
+    other = "Error retrieving result: Error code: 400 - {'detail': 'Model 'm' not loaded'} (status 400)"
+    assert hooks.server_reason(ValueError(other)) == "Model 'm' not loaded"
