@@ -26,7 +26,7 @@ RL_DEMO = $(RLCLI) train rl --loss gspo --dataset arithmetic --max-operand 9 --b
 FINAL_SAMPLER = $(BIN)/python -c 'import sys, pathlib; from rlcli.train.folder import last_checkpoint; \
 	print(last_checkpoint(pathlib.Path(sys.argv[1]), "sampler_path")["sampler_path"])'
 
-.PHONY: help venv server-venv model demo sl test test-fast test-server lint clean-venv
+.PHONY: help venv server-venv server-venv-ray model demo sl test test-fast test-server lint clean-venv
 
 help:
 	@sed -n '1,7p' Makefile
@@ -50,6 +50,10 @@ venv: $(STAMP)
 # The server venv (Python 3.12, SkyRL + jax), shared by every RLCLI_HOME that points at it.
 server-venv: venv
 	$(RLCLI) serve install
+
+# Ray over it (server-ray.lock), for the jax-on-Ray tests: `make test` asks for it; plain use never gets it.
+server-venv-ray: server-venv
+	$(RLCLI) serve install --ray
 
 # The embedded model's shipped bytes (rlcli/assets/), copied to RLCLI_HOME and checked; nothing is built.
 model: venv
@@ -90,13 +94,13 @@ rl: venv server-venv model
 	$(RLCLI) serve start --port $(PORT)
 	@status=0; $(RL_DEMO) --max-steps 12 || status=$$?; $(RLCLI) serve stop; exit $$status
 
-test: venv server-venv model base-image
+test: venv server-venv-ray model base-image
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not server and not slow" tests/unit $(PYTEST_ARGS)
 
-test-server: venv server-venv model base-image
+test-server: venv server-venv-ray model base-image
 	$(BIN)/python -m pytest -q -m server $(PYTEST_ARGS)
 
 lint: venv
@@ -130,7 +134,7 @@ bench: venv server-venv model
 
 # The notebooks at laptop size through papermill (each starts and stops its own server); the executed copies,
 # outputs and plots included, go to notebooks/results/ beside the results they record.
-NOTEBOOKS = fused_vs_2pass learning_curve gsm8k distill
+NOTEBOOKS = fused_vs_2pass learning_curve gsm8k distill continual_loop
 notebooks: venv server-venv model
 	@mkdir -p notebooks/results; for nb in $(NOTEBOOKS); do \
 	  echo "papermill notebooks/$$nb.ipynb -> notebooks/results/$$nb.ipynb"; \

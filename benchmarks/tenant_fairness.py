@@ -1,19 +1,22 @@
-"""How long one tenant waits while another floods the queue (`serve start --tenants`, embedded model).
+"""How long one tenant waits while another floods the queue (`serve start --tenants`), before and after fairness.
 
-    .venv/bin/python benchmarks/tenant_fairness.py [--flood 24] [--reps 3]
+    .venv/bin/python benchmarks/tenant_fairness.py [--size large] [--flood 24] [--reps 3] [--take 0]
 
 One private server with tenants `flood` and `quiet`. Each rep: `quiet` times one forward_backward
 (8 x 64 tokens) on an idle server (alone), then `flood` submits --flood forward_backwards of the same
 size as raw requests, each queued (answered with its id) before `quiet` submits its one, timed until its
 result (flooded).
-If the engine served strictly in arrival order, flooded would be about (flood + 1) x alone; SkyRL's
-engine batches pending forward_backwards of different models into one pass, which is what the
-receipt shows. Writes benchmarks/receipts/tenant-fairness-<time>.json.
+--take sets the engine's round-robin between tenants (runtime/rlcli_fair.py, RLCLI_FAIR_TAKE): how many
+requests of each tenant one engine pass takes while others wait; 0 keeps SkyRL's arrival order, where the
+engine takes every pending pass and runs them model by model, earliest first, so quiet waits for the
+whole flood once each pass costs real compute (--size large: benchmarks/models.py's ~26M model).
+Writes benchmarks/receipts/tenant-fairness-<time>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -27,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import summary, versions, write_receipt  # noqa: E402
+from models import describe_model, model_dir  # noqa: E402
 from tenant_overhead import sdk_forward_backward  # noqa: E402
 
 from rlcli.server.private import PACKAGE_PARENT, RLCLI, private_server  # noqa: E402
@@ -53,15 +57,23 @@ def result(base: str, key: str, request_id: str) -> bytes:
                 raise
 
 
+_seq = itertools.count(1)
+
+
 def step_body(model_id: str) -> bytes:
-    return sdk_forward_backward(model_id)
+    """A new forward_backward each call: SkyRL answers a repeated (model, seq_id) with the first one's future."""
+    return sdk_forward_backward(model_id, seq_id=next(_seq))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--flood", type=int, default=24)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--size", choices=("tiny", "large"), default="tiny")
+    parser.add_argument("--take", type=int, default=None, help="RLCLI_FAIR_TAKE (0: SkyRL's arrival order)")
     args = parser.parse_args()
+    if args.take is not None:  # the server inherits this environment
+        os.environ["RLCLI_FAIR_TAKE"] = str(args.take)
 
     home = Path(tempfile.mkdtemp(prefix="rlcli-fairness-home-"))
     alone, flooded, flood_total = [], [], []
@@ -69,23 +81,33 @@ def main() -> None:
         env = dict(os.environ, RLCLI_HOME=str(home))
         keys = {name: subprocess.run([*RLCLI, "tenant", "add", name], env=env, capture_output=True, text=True,
                                      check=True, cwd=PACKAGE_PARENT).stdout.strip() for name in ("flood", "quiet")}
-        model = subprocess.run([*RLCLI, "model", "install"], capture_output=True, text=True, check=True,
-                               cwd=PACKAGE_PARENT).stdout.split()[0]
+        model = str(model_dir(args.size))
         run(args, home, keys, model, alone, flooded, flood_total)
+    except Exception:
+        for log in home.glob("servers/*/server.log"):  # why, before the home goes
+            print("".join(log.read_text(errors="replace").splitlines(keepends=True)[-40:]), file=sys.stderr)
+        raise
     finally:
         shutil.rmtree(home, ignore_errors=True)
     ratio = summary(flooded)["median"] / summary(alone)["median"]
     path = write_receipt("tenant-fairness", {
-        "versions": versions("tinker"), "flood_requests": args.flood, "batch": "8 x 64 tokens",
+        "versions": versions("tinker"), "model": describe_model(Path(model)), "size": args.size,
+        "fair_take": args.take if args.take is not None else "default (1)", "flood_requests": args.flood,
+        "batch": "8 x 64 tokens", "train_micro_batch_size": 8,
         "quiet_alone_s": summary(alone), "quiet_flooded_s": summary(flooded), "flood_total_s": summary(flood_total),
         "flooded_over_alone": ratio, "raw": {"alone": alone, "flooded": flooded, "flood_total": flood_total}})
-    print(f"quiet waits {ratio:.1f}x its idle time behind {args.flood} flood requests; receipt {path}")
+    take = "default" if args.take is None else args.take
+    print(f"quiet waits {ratio:.1f}x its idle time behind {args.flood} flood requests (take {take}); "
+          f"receipt {path}")
 
 
 def run(args, home: Path, keys: dict, model: str, alone: list, flooded: list, flood_total: list) -> None:
     import tinker
 
-    with private_server(model, "--tenants", "--slots", "3", home=home) as srv:
+    # A micro-batch of one request's 8 sequences: every pass, however many requests it takes, runs the one
+    # compiled shape (unset, SkyRL fuses a pass into one batch and compiles each new request count anew).
+    backend = json.dumps({"train_micro_batch_size": 8})
+    with private_server(model, "--tenants", "--slots", "3", "--backend-config", backend, home=home) as srv:
         api = srv.url + "/api/v1"
         models = {name: tinker.ServiceClient(base_url=srv.url, api_key=key).create_lora_training_client(
             base_model=model, rank=4, seed=0).model_id for name, key in keys.items()}

@@ -29,14 +29,16 @@ GATE = REPO / "rlcli" / "server" / "runtime" / "rlcli_tenants.py"
 
 
 def load_gate():
+    sys.path.insert(0, str(GATE.parent))  # its siblings (tenant_owners.py), as in the launcher
     spec = importlib.util.spec_from_file_location("rlcli_tenants_bench", GATE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def sdk_forward_backward(model_id: str) -> bytes:
-    """forward_backward's body exactly as the tinker SDK encodes it: 8 sequences of 64 tokens."""
+def sdk_forward_backward(model_id: str, seq_id: int = 1) -> bytes:
+    """forward_backward's body exactly as the tinker SDK encodes it: 8 sequences of 64 tokens. SkyRL answers a
+    repeated (model, seq_id) with the future it recorded first: a server-bound body needs a new seq_id each."""
     import tinker
     from tinker.proto.request_conv import forward_backward_request_to_proto
     from tinker.types import ForwardBackwardInput, ForwardBackwardRequest
@@ -44,7 +46,7 @@ def sdk_forward_backward(model_id: str) -> bytes:
     tokens = list(range(5, 70))
     datum = tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens[:-1]),
                          loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 64})
-    request = ForwardBackwardRequest(model_id=model_id, seq_id=1, forward_backward_input=ForwardBackwardInput(
+    request = ForwardBackwardRequest(model_id=model_id, seq_id=seq_id, forward_backward_input=ForwardBackwardInput(
         data=[datum] * 8, loss_fn="cross_entropy"))
     return forward_backward_request_to_proto(request).SerializeToString()
 

@@ -38,7 +38,8 @@ COMMANDS: dict[str, Any] = {
         "logs": "print (or follow) the server log",
         "restart": "stop, then start with the same settings",
         "install": "build or verify the server venv without starting",
-    })),
+    }) | {"worker": ("join another machine's multi-process jax server as one of its processes",
+                     "rlcli.server.scaling:worker")}),
     "demo": ("a short real job on the server: LoRA, SFT steps, save, sample", "rlcli.demo:demo"),
     "train": (
         "train a model on the server",
@@ -76,7 +77,18 @@ COMMANDS: dict[str, Any] = {
         "add": ("add a tenant and print its key once", "rlcli.tenants:add"),
         "list": ("list tenants and their quotas (never keys)", "rlcli.tenants:list_"),
         "revoke": ("remove a tenant; servers refuse its key from the next request", "rlcli.tenants:revoke"),
+        "orphans": ("list runs nobody owns (made before --tenants was on)", "rlcli.tenants:orphans"),
+        "claim": ("give runs nobody owns to a tenant (server stopped)", "rlcli.tenants:claim"),
     }),
+    "loop": ("the continual-learning loop: new traces -> train -> evaluate -> gate -> promote", _functions_of(
+        "rlcli.loop.commands", {
+            "init": "make a loop folder: loop.toml, the ledger, the frozen regression set",
+            "run": "run iterations: ingest, split, train, evaluate, gate, promote (resumes an unfinished one)",
+            "status": "the champion, the last iteration, what is pending",
+            "history": "every iteration as a table: data, runs, scores, decision, why",
+            "promote": "make an iteration's candidate the champion by hand",
+            "rollback": "move the champion alias back (the export follows)",
+        })),
     "model": ("the embedded tiny model", _functions_of("rlcli.model", {
         "install": "put the shipped model in RLCLI_HOME (no build) and print its folder",
         "build": "run the recipe that made the shipped model; say whether the bytes match",
@@ -147,6 +159,10 @@ def _add_function_args(parser: argparse.ArgumentParser, fn: Callable[..., Any]) 
             parser.add_argument(name, help=help_text, type=kind if kind in (int, float) else str,
                                 choices=fixed.get(name))
             continue
+        if name in _OPTIONAL_POSITIONALS.get(fn.__qualname__, ()):  # `rlcli loop rollback DIR [ITER]`
+            parser.add_argument(name, nargs="?", default=param.default, help=help_text,
+                                type=kind if kind in (int, float) else str, metavar=name.upper())
+            continue
         flags = ["--" + name.replace("_", "-"), *_ALIASES.get(name, ())]
         if kind is bool:
             parser.add_argument(*flags, dest=name, default=param.default, help=help_text,
@@ -157,6 +173,9 @@ def _add_function_args(parser: argparse.ArgumentParser, fn: Callable[..., Any]) 
             parser.add_argument(*flags, dest=name, default=param.default, type=typ, choices=fixed.get(name),
                                 help=help_text + shown, metavar=name.upper())
 
+
+# Defaulted parameters given by position, as fire takes them: {function name: parameters}.
+_OPTIONAL_POSITIONALS: dict[str, tuple[str, ...]] = {"rollback": ("iteration",)}
 
 # Short flags that read naturally in a pipeline (`rlcli import f -f openai -o out`).
 _ALIASES: dict[str, tuple[str, ...]] = {"format": ("-f",), "output": ("-o",), "follow": ("-f",), "lines": ("-n",)}

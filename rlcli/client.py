@@ -13,6 +13,7 @@ import os
 import urllib.error
 import urllib.request
 
+from rlcli.config import PLACEHOLDER_API_KEY
 from rlcli.errors import RlcliError, UsageError
 
 # SkyRL 0.4.0's messages, as the tinker client passes them on inside its exceptions' text.
@@ -42,6 +43,14 @@ def key_header() -> dict[str, str]:
     """The tenant key (TINKER_API_KEY, set by --api-key too) as the tinker client sends it: X-API-Key."""
     key = os.environ.get("TINKER_API_KEY")
     return {"X-API-Key": key} if key else {}
+
+
+def key_refused(base_url: str) -> str:
+    """What to say when the server answered 401 (a server started with --tenants): the one wording for it."""
+    key = os.environ.get("TINKER_API_KEY")
+    what = "refuses this key" if key and key != PLACEHOLDER_API_KEY else "wants a tenant key"
+    return (f"{base_url} {what}: set TINKER_API_KEY or pass --api-key (the server's owner makes one with "
+            "`rlcli tenant add NAME`)")
 
 
 def wait_future(base_url: str, request_id: str, timeout: float = 90.0, attempts: int = 20) -> dict:

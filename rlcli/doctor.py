@@ -109,6 +109,14 @@ def check_server_venv() -> Check:
                  "(~7 min; `serve start` does it too)")
 
 
+def check_processes() -> Check:
+    from rlcli.server import scaling
+
+    lib = config.server_venv_dir() / "lib"
+    site = next(iter(sorted(lib.glob("python3*/site-packages"))), None)
+    return Check("processes", *scaling.doctor_check(site))
+
+
 def _get_json(url: str, timeout: float = 3.0) -> dict:
     from rlcli.client import request_json
 
@@ -148,9 +156,9 @@ def check_api_key(srv: Server) -> Check:
         _get_json(f"{srv.url}/api/v1/training_runs?limit=1")
     except urllib.error.HTTPError as e:
         if e.code == 401:
-            what = "refuses this key" if key else "wants a tenant key"
-            return Check("api-key", "fail", f"{srv.url} {what}: set TINKER_API_KEY or pass --api-key (the server's "
-                         "owner makes one with `rlcli tenant add NAME`)")
+            from rlcli.client import key_refused
+
+            return Check("api-key", "fail", key_refused(srv.url))
         return Check("api-key", "warn", f"could not check the key: HTTP {e.code}")
     except (OSError, ValueError) as e:
         return Check("api-key", "warn", f"could not check the key: {e}")
@@ -318,6 +326,7 @@ def run_checks(srv: Server) -> list[Check]:
         ("database", check_database),
         ("backend", lambda: check_backend(srv)),
         ("cuda", check_cuda),
+        ("processes", check_processes),
         ("docker", check_docker),
         ("disk", check_disk),
         ("memory", lambda: check_memory(srv)),
@@ -335,7 +344,8 @@ def run_checks(srv: Server) -> list[Check]:
 
 
 def doctor(base_url: str | None = None, api_key: str | None = None) -> int:
-    """Check this machine and the server: Pythons, pins, venv, server, backend, CUDA, Docker, disk, memory, map count.
+    """Check this machine and the server: Pythons, pins, venv, server, backend, CUDA, processes, Docker, disk,
+    memory, map count.
 
     Args:
         base_url: server URL (default: TINKER_BASE_URL, else the managed server)

@@ -263,6 +263,73 @@ def plot_distill(rows: list[dict], scores: dict[str, dict]):
     return fig
 
 
+def loop_iterations(url: str, folder: Path, chats: int, **settings: Any) -> list[dict]:
+    """`rlcli loop init`, then one trace batch (rlcli.loop.batches) delivered per iteration and `rlcli loop
+    run --once` after each, as a person would; each iteration's row as the ledger records it."""
+    import shutil
+    from dataclasses import replace
+
+    from rlcli.loop import batches
+    from rlcli.loop import settings as loop_settings
+
+    made = batches.write_all(str(folder / "batches"), n=chats)
+    (folder / "inbox").mkdir(parents=True, exist_ok=True)
+    loop = folder / "loop"
+    rlcli("loop", "init", str(loop), "--traces", str(folder / "inbox"), "--regression", str(made[-1]),
+          "--base-url", url)
+    loop_settings.write(loop, replace(loop_settings.read(loop), **settings))
+    for batch in made[:-1]:
+        shutil.copy(batch, folder / "inbox")
+        rlcli("loop", "run", str(loop), "--once")
+    print(rlcli("loop", "history", str(loop)))
+    return loop_rows(loop)
+
+
+def loop_rows(loop: Path) -> list[dict]:
+    from rlcli.loop.ledger import opened
+
+    rows = []
+    with opened(loop) as ledger:
+        for it in ledger.iterations():
+            found = ledger.stage(it["n"], "evaluate") or {}
+            rows.append({"iteration": it["n"], "decision": it["decision"], "why": it["why"],
+                         "heldout": found.get("heldout"), "regression": found.get("regression")})
+    return rows
+
+
+def loop_result(rows: list[dict], params: dict) -> dict:
+    """What the loop notebook records: each iteration's decision and paired scores."""
+    return {"iterations": len(rows), "promoted": sum(r["decision"] == "promoted" for r in rows),
+            "decisions": [r["decision"] for r in rows],
+            **{f"{name}_{who}": [round(r[name][who], 4) if r[name] else None for r in rows]
+               for name in ("heldout", "regression") for who in ("champion", "candidate")},
+            "heldout_low": [round(r["heldout"]["low"], 4) if r["heldout"] else None for r in rows],
+            "params": params}
+
+
+def plot_loop(rows: list[dict]):
+    """Held-out and regression scores per iteration, champion vs candidate (the held-out gain's interval as a bar)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    scored = [r for r in rows if r["heldout"]]
+    x = [r["iteration"] for r in scored]
+    for ax, name in zip(axes, ("heldout", "regression"), strict=True):
+        ax.plot(x, [r[name]["champion"] for r in scored], "o-", label="champion")
+        ax.plot(x, [r[name]["candidate"] for r in scored], "s--", label="candidate")
+        if name == "heldout":
+            ax.errorbar(x, [r[name]["candidate"] for r in scored], fmt="none", ecolor="C1", capsize=4,
+                        yerr=[[r[name]["gain"] - r[name]["low"] for r in scored],
+                              [r[name]["high"] - r[name]["gain"] for r in scored]], label="gain interval")
+        for r in scored:
+            ax.annotate(r["decision"], (r["iteration"], r[name]["candidate"]), textcoords="offset points",
+                        xytext=(0, 8), ha="center", fontsize=8)
+        ax.set(xlabel="iteration", ylabel="correct share", title=f"{name} problems", ylim=(-0.05, 1.1), xticks=x)
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
 if __name__ == "__main__":  # python -m rlcli.lab portable FILE...
     if sys.argv[1:2] != ["portable"]:
         sys.exit("usage: python -m rlcli.lab portable FILE...")

@@ -8,6 +8,7 @@ input files (`*.in`), installed with `pip install --require-hashes --no-deps`.
 |---|---|---|
 | env/client.lock + env/torch-cpu.lock | env/client.in, dev.in, notebooks.in | `make venv` (CPython 3.11, x86_64) |
 | rlcli/server/env/server-jax.lock | rlcli/server/env/server-jax.in | the server venv (CPython 3.12, x86_64) |
+| rlcli/server/env/server-ray.lock | rlcli/server/env/server-ray.in (-c server-jax.lock) | Ray over it, when asked |
 
 The server lock ships inside the package (`rlcli serve install` builds from it after a plain `pip install`).
 torch has a lock of its own because the client's CPU build is not on PyPI: it comes from PyTorch's CPU index
@@ -48,6 +49,8 @@ LOCKS = (
     Lock("client", ("env/client.in", "env/dev.in", "env/notebooks.in"), "env/client.lock", "3.11",
          split_torch="env/torch-cpu.lock"),
     Lock("server-jax", ("rlcli/server/env/server-jax.in",), "rlcli/server/env/server-jax.lock", "3.12"),
+    # Ray over the jax venv, only when asked (`rlcli serve install --with ray`); constrained by the jax lock.
+    Lock("server-ray", ("rlcli/server/env/server-ray.in",), "rlcli/server/env/server-ray.lock", "3.12"),
 )
 # Checked with `uv pip compile` against PyPI: skyrl[fsdp] 0.4.0 needs flashinfer-jit-cache==0.6.18.post1 and
 # skyrl[megatron] 0.4.0 transformer-engine-cu13==2.16.0+cu.13.0, neither of which PyPI has.

@@ -12,11 +12,13 @@ request without a restart.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import secrets
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -24,6 +26,7 @@ from pathlib import Path
 from rlcli import config
 from rlcli.errors import UsageError
 from rlcli.files import staged_file
+from rlcli.server import process
 
 KEY_PREFIX = "tml-"  # the tinker client refuses keys without it
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -140,6 +143,72 @@ def revoke(name: str) -> int:
     _save(tenants)
     print(f"rlcli: tenant {name!r} revoked; running servers refuse its key from the next request",
           file=sys.stderr)
+    return 0
+
+
+def _owners_path(server: str) -> Path:
+    return config.server_state_dir(server) / OWNERS_FILE
+
+
+def _owned(server: str) -> dict[str, str]:
+    """run (model) id -> its tenant, as the server's owners record says."""
+    owned = {}
+    with contextlib.suppress(OSError):
+        for line in _owners_path(server).read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                kind, ident, tenant = json.loads(line)
+                if kind == "model":
+                    owned[ident] = tenant
+    return owned
+
+
+def orphans(server: str = "default") -> int:
+    """List the runs nobody owns: created before `serve start --tenants` was on, so no tenant can see them.
+
+    Args:
+        server: which managed server (its sqlite database; a Postgres one is not read here)
+    """
+    database = config.server_state_dir(server) / "tinker.db"
+    if not database.exists():
+        raise UsageError(f"no sqlite database at {database}: a server with --database-url keeps its runs in "
+                         "Postgres; list them there (`select model_id from models`) and `rlcli tenant claim` them")
+    with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+        runs = [row[0] for row in db.execute("select model_id from models order by created_at")]
+    owned = _owned(server)
+    for run in runs:
+        if run not in owned:
+            print(run)
+    return 0
+
+
+def claim(name: str, runs: str, server: str = "default") -> int:
+    """Give runs nobody owns (made before --tenants was on) to a tenant: its key then reaches them and their
+    checkpoints. Only while the server is stopped (a running one keeps who owns what in memory).
+
+    Args:
+        name: the tenant that gets the runs
+        runs: run (model) ids, comma-separated, as `rlcli tenant orphans` lists them
+        server: which managed server
+    """
+    if str(name) not in load():
+        raise UsageError(f"no tenant {name!r} (`rlcli tenant list` shows them)")
+    runs = [run.strip() for run in str(runs).split(",") if run.strip()]
+    if not runs:
+        raise UsageError("name the runs to claim (`rlcli tenant orphans` lists the runs nobody owns)")
+    state = process.read_state(config.server_state_dir(server))
+    if state is not None and process.live_members(state):
+        raise UsageError("the server is running and keeps who owns what in memory: `rlcli serve stop`, claim, "
+                         "then start it again")
+    owned = _owned(server)
+    taken = [f"{run} ({owned[run]})" for run in runs if run in owned]
+    if taken:
+        raise UsageError(f"already owned: {', '.join(taken)}; a run changes hands only from nobody")
+    path = _owners_path(server)
+    config.private_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as f:
+        f.writelines(json.dumps(["model", run, str(name)]) + "\n" for run in runs)
+    print(f"rlcli: {len(runs)} run(s) now belong to {name!r}", file=sys.stderr)
     return 0
 
 

@@ -346,21 +346,29 @@ def import_cmd(
         dedupe: drop conversations identical to one already written (counted as duplicate)
         join_trace: otel only: keep each trace's last LLM call (it holds the conversation so far)
     """
-    importer = otel.from_span if format == "otel" else IMPORTERS[format]
     if format != "langsmith" and (min_score is not None or feedback):
         raise UsageError("--min-score and --feedback apply to LangSmith runs; add -f langsmith or drop them")
     if join_trace and format != "otel":
         raise UsageError("--join-trace joins OpenTelemetry spans; add -f otel or drop it")
     run = Run(Options(drop_tools, drop_thinking, redact, dedupe), strict, skip_bad)
     try:
-        with _input(input) as lines, _output(output) as out, _no_cycle_collector():
-            if format == "langsmith":
-                langsmith(run, lines, out.write, min_score, feedback)
-            elif format == "otel":
-                traces.stream(run, lines, run.emitter(out.write), join_trace)
-            else:
-                run.stream(lines, importer, out.write)
+        convert(run, input, format, output, min_score, feedback, join_trace)
     except BrokenPipeError:  # `rlcli import ... | head`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     print(run.stats.summary(), file=sys.stderr)
     return 0
+
+
+def convert(run: Run, input: str, format: str, output: str, min_score: float | None = None,
+            feedback: str | None = None, join_trace: bool = False) -> Stats:
+    """One file (or stdin) through `run` into output: what import_cmd does, its tallies returned
+    (`rlcli loop` ingests each trace file this way)."""
+    importer = otel.from_span if format == "otel" else IMPORTERS[format]
+    with _input(input) as lines, _output(output) as out, _no_cycle_collector():
+        if format == "langsmith":
+            langsmith(run, lines, out.write, min_score, feedback)
+        elif format == "otel":
+            traces.stream(run, lines, run.emitter(out.write), join_trace)
+        else:
+            run.stream(lines, importer, out.write)
+    return run.stats

@@ -26,6 +26,11 @@ class DockerGone(SandboxError):
     """The Docker daemon itself stopped answering (stopped, crashed, restarted): every sandbox is affected."""
 
 
+# The verdicts of every DockerWatch that gave up in this process. The cookbook's RL loop counts a rollout that
+# raised as failed and trains on without it, so `train harbor` looks here after each step and stops.
+LOST: list[DockerGone] = []
+
+
 def docker_where() -> str:
     return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
@@ -90,8 +95,12 @@ class DockerWatch:
                     print("the Docker daemon answers again: going on", file=sys.stderr, flush=True)
                 else:
                     self.lost = task
+                    LOST.append(self.verdict())
         if self.lost:
-            raise gone_error(f" during rollout of {self.lost} and did not come back within {self.timeout_s:g}s "
-                             "(--docker-timeout)")
+            raise self.verdict()
+
+    def verdict(self) -> DockerGone:
+        return gone_error(f" during rollout of {self.lost} and did not come back within {self.timeout_s:g}s "
+                          "(--docker-timeout)")
 
 

@@ -30,7 +30,7 @@ from rlcli.harbor.images import prepare_images
 from rlcli.harbor.tasks import NetworkChoice, Task, load_tasks, split_tasks, tasks_hash
 from rlcli.train import rl_loop, run
 from rlcli.train.losses import Passes
-from rlcli.train.rl_loop import RlLoss, RlProgress, RlSettings
+from rlcli.train.rl_loop import RlLoss, RlSettings
 
 RECIPE_NAME = "rlcli_train_harbor"
 RESUME_KEYS = ("model", "renderer", "loss", "group_size", "groups_per_batch", "network", "reward_key", "seed")
@@ -52,14 +52,17 @@ class Settings(RlSettings):
 
 
 @contextlib.contextmanager
-def sandboxes(tasks: list[Task]) -> Iterator[Any]:
+def sandboxes(tasks: list[Task], folder: Path) -> Iterator[Any]:
     """Docker ready with every task's image built; the sandboxes this process made removed afterwards.
 
     A task whose image cannot be made stops training before the model is made (a run that silently
-    trained on fewer tasks than asked would be hard to compare): the line says which, and why.
+    trained on fewer tasks than asked would be hard to compare): the line says which, and why. A daemon
+    that went away and did not come back within --docker-timeout stops the run: the line says how to go on.
     """
     from rlcli.errors import RlcliError
+    from rlcli.harbor.daemon import LOST, DockerGone
     from rlcli.harbor.sandbox import remove_mine
+    from rlcli.train.folder import last_checkpoint
 
     client, failed = prepare_images(tasks)
     if failed:
@@ -67,10 +70,28 @@ def sandboxes(tasks: list[Task]) -> Iterator[Any]:
         name, why = next(iter(failed.items()))
         raise RlcliError(f"{len(failed)} task image(s) could not be made ({name}: {why}); leave them out with "
                          "--task-filter, or fix them")
+    LOST.clear()
     try:
         yield client
+    except DockerGone as e:
+        last = last_checkpoint(folder, "state_path")
+        saved = f"the last checkpoint is {last['name']}" if last else "no checkpoint was saved yet"
+        raise DockerGone(f"{e}; {saved}: start the daemon again (it removes this run's containers as it starts), "
+                         f"then rerun the same command with --log-path {folder} --resume") from None
     finally:
         remove_mine(client)  # whatever the rollouts could not remove themselves (Ctrl-C, a crash)
+
+
+class HarborProgress(rl_loop.RlProgress):
+    """RL's line per step; then, if the Docker daemon went away and did not come back, the run stops (the
+    cookbook trained on without the rollouts that failed, and would go on to save a final checkpoint)."""
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        from rlcli.harbor.daemon import LOST
+
+        super().log_metrics(metrics, step)
+        if LOST:
+            raise LOST[-1]
 
 
 def describe(plan: Any, source: str, train: list[Task], held: list[Task], s: Settings) -> str:
@@ -181,10 +202,10 @@ def train_harbor(dataset: str | None = None, loss: RlLoss = "gspo", loss_config:
                  command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, max_sandboxes=max_sandboxes,
                  save_every=save_every, max_steps=max_steps, network=network, reward_key=reward_key, seed=seed,
                  docker_timeout=docker_timeout)
-    progress = RlProgress(s.steps, plan.loss, plan.passes)
+    progress = HarborProgress(s.steps, plan.loss, plan.passes)
     job = run.Job(settings=s, summary=describe(plan, dataset, train, held, s),
                   digest=("tasks_sha256", tasks_hash(train + held)), same_input="the same --dataset and filters",
-                  resume_keys=RESUME_KEYS, progress=progress, around=lambda: sandboxes(train + held),
+                  resume_keys=RESUME_KEYS, progress=progress, around=lambda: sandboxes(train + held, t.folder),
                   info={"dataset": dataset, "tasks": [task.name for task in train],
                         "eval_tasks": [task.name for task in held]},
                   recipe=lambda folder, url: rl_loop.recipe(

@@ -34,8 +34,8 @@ def map_hardware(backend: str, gpus: int | None, nodes: int, tp: int) -> dict:
     if backend == "jax":
         if nodes > 1:
             raise UsageError(
-                "--nodes > 1 is for the fsdp/megatron backends (on Ray); multi-host jax needs "
-                "coordinator_address/num_processes in --backend-config"
+                "--nodes > 1 is for the fsdp/megatron backends (on Ray); the jax backend spreads over "
+                "processes: --processes N (and `rlcli serve worker` on other machines)"
             )
         out: dict = {}
         if tp > 1:

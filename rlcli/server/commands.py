@@ -16,7 +16,7 @@ from pathlib import Path
 from rlcli import config
 from rlcli.errors import RlcliError, UsageError
 from rlcli.server import backend_config as hw
-from rlcli.server import process, server_venv
+from rlcli.server import process, scaling, server_venv
 from rlcli.server.server_venv import Backend
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
@@ -91,6 +91,9 @@ def start(
     tenants: bool = False,
     insecure: bool = False,
     database_url: str | None = None,
+    processes: int = 1,
+    local_processes: int | None = None,
+    coordinator: str | None = None,
 ) -> int:
     """Start SkyRL's Tinker API server and wait until its engine serves requests.
 
@@ -107,7 +110,8 @@ def start(
         wait: seconds to wait for readiness; 0 returns once the processes are started
         python: a Python 3.12 interpreter to build the server venv with
         venv: the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv)
-        ray_address: address of an existing Ray cluster (fsdp/megatron, several nodes)
+        ray_address: address of an existing Ray cluster (fsdp/megatron several nodes; jax with --processes N:
+            every jax process a Ray actor)
         name: which managed server (one state folder each)
         extensions: load rlcli's server extensions (fused gspo on jax, clean LoRA slots, no polling waits,
             LoRA cost per adapter used); --no-extensions: stock SkyRL
@@ -118,6 +122,11 @@ def start(
         insecure: allow a non-loopback --host without --tenants (a trusted network only: SkyRL checks no keys)
         database_url: SkyRL's database, e.g. postgresql://USER:PASSWORD@HOST:5432/DB (default: RLCLI_DATABASE_URL,
             else sqlite in the server's folder); the password goes to the server as PGPASSWORD, never argv
+        processes: jax processes (JAX's distributed runtime, model and batch sharded over all: fsdp); the
+            engine is process 0, the others are workers in this server's process group
+        local_processes: how many of them run on this machine (default all); the rest join with `rlcli serve worker`
+        coordinator: HOST:PORT of the jax coordination service (default: a free loopback port); a non-loopback
+            one needs --insecure
     """
     if backend != "jax" and not hw.has_cuda():
         raise UsageError(f"the {backend} backend needs NVIDIA GPUs with CUDA and none was found; "
@@ -128,6 +137,8 @@ def start(
     backend_cfg = hw.map_hardware(backend, gpus, nodes, tp)
     backend_cfg.update(hw.parse_backend_config(backend_config))
     slots = hw.slot_config(backend, slots, backend_cfg)
+    local_workers = scaling.processes_config(backend, processes, local_processes, coordinator, gpus, tp, insecure,
+                                             backend_cfg, ray_address or os.environ.get("RAY_ADDRESS"))
     state_dir = config.private_dir(config.server_state_dir(name))
     old = process.read_state(state_dir)
     if old and process.live_members(old):
@@ -152,18 +163,23 @@ def start(
         if warning := map_count_warning(read_map_count()):
             print(f"rlcli: warning: {warning}", file=sys.stderr)
     venv_dir = server_venv.ensure_server_venv(backend, python, venv)
+    if backend_cfg.get("use_ray") and backend == "jax" and not server_venv.has_extra(venv_dir, "ray"):
+        raise UsageError(f"the jax backend on Ray needs Ray in the server venv {venv_dir}: "
+                         "`rlcli serve install --ray` adds it (server-ray.lock)")
     lock_fd = process.acquire_lock(state_dir)
     try:
         state = _spawn(venv_dir, state_dir, lock_fd, model, backend, host, port, backend_cfg,
-                       checkpoints_base, ray_address, extensions, tenant_env, db_url)
+                       checkpoints_base, ray_address, extensions, tenant_env, db_url, local_workers)
     finally:
         os.close(lock_fd)  # the launcher holds its own copy for as long as it lives
     state.settings = dict(base_model=model, backend=backend, host=host, port=port, gpus=gpus, nodes=nodes,
                           tp=tp, backend_config=backend_config, checkpoints_base=checkpoints_base,
                           python=python, venv=venv, ray_address=ray_address, extensions=extensions,
-                          slots=slots, tenants=tenants, insecure=insecure, database_url=database_url)
+                          slots=slots, tenants=tenants, insecure=insecure, database_url=database_url,
+                          processes=processes, local_processes=local_processes, coordinator=coordinator)
     process.write_state(state_dir, state)
     sized = f", {slots} LoRA slots" if slots else ""
+    sized += f", {processes} jax processes" if processes > 1 else ""
     print(f"rlcli: server {name!r} starting at {state.url} (backend {backend}{sized}, model {model}); "
           f"log: {process.layout(state_dir)['log']}", file=sys.stderr)
     if internal_key:
@@ -183,7 +199,7 @@ def start(
 def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: str, host: str, port: int,
            backend_cfg: dict, checkpoints_base: str | None, ray_address: str | None,
            extensions: bool = True, tenant_env: dict | None = None,
-           database_url: str | None = None) -> process.ServerState:
+           database_url: str | None = None, local_workers: int = 0) -> process.ServerState:
     paths = process.layout(state_dir)
     for key in ("checkpoints", "lora"):
         paths[key].mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -208,7 +224,7 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
     if tenant_env and "RLCLI_TENANTS_FILE" in tenant_env:  # runtime/rlcli_tenants.py, even with --no-extensions
         env["RLCLI_SERVER_EXTENSIONS"] = ",".join(filter(None, [env["RLCLI_SERVER_EXTENSIONS"], "rlcli_tenants"]))
     cmd = [str(venv_dir / "bin" / "python"), str(LAUNCHER), "supervise", "--log", str(paths["log"]),
-           "--max-log-bytes", str(MAX_LOG_BYTES), "--", *api_args]
+           "--max-log-bytes", str(MAX_LOG_BYTES), "--local-workers", str(local_workers), "--", *api_args]
     proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, pass_fds=(lock_fd,), env=env, cwd=state_dir,
                             umask=0o077)
@@ -297,6 +313,9 @@ def status(name: str = "default") -> int:
         detail += f" slots={state.settings['slots']} (raise with `rlcli serve start --slots N`)"
     if word == "running" and (warmed := _warmup_line(name)):
         detail += f"; {warmed}"
+    lost = scaling.lost_worker_line(process.tail(process.layout(config.server_state_dir(name))["log"], 200))
+    if word in ("dead", "unresponsive") and lost:
+        detail += f"; {lost}"
     if word == "dead" and members:
         detail += f"; leftover processes {members}: run `rlcli serve stop`"
     elif word == "dead":
@@ -356,16 +375,22 @@ def restart(wait: float = 600.0, name: str = "default") -> int:
     return start(**{**state.settings, "wait": wait, "name": name})
 
 
-def install(backend: Backend = "jax", python: str | None = None, venv: str | None = None) -> int:
+def install(backend: Backend = "jax", python: str | None = None, venv: str | None = None, ray: bool = False) -> int:
     """Build (or verify) the server venv from the lock in rlcli/server/env/, without starting a server.
 
     Args:
         backend: jax, fsdp or megatron
         python: a Python 3.12 interpreter to build it with
         venv: the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv)
+        ray: add Ray (server-ray.lock) for the jax backend on a Ray cluster; never installed unless asked
     """
     if backend != "jax" and not hw.has_cuda():
         raise UsageError(f"the {backend} backend needs NVIDIA GPUs with CUDA and none was found; "
                          "use --backend jax on this machine")
-    print(server_venv.ensure_server_venv(backend, python, venv))
+    if ray and backend != "jax":
+        raise UsageError(f"--ray adds Ray to the jax server venv; the {backend} backend's own extra brings Ray")
+    path = server_venv.ensure_server_venv(backend, python, venv)
+    if ray:
+        server_venv.ensure_extra(path, "ray")
+    print(path)
     return 0

@@ -131,6 +131,20 @@ def ensure_server_venv(backend: Backend = "jax", python: str | None = None, venv
     return path
 
 
+def ensure_extra(venv: Path, extra: str) -> None:
+    """Install an optional lock (server-EXTRA.lock, e.g. ray) over a built server venv, once."""
+    if is_complete(venv, extra):
+        return
+    _pip_install(venv, pins_file(extra))
+    with (venv / MARKER).open("a") as f:
+        f.write(f"{extra}:{_pins_digest(extra)}\n")
+
+
+def has_extra(venv: Path, extra: str) -> bool:
+    """The optional lock is installed in this venv (its marker), or the package is there some other way."""
+    return is_complete(venv, extra) or any(venv.glob(f"lib/python3*/site-packages/{extra}-*.dist-info"))
+
+
 def _progress(message: str) -> None:
     print(f"rlcli: {message}", file=sys.stderr, flush=True)
 

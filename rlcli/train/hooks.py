@@ -30,6 +30,11 @@ pyproject.toml, so a pin bump fails there first.
 - `response_weights`: the RL loop strips its action mask before forward_backward (`_remove_mask`),
   and the jax backend then weighs every token 1, dividing each sequence's loss by prompt + response
   length. Inside the block the mask travels as `weights` instead (explicit weights win), for every loss.
+- `failed_saves`: every checkpoint the cookbook saves goes through `checkpoint_utils.save_checkpoint_async`,
+  which records it in checkpoints.jsonl only once the server confirmed it. A save the server refuses
+  (its disk full, say) surfaced as a ValueError naming a request id; inside the block it ends the run
+  with one line naming the save and the server's reason. So does the RL loop's save of the sampler
+  weights it samples the next step from (`save_weights_and_get_sampling_client_async`).
 - `cookbook_logging`: the recipes log a rich table and a rendered example per step to the console;
   this keeps those in the run's logs.log, prints one line per step instead (a logger joined to the
   cookbook's MultiplexLogger), and adds rlcli's own figures to each step's metrics.jsonl row.
@@ -42,6 +47,7 @@ import functools
 import importlib
 import inspect
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -79,6 +85,11 @@ PATCHES = (
           "seeded_sampling: every sample call (sample_async goes through it)", ("            self.sample(",)),
     Patch("tinker_cookbook.checkpoint_utils", "CheckpointManager.maybe_save_async",
           "sl_checkpoints_name_the_next_batch: the SL recipe's periodic saves"),
+    Patch("tinker_cookbook.checkpoint_utils", "save_checkpoint_async", "failed_saves: every save, recorded "
+          "after the server confirmed it", ("await v.result_async() for k, v in futures.items()",
+                                            "save_checkpoint_async(\n")),
+    Patch("tinker", "TrainingClient.save_weights_and_get_sampling_client_async", "failed_saves: the RL loop's "
+          "sampler weights before each step"),
     Patch("tinker_cookbook.supervised.train", "Config.submit_ahead", "rlcli runs SL with submit_ahead=0",
           ('"batch": submitted.batch_idx,', "checkpoint_mgr.maybe_save_async(", "start_batch = resume_info.batch")),
     Patch("tinker_cookbook.rl.train", "tqdm", "quiet_rl_sampling",
@@ -273,6 +284,53 @@ def sl_checkpoints_name_the_next_batch() -> Iterator[None]:
         yield
     finally:
         CheckpointManager.maybe_save_async = original  # type: ignore[method-assign]
+
+
+SERVER_DETAIL = re.compile(r"""'detail': ['"](.*)['"]\}""", re.DOTALL)  # the last quote before the closing brace
+NO_SPACE = "No space left on device"
+
+
+def server_reason(error: Exception) -> str:
+    """The server's own words in a failed request (tinker wraps them in a ValueError or APIStatusError); a full
+    disk in one phrase (SkyRL passes on orbax's paragraph when the training state is the part that failed)."""
+    found = SERVER_DETAIL.search(str(error))
+    reason = found.group(1) if found else str(getattr(error, "message", None) or error)
+    return f"[Errno 28] {NO_SPACE}" if NO_SPACE in reason else reason[:300]
+
+
+@contextlib.contextmanager
+def failed_saves(message: Callable[[str, str], str]) -> Iterator[None]:
+    """Inside the block, a save the server answers with an error raises RlcliError(message(what was saved, the
+    server's reason)): a checkpoint (nothing is recorded for it: the cookbook writes the record after the save),
+    or the sampler weights the RL loop saves before each step to sample from (SkyRL keeps those on disk too)."""
+    from tinker_cookbook import checkpoint_utils
+
+    original, original_step = checkpoint_utils.save_checkpoint_async, \
+        tinker.TrainingClient.save_weights_and_get_sampling_client_async
+    signature = inspect.signature(original)
+
+    async def refused(what: Callable[[], str], call: Any) -> Any:
+        try:
+            return await call
+        except (ValueError, tinker.APIStatusError) as e:
+            if isinstance(e, ValueError) and not str(e).startswith("Error retrieving result"):
+                raise
+            raise RlcliError(message(what(), server_reason(e))) from e
+
+    async def save_checkpoint_async(*args: Any, **kwargs: Any) -> Any:
+        return await refused(lambda: f"checkpoint {signature.bind(*args, **kwargs).arguments['name']}",
+                             original(*args, **kwargs))
+
+    async def save_for_the_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return await refused(lambda: "the sampler weights to sample from", original_step(self, *args, **kwargs))
+
+    checkpoint_utils.save_checkpoint_async = save_checkpoint_async
+    tinker.TrainingClient.save_weights_and_get_sampling_client_async = save_for_the_step  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        checkpoint_utils.save_checkpoint_async = original
+        tinker.TrainingClient.save_weights_and_get_sampling_client_async = original_step  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

@@ -71,13 +71,17 @@ def check_numbers(**values: float | None) -> None:
 
 def resolve_model(model: str | None, base_url: str, required: bool) -> str:
     """The server's base model; --model must name it exactly (the engine refuses anything else)."""
-    from rlcli.client import server_base_model
+    import urllib.error
+
+    from rlcli.client import key_refused, server_base_model
 
     try:
         served = server_base_model(base_url)
     except (OSError, ValueError, KeyError, IndexError) as e:
         if model and not required:
             return model  # a dry run with --model needs no server
+        if isinstance(e, urllib.error.HTTPError) and e.code == 401:  # --tenants, and no key or a wrong one
+            raise UsageError(key_refused(base_url)) from None
         raise RlcliError(f"cannot reach a Tinker server at {base_url} ({e}): start one with "
                          "`rlcli serve start`, or pass --base-url") from None
     if model and model != served:
@@ -209,18 +213,31 @@ def gone_message(folder: Path, url: str, progress: ProgressLine) -> Callable[[fl
     return message
 
 
+def save_failed_message(folder: Path) -> Callable[[str, str], str]:
+    """The one line a run ends with when the server could not save one of its checkpoints."""
+    def message(what: str, reason: str) -> str:
+        last = runs.last_checkpoint(folder, "state_path")
+        saved = f"the last good checkpoint is {last['name']}" if last else "no checkpoint was saved before it"
+        fix = ("free space where the server keeps its checkpoints (`rlcli serve start --checkpoints-base`)"
+               if "No space left" in reason or "Errno 28" in reason else "fix that on the server")
+        return (f"the server could not save {what} ({reason}); nothing was recorded for it and {saved}: "
+                f"{fix}, then rerun the same command with --log-path {folder} --resume")
+    return message
+
+
 def run_recipe(folder: Path, url: str, job: Job, server_timeout: float = SERVER_TIMEOUT,
                first_step: int = 0) -> None:
     """The trainer's cookbook loop inside the hooks; whatever happens, the server slots it took are freed,
     and a server that stops answering for server_timeout seconds ends the run with one line. first_step: the
     step a resume begins at (the loops make one sampling client per step: its seeds continue from there)."""
     from rlcli import watchdog
-    from rlcli.train.hooks import cookbook_logging, seeded_lora, seeded_sampling
+    from rlcli.train.hooks import cookbook_logging, failed_saves, seeded_lora, seeded_sampling
 
     ensure_api_key()
     with (watchdog.watch(url, server_timeout, gone_message(folder, url, job.progress)) as watch,
           sigterm_as_interrupt(), server_slots(folder, url, job.settings.model, watch),
           seeded_lora(job.settings.seed), seeded_sampling(job.settings.seed, first_step),
+          failed_saves(save_failed_message(folder)),
           job.recipe(folder, url) as start, cookbook_logging(job.progress)):
         start()
 

@@ -30,7 +30,8 @@ from rlcli.train.folder import last_checkpoint, private_copy, read_jsonl
 
 RECIPE_NAME = "rlcli_train_sl"
 RENDER_CHECK = 64  # records rendered before a real run; --dry-run renders all
-RESUME_KEYS = ("model", "batch_size", "renderer", "seed")  # another value would make another run of the same folder
+# Another value would make another run of the same folder.
+RESUME_KEYS = ("model", "batch_size", "renderer", "seed", "load_checkpoint")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Settings(run.TrainSettings):
     epochs: int = 1
     max_length: int = 2048
     test_size: int = 0
+    load_checkpoint: str | None = None  # a training-state path the LoRA starts from (fresh optimizer)
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,8 @@ def describe(plan: Plan, data: Dataset, s: Settings, lr_source: str, lengths: li
         f"{plan.test_examples} test), sha256 {data.sha256[:12]}",
         f"plan: batch {plan.batch_size} x {plan.batches_per_epoch} steps per epoch x {plan.epochs} epochs"
         f" -> {plan.steps} steps ({plan.train_examples % plan.batch_size} examples left out per epoch)",
-        f"model: {s.model}  renderer: {s.renderer}  lr: {s.lr:g} ({lr_source})",
+        f"model: {s.model}  renderer: {s.renderer}  lr: {s.lr:g} ({lr_source})  "
+        f"start: {s.load_checkpoint or 'fresh LoRA rank ' + str(s.lora_rank)}",
         f"tokens ({scope} rendered): {tokens:,}, mean {tokens / max(len(lengths), 1):.0f} per example, "
         f"{truncated} cut at --max-length {s.max_length}, {empty} with nothing left to train on",
     ])
@@ -132,7 +135,7 @@ def train_sl(dataset: str | None = None, model: str | None = None, base_url: str
              max_steps: int | None = None, lora_rank: int = run.LORA_RANK, max_length: int = 2048,
              save_every: int = run.SAVE_EVERY, eval_every: int = 10, test_size: int = 0, log_path: str | None = None,
              resume: bool = False, dry_run: bool = False, seed: int = run.SEED,
-             server_timeout: float = run.SERVER_TIMEOUT) -> int:
+             server_timeout: float = run.SERVER_TIMEOUT, load_checkpoint: str | None = None) -> int:
     """Fine-tune a LoRA on chat JSONL with tinker-cookbook's supervised recipe, on the server.
 
     Args:
@@ -155,19 +158,24 @@ def train_sl(dataset: str | None = None, model: str | None = None, base_url: str
         dry_run: check the data, choose the renderer, print the plan; train nothing
         seed: the run's seed (the LoRA's initialisation; kept in the run folder, --resume keeps it)
         server_timeout: seconds the server may go without answering before the run stops (0: wait for ever)
+        load_checkpoint: start from these weights (fresh optimizer, the checkpoint's LoRA rank): a run folder
+            (its newest saved state) or tinker://RUN/weights/NAME
     """
     if not dataset:
         raise UsageError("pass --dataset FILE (a chat JSONL file), or --dataset - to read stdin")
     run.check_numbers(seed=seed, batch_size=batch_size, lr=lr, epochs=epochs, max_steps=max_steps, lora_rank=lora_rank,
                       max_length=max_length, save_every=save_every, eval_every=eval_every, test_size=test_size)
     data = read_dataset(dataset)
+    from rlcli.train.rl import checkpoint_state
+
+    state = checkpoint_state(load_checkpoint)
     plan = make_plan(len(data.records), batch_size, epochs, max_steps, test_size)
     t = run.target("sl", log_path, resume, resolve_base_url(base_url), model, renderer, dry_run, server_timeout)
     lr, lr_source = (lr, "--lr") if lr else run.default_lr(t.model)
     settings = Settings(model=t.model, renderer=t.renderer, train_on_what=renderers.train_on_what(data.records),
                         batch_size=batch_size, lr=lr, epochs=epochs, max_steps=max_steps, lora_rank=lora_rank,
                         max_length=max_length, save_every=save_every, eval_every=eval_every, test_size=test_size,
-                        seed=seed)
+                        seed=seed, load_checkpoint=state)
     sample = data.records if dry_run else data.records[:RENDER_CHECK]
     lengths = renderers.render_lengths(sample, t.model, t.renderer, max_length, settings.train_on_what, data.lines)
     job = run.Job(settings=settings, summary=describe(plan, data, settings, lr_source, lengths,
@@ -201,7 +209,8 @@ def recipe(folder: Path, url: str, data: Dataset, s: Settings) -> Iterator[Calla
         config = train.Config(log_path=str(folder), model_name=s.model, recipe_name=RECIPE_NAME,
                               renderer_name=s.renderer, dataset_builder=builder, learning_rate=s.lr,
                               num_epochs=s.epochs, lora_rank=s.lora_rank, base_url=url, save_every=s.save_every,
-                              eval_every=s.eval_every, max_steps=s.max_steps, submit_ahead=0)
+                              eval_every=s.eval_every, max_steps=s.max_steps, submit_ahead=0,
+                              load_checkpoint_path=s.load_checkpoint)
         yield lambda: asyncio.run(train.main(config))
 
 

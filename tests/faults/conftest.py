@@ -92,14 +92,13 @@ def wait_for(predicate, timeout_s: float, proc: subprocess.Popen | None = None, 
         time.sleep(0.1)
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    """A 4 MiB tmpfs that the test may fill; skipped where mounting is not permitted."""
-    mnt = tmp_path / "small-fs"
-    mnt.mkdir()
+@contextlib.contextmanager
+def tmpfs(mnt: Path, size: str):
+    """A tmpfs of `size` (4m, 32m) mounted at mnt for the block; skips the test where mounting is not permitted."""
+    mnt.mkdir(parents=True, exist_ok=True)
     if shutil.which("mount") is None:
         pytest.skip("no mount command on this machine")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mnt)],
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mnt)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or 'not root'}): the full-disk tests need one")
@@ -107,6 +106,13 @@ def small_fs(tmp_path):
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 4 MiB tmpfs that the test may fill; skipped where mounting is not permitted."""
+    with tmpfs(tmp_path / "small-fs", "4m") as mnt:
+        yield mnt
 
 
 def fill(folder: Path) -> Path:

@@ -1,6 +1,6 @@
-"""The Docker daemon dies during `rlcli harbor run`: the rollout in flight fails with the reason, the run stops
-with one line within a bounded time (or goes on when the daemon is back within --docker-timeout), and no
-rlcli container is left once the daemon is back.
+"""The Docker daemon dies during `rlcli harbor run` or `rlcli train harbor`: the rollout in flight fails with the
+reason, the run stops with one line within a bounded time (or goes on when the daemon is back within
+--docker-timeout), and no rlcli container is left once the daemon is back; a stopped training run resumes.
 
 The daemon killed is a private one this test starts (its own data root, exec root, socket, pid file and
 bridge, no iptables), never the machine's (nor its docker0): rlcli is pointed at it through DOCKER_HOST.
@@ -11,6 +11,7 @@ Skipped with the reason where a private dockerd cannot be started (not root, no 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -154,8 +155,8 @@ def dockerd():
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
-def sleepy_task(root: Path, name: str, seconds: int) -> Path:
-    """A task on the prebuilt base image whose solution sleeps, then passes."""
+def sleepy_task(root: Path, name: str, seconds: int, grading_s: int = 0) -> Path:
+    """A task on the prebuilt base image whose solution sleeps, then passes (its grading sleeps grading_s)."""
     task = root / name
     (task / "solution").mkdir(parents=True)
     (task / "tests").mkdir()
@@ -163,7 +164,7 @@ def sleepy_task(root: Path, name: str, seconds: int) -> Path:
     (task / "task.toml").write_text(f'version = "1.0"\n[agent]\ntimeout_sec = 120.0\n[verifier]\ntimeout_sec = 30.0\n'
                                     f'[environment]\ndocker_image = "{IMAGE}"\ncpus = 1\nmemory_mb = 256\n')
     (task / "solution" / "solve.sh").write_text(f"#!/bin/sh\nsleep {seconds}\ntouch /root/done\n")
-    (task / "tests" / "test.sh").write_text("#!/bin/sh\nmkdir -p /logs/verifier\n"
+    (task / "tests" / "test.sh").write_text(f"#!/bin/sh\nsleep {grading_s}\nmkdir -p /logs/verifier\n"
                                             "if [ -f /root/done ]; then r=1; else r=0; fi\n"
                                             "echo $r > /logs/verifier/reward.txt\n")
     return task
@@ -228,4 +229,64 @@ def test_docker_back_within_timeout_run_goes_on(dockerd, tmp_path):
     assert "error: the Docker daemon" in rows["a-first"], out  # in flight: failed with its reason
     assert "passed" in rows["b-second"], out  # after the daemon came back: ran as usual
     assert proc.returncode != 0  # one rollout failed
+    assert dockerd.rlcli_containers() == []
+
+
+# --- train harbor: the same faults while training ------------------------------------------------------
+
+
+def train_harbor(task: Path, folder: Path, dockerd: PrivateDockerd, server, docker_timeout: int, *flags: str):
+    """One step of one task, 2 rollouts of one short turn; grading sleeps, so the sandboxes live a while."""
+    env = dict(server.env, DOCKER_HOST=dockerd.host, TINKER_API_KEY="tml-faults")
+    return trainer("train", "harbor", "--dataset", str(task), "--max-steps", "1", "--groups-per-batch", "1",
+                   "--group-size", "2", "--max-turns", "1", "--max-tokens", "16", "--command-timeout", "5",
+                   "--network", "none", "--docker-timeout", str(docker_timeout), "--base-url", server.url,
+                   "--log-path", str(folder), *flags, env=env)
+
+
+@pytest.mark.server
+def test_train_harbor_docker_dies_and_stays_away_then_resumes(dockerd, server, tmp_path):
+    task, folder = sleepy_task(tmp_path / "tasks", "slow-grading", 0, grading_s=10), tmp_path / "run"
+    proc = train_harbor(task, folder, dockerd, server, TIMEOUT_S)
+    try:
+        wait_for_sandbox(dockerd, proc)
+        dockerd.kill9()
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=NOTICE_BOUND_S + 60)
+        noticed = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        dockerd.start()
+    line = last_line(err)
+    record("docker daemon killed during train harbor", seconds_to_notice=round(noticed, 1),
+           docker_timeout_s=TIMEOUT_S, exit_code=proc.returncode,
+           message=line.replace(dockerd.host, "unix://<private dockerd>"))
+    assert proc.returncode != 0 and "Traceback" not in err, err[-3000:]
+    assert line.startswith("rlcli: error: the Docker daemon") and "did not come back" in line, err[-3000:]
+    assert f"--log-path {folder} --resume" in line, line
+    assert dockerd.rlcli_containers() == []
+    done = train_harbor(task, folder, dockerd, server, 60, "--resume")
+    out, err = done.communicate(timeout=600)
+    assert done.returncode == 0, err[-3000:]
+    assert "resuming" in err and json.loads((folder / "checkpoints.jsonl").read_text().splitlines()[-1])["name"] \
+        == "final"
+
+
+@pytest.mark.server
+def test_train_harbor_docker_back_within_timeout_finishes(dockerd, server, tmp_path):
+    task, folder = sleepy_task(tmp_path / "tasks", "slow-grading", 0, grading_s=10), tmp_path / "run"
+    proc = train_harbor(task, folder, dockerd, server, 120)
+    try:
+        wait_for_sandbox(dockerd, proc)
+        dockerd.kill9()
+        time.sleep(1)  # the rollouts notice the daemon gone before it is back
+        dockerd.start()
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert "answers again" in err, err[-3000:]
+    assert len([line for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]) == 1
     assert dockerd.rlcli_containers() == []

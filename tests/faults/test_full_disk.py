@@ -1,5 +1,7 @@
 """A full disk fails the command with one line and leaves nothing half-written under a final name.
 
+The disk is the one under the output (export, import), the run folder, or the server's own checkpoint folder.
+
 Each test fills a real 4 MiB tmpfs to the last byte (tests/faults/conftest.py: skipped where mounting is not
 permitted), then frees it and shows the command (or the resumed run) completes.
 """
@@ -7,13 +9,15 @@ permitted), then frees it and shows the command (or the resumed run) completes.
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
 
+from rlcli.server.private import private_server
 from rlcli.train.folder import last_checkpoint
-from tests.conftest import REPO, run_rlcli
-from tests.faults.conftest import SL_DATA, fill, step_rows, trainer, wait_for
+from tests.conftest import REPO, run_rlcli, shared_server_venv
+from tests.faults.conftest import SL_DATA, fill, step_rows, tmpfs, trainer, wait_for
 from tests.faults.test_server_dies import last_line, record
 
 pytestmark = [pytest.mark.server, pytest.mark.faults]
@@ -77,3 +81,32 @@ def test_a_full_run_folder_stops_training_and_the_run_resumes(server, small_fs):
     lines = (folder / "checkpoints.jsonl").read_text().splitlines()
     assert all(json.loads(line)["name"] for line in lines)  # every record whole
     assert [r["step"] for r in step_rows(folder)] == list(range(12))
+
+
+def test_the_servers_checkpoint_folder_full_stops_training_and_the_run_resumes(embedded_model, tmp_path):
+    """A private server keeps its checkpoints on a 32 MiB tmpfs (one SL checkpoint of the embedded model, state
+    and sampler weights, takes ~4 MiB); it is filled after the first save, so the next save fails on the server."""
+    with (tmpfs(tmp_path / "ckpt-fs", "32m") as disk,
+          private_server(embedded_model, "--slots", "2", "--checkpoints-base", str(disk),
+                         venv=shared_server_venv()) as srv):
+        folder, env = tmp_path / "run", dict(srv.env, TINKER_API_KEY="tml-f")
+        args = ["train", "sl", "--dataset", str(SL_DATA), "--batch-size", "2", "--max-steps", "8", "--save-every",
+                "2", "--base-url", srv.url, "--log-path", str(folder)]
+        proc = trainer(*args, env=env)
+        wait_for(lambda: last_checkpoint(folder, "state_path") is not None, 600, proc, "the first checkpoint")
+        filler = fill(disk)
+        _, err = proc.communicate(timeout=300)
+        line, saved = last_line(err), [json.loads(r)["name"] for r in (folder / "checkpoints.jsonl").read_text()
+                                       .splitlines()]
+        record("server's checkpoint folder full during train sl", rc=proc.returncode, line=line)
+        assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
+        failed = re.match(r"rlcli: error: the server could not save checkpoint (\w+) \(.*No space left on device\); "
+                          r"nothing was recorded for it and the last good checkpoint is (\w+): free space", line)
+        assert failed and f"--log-path {folder} --resume" in line, err[-3000:]
+        assert failed.group(1) not in saved and failed.group(2) == saved[-1]  # the failed save left no record
+        filler.unlink()
+        done = run_rlcli(*args, "--resume", env=env, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"from checkpoint {saved[-1]}" in done.stderr
+        assert [r["step"] for r in step_rows(folder)] == list(range(8))
+        assert json.loads((folder / "checkpoints.jsonl").read_text().splitlines()[-1])["name"] == "final"

@@ -6,8 +6,9 @@ create_sampling_client naming both base_model and model_path is refused; a stock
 sampler checkpoint into its training model's own slot, over the live weights; without weights the
 loss of a sequence is divided by its full length, with the mask sent as weights by its response's.
 Then the command: recover (SFT moves the model away, distillation from the base brings the teacher
-KL down by more than half), a checkpoint teacher in a slot of its own with --resume, and a teacher
-on a second server. Sizes are the smallest that show it: a handful of steps, 2-4 prompts.
+KL down by more than half), a checkpoint teacher in a slot of its own with --resume, a teacher on a
+second server, and the two-server recipe (an RL run exported merged, served as the teacher). Sizes are
+the smallest that show it: a handful of steps, 2-4 prompts.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import pytest
 
 from rlcli.client import unload_model
 from rlcli.demo import DEMO_CHATS
+from rlcli.server.private import private_server
 from rlcli.train import hooks, metrics
 from rlcli.train.folder import MODELS_FILE
-from tests.conftest import run_rlcli
+from tests.conftest import run_rlcli, shared_server_venv
 from tests.integration.test_fused_gspo import clean_client, current_logprobs
 
 pytestmark = pytest.mark.server
@@ -206,6 +208,37 @@ def test_a_teacher_on_a_second_server(server, stock_server, tmp_path):
     row = rows(run / "metrics.jsonl")[0]
     assert abs(row[metrics.TEACHER_KL]) < 0.01  # a fresh LoRA is the base
     assert metrics.REWARD in row and "reward" in [ln for ln in proc.stderr.splitlines() if ln.startswith("step")][0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a second server starts (its engine compiles): minutes on a loaded 2-core machine
+def test_an_rl_run_exported_merged_teaches_a_base_student_from_a_second_server(server, tmp_path):
+    """The documented two-server recipe: `train rl` (gspo), `export --format merged`, `serve start --base-model`
+    of that folder on a second server, `train distill --teacher-url`. The export carries the base's tokenizer
+    byte for byte, so the tokenizer check passes; a fresh student starts at the base, away from the teacher."""
+    rl, start = tmp_path / "rl", time.monotonic()
+    run_rlcli("train", "rl", "--loss", "gspo", "--dataset", "arithmetic", "--max-operand", "9", "--max-steps", "3",
+              "--batch-size", "4", "--group-size", "4", "--max-tokens", "8", "--lr", "1e-2", "--eval-every", "0",
+              "--save-every", "0", "--base-url", server.url, "--log-path", str(rl), env=server.env, timeout=600,
+              check=True)
+    merged = tmp_path / "rl-merged"
+    run_rlcli("export", rows(rl / "checkpoints.jsonl")[-1]["sampler_path"], "--format", "merged", "-o", str(merged),
+              "--base-url", server.url, env=server.env, timeout=300, check=True)
+    print(f"train rl and export: {time.monotonic() - start:.0f}s")
+    with private_server(merged, "--slots", "1", venv=shared_server_venv()) as teacher:
+        print(f"teacher server started in {teacher.start_s:.0f}s")
+        proc = distill(server.env, server.url, tmp_path / "student", "--prompts", "arithmetic", "--max-operand", "9",
+                       "--teacher-url", teacher.url, *TINY, "--batch-size", "4", "--max-steps", "8", "--lr", "5e-3",
+                       "--eval-size", "8", "--eval-every", "7")
+    assert f"the base model {merged} of the server at {teacher.url}" in proc.stderr  # the tokenizer check passed
+    found = rows(tmp_path / "student" / "metrics.jsonl")
+    kl = [m[metrics.TEACHER_KL] for m in found]
+    held_out = [m[metrics.TEST_TEACHER_KL] for m in found if metrics.TEST_TEACHER_KL in m]
+    print(f"teacher KL per step {np.round(kl, 3).tolist()}; held-out {np.round(held_out, 3).tolist()}")
+    # The batch KL (4 prompts x 2 samples of a few tokens) swings by a nat from step to step; the held-out KL,
+    # on the same 8 prompts each time, is the signal.
+    assert len(kl) == 8 and len(held_out) == 2 and held_out[0] > 0.1  # the RL teacher is not the base
+    assert held_out[-1] < held_out[0] / 2
 
 
 def test_train_rl_with_a_kl_penalty_against_the_base(server, tmp_path):

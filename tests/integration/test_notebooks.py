@@ -85,8 +85,20 @@ def test_distill_notebook_records_the_teacher_kl(server, tmp_path):
     result = execute("distill", tmp_path, dict(sl_epochs=2, steps=2, batch_size=2, group_size=2, max_tokens=4,
                                                eval_size=2, eval_every=1, eval_samples=1, base_url=server.url,
                                                run_dir=str(tmp_path / "run"), rl_steps=1, rl_batch_size=2,
-                                               rl_group_size=2, compress_steps=1))
+                                               rl_group_size=2, compress_steps=1, compress_batch_size=2,
+                                               compress_group_size=2))
     assert_finite(result, ("teacher_kl_first_fifth", "teacher_kl_last_fifth", "heldout_kl_first", "heldout_kl_last"))
     assert result["steps"] == 2 and result["heldout_problems"] == 2
     assert all(0 <= result[f"heldout_correct_{k}"] <= 1 for k in ("base", "sft", "distilled"))
     assert result["compress"]["steps"] == 1 and 0 <= result["compress"]["heldout_correct_student"] <= 1
+
+
+@pytest.mark.timeout(900)
+def test_continual_loop_notebook_records_three_iterations(server, tmp_path):
+    result = execute("continual_loop", tmp_path, dict(chats=16, steps=2, max_tokens=8, eval_limit=4,
+                                                      base_url=server.url, run_dir=str(tmp_path / "run")))
+    assert result["iterations"] == 3 and len(result["decisions"]) == 3
+    assert all(d in ("promoted", "rejected", "skipped") for d in result["decisions"])
+    scores = [v for k in ("heldout_champion", "heldout_candidate", "regression_champion", "regression_candidate")
+              for v in result[k] if v is not None]
+    assert scores and all(0 <= v <= 1 for v in scores)

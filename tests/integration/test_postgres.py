@@ -1,66 +1,23 @@
 """SkyRL's state in a real Postgres (`serve start --database-url`), with tenants: train, isolate, list.
 
-The test starts its own Postgres (Debian's `postgresql` package: initdb into a temp folder, a loopback
-port, password auth) and skips, saying why, where that package is not installed.
+The Postgres is the tests' own (tests/integration/conftest.py: Debian's `postgresql` package, a temp
+folder, a loopback port, password auth); skipped, saying why, where that package is not installed.
+test_tenants.py runs its keys, isolation, listing, quota and revoke tests on Postgres too.
 """
 
 from __future__ import annotations
 
-import glob
 import os
-import pwd
-import secrets
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from rlcli.server.private import free_port, private_server
+from rlcli.server.private import private_server
 from tests.conftest import run_rlcli, shared_server_venv
 from tests.integration.test_tenants import _alice_trains, call
 
 pytestmark = pytest.mark.server
-
-
-def _pg_bin() -> Path | None:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    return Path(found[-1]).parent if found else None
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    """postgresql://rlcli:PASSWORD@127.0.0.1:PORT/postgres, stopped and removed at the end."""
-    bindir = _pg_bin()
-    if bindir is None:
-        pytest.skip("no Postgres server here: `apt-get install -y postgresql` (Debian) installs the one this uses")
-    folder = Path(tempfile.mkdtemp(prefix="rlcli-pg-"))
-    as_user: list[str] = []
-    if os.geteuid() == 0:  # initdb refuses root: run the cluster as Debian's postgres user
-        try:
-            pg = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and there is no postgres user to run the cluster as")
-        os.chown(folder, pg.pw_uid, pg.pw_gid)
-        as_user = ["runuser", "-u", "postgres", "--"]
-    password, port = secrets.token_hex(12), free_port()
-    pwfile = folder / "pw"
-    pwfile.write_text(password)
-    if as_user:
-        os.chown(pwfile, pwd.getpwnam("postgres").pw_uid, -1)
-    data = folder / "data"
-    subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(data), "-U", "rlcli", "--auth=scram-sha-256",
-                    f"--pwfile={pwfile}"], check=True, capture_output=True, timeout=120)
-    opts = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={folder}"
-    subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(folder / "log"),
-                    "-w", "start"], check=True, capture_output=True, timeout=120)
-    try:
-        yield f"postgresql://rlcli:{password}@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([*as_user, str(bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"],
-                       capture_output=True, timeout=120)
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_tenants_on_postgres(postgres, tmp_path_factory, embedded_model, monkeypatch):

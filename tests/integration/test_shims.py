@@ -36,7 +36,7 @@ print("shims ok")
 """
 
 # In this order (see the module's docstring); "shims" is CHECK above, the others are runtime/<name>.py.
-ORDER = ["rlcli_slots", "rlcli_wake", "rlcli_warmup", "rlcli_samplers", "shims", "rlcli_lora"]
+ORDER = ["rlcli_slots", "rlcli_wake", "rlcli_warmup", "rlcli_fair", "rlcli_samplers", "shims", "rlcli_lora"]
 DRIVER = """
 import contextlib, io, json, runpy, sys, traceback
 runtime, check, order = json.loads(sys.stdin.read())
@@ -100,6 +100,11 @@ def test_sampler_extension_targets_the_pinned_skyrl(checks):
 def test_warmup_extension_targets_the_pinned_skyrl(checks):
     """runtime/rlcli_warmup.py wraps the jax backend's passes, create_model and the engine's run."""
     assert passed(checks, "rlcli_warmup", "present"), checks["rlcli_warmup"]["out"][-2000:]
+
+
+def test_fair_extension_targets_the_pinned_skyrl(checks):
+    """runtime/rlcli_fair.py chooses in TinkerEngine._load_requests, called by the engine's finders."""
+    assert passed(checks, "rlcli_fair", "present"), checks["rlcli_fair"]["out"][-2000:]
 
 
 def test_a_failing_check_fails_only_its_own_test():

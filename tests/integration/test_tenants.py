@@ -1,7 +1,9 @@
 """A server a team shares (`serve start --tenants`): keys, deny by default, isolation, quotas, revoke.
 
-One dedicated real server for this module (the session server runs without tenants). Tenants: alice
-(at most 2 models) and bob (at most 1 model), added with `rlcli tenant add` in the server's home.
+One dedicated real server for this module (the session server runs without tenants), and a second one
+with SkyRL's state in the tests' own Postgres (`--database-url`) for the key, isolation, listing, quota and
+revoke tests. Tenants: alice (at most 2 models), bob (at most 1 model) and carol (no limit, for the
+notebook), added with `rlcli tenant add` in the server's home.
 """
 
 from __future__ import annotations
@@ -38,19 +40,28 @@ def call(url: str, method: str = "GET", payload: dict | None = None, key: str | 
         return e.code, answer, e.headers
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory, embedded_model):
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def shared(request, tmp_path_factory, embedded_model):
+    """One server per database: SkyRL's default sqlite, then the tests' own Postgres (conftest.py)."""
+    database = ["--database-url", request.getfixturevalue("postgres")] if request.param == "postgres" else []
     home = tmp_path_factory.mktemp("rlcli-tenants-home")
     keys = {}
-    for name, quota in (("alice", "2"), ("bob", "1")):
+    for name, quota in (("alice", "2"), ("bob", "1"), ("carol", None)):
         env = dict(os.environ, RLCLI_HOME=str(home))
-        proc = run_rlcli("tenant", "add", name, "--max-models", quota, env=env, check=True, timeout=60)
+        limit = ["--max-models", quota] if quota else []
+        proc = run_rlcli("tenant", "add", name, *limit, env=env, check=True, timeout=60)
         keys[name] = proc.stdout.strip()
     assert (home / "tenants.json").stat().st_mode & 0o077 == 0
     assert all(k.startswith("tml-") and k not in (home / "tenants.json").read_text() for k in keys.values())
-    with private_server(embedded_model, "--tenants", "--slots", "3", home=home, venv=shared_server_venv(),
-                        timeout=900) as srv:
+    with private_server(embedded_model, "--tenants", "--slots", "3", *database, home=home,
+                        venv=shared_server_venv(), timeout=900) as srv:
         yield srv, keys
+
+
+def sqlite_only(request) -> None:
+    """Training and the CLI do not depend on where SkyRL keeps its state: once (sqlite) is enough."""
+    if request.node.callspec.params.get("shared") == "postgres":
+        pytest.skip("on Postgres this module runs the key, isolation, listing, quota and revoke tests only")
 
 
 def test_every_route_is_checked_or_public(shared):
@@ -94,8 +105,9 @@ def _alice_trains(srv, key: str, monkeypatch):
     return client, path
 
 
-def test_two_tenants_train_and_sample_at_once(shared):
+def test_two_tenants_train_and_sample_at_once(shared, request):
     """alice and bob, each through a stock tinker client with its own key, at the same time."""
+    sqlite_only(request)
     import threading
 
     import tinker
@@ -128,6 +140,7 @@ def test_two_tenants_train_and_sample_at_once(shared):
     for t in threads:
         t.join(timeout=600)
     assert errors == [] and set(results) == {"alice", "bob"}, errors
+    assert "[rlcli_fair 1.0] the engine takes pending work round-robin" in srv.log.read_text()
     assert all(n > 0 for _, n in results.values())
     for name, other in (("alice", "bob"), ("bob", "alice")):
         listing = call(srv.url + "/api/v1/training_runs", key=keys[name])[1]["training_runs"]
@@ -240,7 +253,8 @@ def test_weight_decay_refused_and_quota_answers_429(shared, monkeypatch):
     call(f"{api}/retrieve_future", "POST", {"request_id": second["request_id"]}, key=bob)
 
 
-def test_cli_takes_the_key_and_doctor_checks_it(shared):
+def test_cli_takes_the_key_and_doctor_checks_it(shared, request):
+    sqlite_only(request)
     srv, keys = shared
     env = dict(srv.env, TINKER_BASE_URL=srv.url)
     env.pop("TINKER_API_KEY", None)
@@ -269,3 +283,30 @@ def test_revoke_takes_effect_on_the_next_request(shared):
     run_rlcli("tenant", "revoke", "bob", env=srv.env, check=True, timeout=60)
     assert call(url, key=keys["bob"])[0] == 401
     assert call(url, key=keys["alice"])[0] == 200
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_notebook_takes_the_key_from_the_environment(shared, request, tmp_path, monkeypatch):
+    """learning_curve.ipynb, unchanged, against the shared server: refused in one line without a key, trains
+    with TINKER_API_KEY in the environment only (the kernel and the commands it runs inherit it)."""
+    sqlite_only(request)
+    import papermill  # the notebook tests' dependencies (env/notebooks.txt)
+
+    from tests.integration.test_notebooks import NOTEBOOKS, execute
+
+    srv, keys = shared
+    parameters = dict(sl_steps=2, rl_steps=1, base_url=srv.url, run_dir=str(tmp_path / "run"))
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    with pytest.raises(papermill.PapermillExecutionError) as refused:
+        papermill.execute_notebook(str(NOTEBOOKS / "learning_curve.ipynb"), str(tmp_path / "refused.ipynb"),
+                                   parameters={**parameters, "results_dir": str(tmp_path / "refused")},
+                                   cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False,
+                                   execution_timeout=600)
+    errors = [line for line in refused.value.evalue.splitlines() if line.startswith("rlcli: error:")]
+    assert len(errors) == 1 and "TINKER_API_KEY" in errors[0], refused.value.evalue
+    monkeypatch.setenv("TINKER_API_KEY", keys["carol"])
+    result = execute("learning_curve", tmp_path, parameters)
+    assert result["sl_steps"] == 2 and result["rl_steps"] == 1
+    runs = call(srv.url + "/api/v1/training_runs", key=keys["carol"])[1]["training_runs"]
+    assert len(runs) == 2  # the notebook's SFT and RL runs, carol's

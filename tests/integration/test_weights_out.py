@@ -202,7 +202,7 @@ def test_doctor_against_the_live_server(server):
     lines = proc.stdout.strip().splitlines()
     names = [line.split()[1] for line in lines[:-1]]
     assert names == ["client-python", "server-python", "tinker-pins", "server-venv", "server", "api-key", "database",
-                     "backend", "cuda", "docker", "disk", "memory", "map-count"], proc.stdout
+                     "backend", "cuda", "processes", "docker", "disk", "memory", "map-count"], proc.stdout
     assert lines[4].startswith("ok    server") and lines[7].startswith("ok    backend"), proc.stdout
     # this server checks no keys and keeps sqlite
     assert lines[5].startswith("ok    api-key") and lines[6].startswith("ok    database"), proc.stdout

@@ -350,3 +350,22 @@ def test_the_watch_stops_the_run_when_the_daemon_stays_away(monkeypatch, tmp_pat
         asyncio.run(watch.check("t"))
     with pytest.raises(DockerGone):  # every later rollout stops too, without waiting again
         asyncio.run(watch.check("u"))
+
+
+def test_train_harbor_stops_after_the_step_in_which_docker_was_lost(monkeypatch, tmp_path):
+    """The cookbook trains on without a rollout that raised: the line after that step raises the verdict."""
+    import asyncio
+    import io
+
+    from rlcli.harbor import daemon
+    from rlcli.harbor.train import HarborProgress
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")
+    monkeypatch.setattr(daemon, "LOST", [])
+    progress = HarborProgress(2, "gspo", 1, stream=io.StringIO())
+    progress.log_metrics({"progress/batch": 0}, step=0)  # Docker answered (or was never asked): goes on
+    with pytest.raises(daemon.DockerGone):
+        asyncio.run(daemon.DockerWatch(0.2).check("t"))  # the rollout's failure: swallowed by the cookbook
+    with pytest.raises(daemon.DockerGone, match="did not come back within 0.2s"):
+        progress.log_metrics({"progress/batch": 1}, step=1)
+    assert "step 2/2" in progress.stream.getvalue()  # the step's line is printed first

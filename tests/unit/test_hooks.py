@@ -55,3 +55,54 @@ def test_hooks_put_back_what_they_replace():
         assert ml_log.setup_logging is not before[2] and ml_log.configure_logging_module is not before[3]
     assert (tinker.TrainingClient.__init__, train.tqdm, ml_log.setup_logging,
             ml_log.configure_logging_module) == before
+
+
+def test_a_save_the_server_refuses_is_one_line_and_leaves_no_record(tmp_path, monkeypatch):
+    import asyncio
+
+    from tinker_cookbook import checkpoint_utils
+
+    from rlcli.train.run import save_failed_message
+
+    (tmp_path / "checkpoints.jsonl").write_text('{"name": "000002", "state_path": "tinker://m/weights/000002"}\n')
+
+    async def refused(training_client, name, log_path, loop_state, **kwargs):
+        raise ValueError("Error retrieving result: Error code: 400 - {'detail': '[Errno 28] No space left on "
+                         "device'} (status 400) for self.request_id='16' — exceeded 3 retries")
+
+    monkeypatch.setattr(checkpoint_utils, "save_checkpoint_async", refused)
+    with hooks.failed_saves(save_failed_message(tmp_path)), pytest.raises(RlcliError) as raised:
+        asyncio.run(checkpoint_utils.save_checkpoint_async(training_client=None, name="000004",
+                                                           log_path=str(tmp_path), loop_state={}))
+    assert str(raised.value).startswith("the server could not save checkpoint 000004 ([Errno 28] No space left on "
+                                        "device); nothing was recorded for it and the last good checkpoint is 000002")
+    assert f"--log-path {tmp_path} --resume" in str(raised.value)
+    assert checkpoint_utils.save_checkpoint_async is refused  # put back
+
+
+def test_the_rl_loops_save_for_its_next_step_refused_is_one_line_too(tmp_path, monkeypatch):
+    import asyncio
+
+    import tinker
+
+    from rlcli.train.run import save_failed_message
+
+    async def refused(self, *args, **kwargs):
+        raise ValueError("Error retrieving result: Error code: 400 - {'detail': '[Errno 28] No space left on "
+                         "device'} (status 400) for self.request_id='9' — exceeded 3 retries")
+
+    monkeypatch.setattr(tinker.TrainingClient, "save_weights_and_get_sampling_client_async", refused)
+    with hooks.failed_saves(save_failed_message(tmp_path)), pytest.raises(RlcliError) as raised:
+        asyncio.run(tinker.TrainingClient.save_weights_and_get_sampling_client_async(None))
+    assert str(raised.value).startswith("the server could not save the sampler weights to sample from ([Errno 28]")
+    assert "no checkpoint was saved before it" in str(raised.value)
+    assert tinker.TrainingClient.save_weights_and_get_sampling_client_async is refused
+
+
+def test_the_servers_reason_for_a_full_disk_is_one_phrase_however_it_is_worded():
+    orbax = ("Error retrieving result: Error code: 400 - {'detail': 'RESOURCE_EXHAUSTED: Error writing \"x\" in OCDBT "
+             "database: Failed to write 696237 bytes to file 15: No space left on device [os_error_code=28]'} "
+             "(status 400) for self.request_id='16' — exceeded 3 retries")
+    assert hooks.server_reason(ValueError(orbax)) == "[Errno 28] No space left on device"
+    other = "Error retrieving result: Error code: 400 - {'detail': 'Model 'm' not loaded'} (status 400)"
+    assert hooks.server_reason(ValueError(other)) == "Model 'm' not loaded"

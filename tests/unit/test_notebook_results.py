@@ -13,7 +13,7 @@ NOTEBOOKS = REPO / "notebooks"
 
 def test_recorded_results_are_there_and_sane():
     results = {p.stem: json.loads(p.read_text()) for p in (NOTEBOOKS / "results").glob("*.json")}
-    assert set(results) == {"fused_vs_2pass", "learning_curve", "gsm8k", "distill"}, sorted(results)
+    assert set(results) == {"fused_vs_2pass", "learning_curve", "gsm8k", "distill", "continual_loop"}, sorted(results)
     for name in results:
         assert (NOTEBOOKS / "results" / f"{name}.ipynb").is_file(), f"no executed copy of {name}"
     fused = results["fused_vs_2pass"]
@@ -30,3 +30,6 @@ def test_recorded_results_are_there_and_sane():
     compress = distill["compress"]  # a rank-4 student of a rank-32 RL teacher: the KL falls
     assert compress["teacher_kl_last_fifth"] < compress["teacher_kl_first_fifth"]
     assert compress["heldout_correct_teacher"] > compress["heldout_correct_base"]
+    loop = results["continual_loop"]  # three batches, three iterations; the first teaches what the base lacks
+    assert loop["iterations"] == 3 and loop["decisions"][0] == "promoted" and loop["promoted"] >= 1
+    assert loop["heldout_candidate"][0] > loop["heldout_champion"][0] and loop["heldout_low"][0] > 0

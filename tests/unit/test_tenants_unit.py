@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import sys
 
 import pytest
 
@@ -20,6 +21,8 @@ def home(tmp_path, monkeypatch):
 
 
 def gate_module():
+    if str(commands.RUNTIME_DIR) not in sys.path:  # its siblings (tenant_owners.py), as in the launcher
+        sys.path.insert(0, str(commands.RUNTIME_DIR))
     spec = importlib.util.spec_from_file_location("rlcli_tenants_under_test", commands.RUNTIME_DIR / "rlcli_tenants.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -203,3 +206,28 @@ def test_gate_refuses_a_body_it_cannot_read(home, capsys):
              "headers": [(b"x-api-key", key.encode()), (b"content-type", b"application/octet-stream")]}
     asyncio.run(middleware(scope, receive, send))
     assert reached == [] and sent[0]["status"] == 422
+
+
+def test_runs_from_before_tenants_are_listed_and_claimed(home, capsys):
+    import sqlite3
+
+    from rlcli import config
+
+    state = config.server_state_dir("default")
+    state.mkdir(parents=True)
+    with sqlite3.connect(state / "tinker.db") as db:  # SkyRL's models table, as far as orphans reads it
+        db.execute("create table models (model_id text, created_at text)")
+        db.executemany("insert into models values (?, ?)", [("model_old", "1"), ("model_new", "2")])
+    (state / tenants.OWNERS_FILE).write_text('["model", "model_new", "alice"]\n')
+    tenants.add("alice")
+    tenants.add("bob")
+    capsys.readouterr()
+    assert tenants.orphans() == 0 and capsys.readouterr().out.split() == ["model_old"]
+    with pytest.raises(UsageError, match="already owned: model_new"):
+        tenants.claim("bob", "model_old,model_new")
+    with pytest.raises(UsageError, match="no tenant 'carol'"):
+        tenants.claim("carol", "model_old")
+    assert tenants.claim("bob", "model_old") == 0
+    assert tenants.orphans() == 0 and capsys.readouterr().out.split() == []
+    assert gate_module().Owners(state / tenants.OWNERS_FILE).owner == {"model_new": "alice", "model_old": "bob"}
+    assert tenants.models_held() == {"alice": 1, "bob": 1}

@@ -322,3 +322,13 @@ def test_default_lr_is_measured_for_the_embedded_model_and_the_cookbooks_elsewhe
     assert run.default_lr(embedded_model) == (run.EMBEDDED_LR, "measured for the embedded model")
     assert run.default_lr("Qwen/Qwen3-4B-Instruct-2507")[0] == get_lr("Qwen/Qwen3-4B-Instruct-2507", is_lora=True)
     assert run.default_lr("openai/gpt-oss-20b")[0] == run.UNCALIBRATED_LR  # a family get_lr does not calibrate
+
+
+def test_load_checkpoint_is_in_the_plan_and_a_folder_without_state_is_refused(tmp_path, capsys):
+    model = str(REPO / "rlcli" / "assets" / "rlcli-tiny-qwen3-v1")
+    assert sl.train_sl(dataset=str(FIXTURE), model=model, base_url="http://127.0.0.1:9", dry_run=True,
+                       load_checkpoint="tinker://r/weights/w") == 0
+    assert "start: tinker://r/weights/w" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="--load-checkpoint"):
+        sl.train_sl(dataset=str(FIXTURE), model=model, base_url="http://127.0.0.1:9", dry_run=True,
+                    load_checkpoint=str(tmp_path))

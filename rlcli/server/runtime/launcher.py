@@ -15,6 +15,10 @@ process group that `rlcli serve stop` ends as a whole. Three roles:
   under uvicorn, as `python -m skyrl.tinker.api` would.
 - engine: runs SkyRL's engine (`python -m skyrl.tinker.engine`); started by
   the API through the shimmed engine command.
+- worker (jax backend, several processes): joins JAX's distributed runtime as
+  process K and serves SkyRL's worker loop (distributed.py). The supervisor
+  starts --local-workers of them next to the API and stops the server when one
+  dies; `rlcli serve worker` runs one on another machine.
 - preload (jax backend): started by the supervisor next to the API, it imports
   the engine's modules while the API starts, then waits for the API's engine
   command to hand it the engine's flags and environment and runs the engine
@@ -100,8 +104,16 @@ def run_engine(argv: list[str]) -> int:
 
 
 def _start_engine(argv: list[str]) -> None:
+    import distributed
+
     sys.argv = [sys.argv[0], "engine", *argv]  # extensions read the engine's flags from here
+    several = distributed.settings_from_engine_argv(argv)
+    if several:  # the runtime before the extensions: they run jax code as they load (distributed.py)
+        distributed.initialize(*several, process_id=0)
+        distributed.broadcast_delete_model()
     _load_extensions("engine")
+    if several:
+        distributed.agree(0, several[1], os.environ.get("RLCLI_SERVER_EXTENSIONS", ""))
     from skyrl.tinker import engine
 
     sys.argv = ["skyrl.tinker.engine", *argv]
@@ -223,7 +235,7 @@ def _preloads(api_argv: list[str]) -> bool:
     return "--backend" in api_argv and api_argv[api_argv.index("--backend") + 1] == "jax"
 
 
-def supervise(log: Path, max_log_bytes: int, api_argv: list[str]) -> int:
+def supervise(log: Path, max_log_bytes: int, api_argv: list[str], local_workers: int = 0) -> int:
     out = _RotatingLog(log, max_log_bytes)
     env = dict(os.environ)
     pipes = []
@@ -234,14 +246,22 @@ def supervise(log: Path, max_log_bytes: int, api_argv: list[str]) -> int:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         pipes.append(preload.stdout)
+    workers = _start_workers(api_argv, local_workers)
+    import distributed
+
+    if distributed.settings_from_engine_argv(api_argv):  # every process loads the extensions: the API may say so
+        env[distributed.MARK_ENV] = "launcher"
+    pipes += [worker.stdout for worker in workers]
     child = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "api", *api_argv],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
     )
     pipes.append(child.stdout)
+    stopping = []
 
     def forward(signum, _frame):
         # Pass a polite stop on to the API, which stops its engine itself.
+        stopping.append(signum)
         child.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)
@@ -252,17 +272,41 @@ def supervise(log: Path, max_log_bytes: int, api_argv: list[str]) -> int:
         while chunk := pipe.read1(65536):
             out.write(chunk)
 
-    pumpers = [threading.Thread(target=pump, args=(pipe,), daemon=True) for pipe in pipes]
-    for pumper in pumpers:
-        pumper.start()
+    def watch(process_id: int, worker: subprocess.Popen) -> None:
+        # The engine cannot serve without every process of its device mesh: a lost worker stops the server.
+        code = worker.wait()
+        if not stopping:
+            out.write(f"[rlcli launcher] jax worker process {process_id} exited with code {code}; "
+                      "the server cannot run without it: stopping\n".encode())
+            child.send_signal(signal.SIGTERM)
+
+    threads = [threading.Thread(target=pump, args=(pipe,), daemon=True) for pipe in pipes]
+    threads += [threading.Thread(target=watch, args=(i + 1, w), daemon=True) for i, w in enumerate(workers)]
+    for thread in threads:
+        thread.start()
     code = child.wait()
+    stopping.append(0)
     # The API is gone (stopped, crashed or killed with -9). Its engine would live on as an orphan
     # holding the database and the CPU/GPU: end everything else in this process group.
     _end_group_except_self()
-    for pumper in pumpers:
-        pumper.join(timeout=5)
+    for thread in threads:
+        thread.join(timeout=5)
     out.write(f"[rlcli launcher] SkyRL API exited with code {code}; server stopped\n".encode())
     return code
+
+
+def _start_workers(api_argv: list[str], count: int) -> list[subprocess.Popen]:
+    """jax processes 1..count on this machine, for the coordinator named in the API's --backend-config."""
+    if not count:
+        return []
+    import distributed
+
+    coordinator, num_processes = distributed.settings_from_engine_argv(api_argv)
+    env = {k: v for k, v in os.environ.items() if k != PRELOAD_ENV}
+    return [subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "worker", coordinator, str(num_processes), str(i)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+    ) for i in range(1, count + 1)]
 
 
 def _end_group_except_self() -> None:
@@ -303,16 +347,22 @@ def main() -> int:
         return 0
     if role == "engine":
         return run_engine(rest)
+    if role == "worker":  # worker COORDINATOR NUM_PROCESSES PROCESS_ID
+        import distributed
+
+        distributed.run_worker(rest[0], int(rest[1]), int(rest[2]), _load_extensions)
+        return 0
     if role == "preload":  # preload ADDRESS SUPERVISOR_PID
         return run_preload(rest[0], int(rest[1]))
     if role == "supervise":
         parser = argparse.ArgumentParser(prog="rlcli-launcher supervise")
         parser.add_argument("--log", type=Path, required=True)
         parser.add_argument("--max-log-bytes", type=int, default=20 * 2**20)
+        parser.add_argument("--local-workers", type=int, default=0)
         split = rest.index("--") if "--" in rest else len(rest)
         args = parser.parse_args(rest[:split])
-        return supervise(args.log, args.max_log_bytes, rest[split + 1:])
-    print("usage: launcher.py supervise|api|engine|preload ...", file=sys.stderr)
+        return supervise(args.log, args.max_log_bytes, rest[split + 1:], args.local_workers)
+    print("usage: launcher.py supervise|api|engine|worker|preload ...", file=sys.stderr)
     return 2
 
 

@@ -161,7 +161,8 @@ def jax_fused_blocker(backend_config: dict) -> str | None:
     """Why a registration in this process would not reach the jax backend's workers, if it would not."""
     if backend_config.get("use_ray"):
         return "use_ray runs the jax backend in Ray actors, which rlcli's launcher hook does not reach"
-    if (backend_config.get("num_processes") or 1) > 1 or backend_config.get("coordinator_address"):
+    several = (backend_config.get("num_processes") or 1) > 1 or backend_config.get("coordinator_address")
+    if several and not os.environ.get("RLCLI_DISTRIBUTED"):  # set where rlcli's launcher runs every process
         return "multi-process jax: the other processes are not started by rlcli's launcher"
     return None
 

@@ -16,6 +16,7 @@ SkyRL 0.4.0 checks no credentials. This wraps SkyRL's whole ASGI app, so nothing
   naming an id or a tinker:// path that is not the caller's answers 404 as if it did not exist; the
   training-run listing shows the caller's runs only.
 - Quotas: models held and futures waiting per tenant (its max_models / max_queued), 429 + Retry-After.
+- Fairness: in the engine process, rlcli_fair.py takes pending work round-robin between tenants.
 - weight_decay > 0 is refused: SkyRL's jax optimizer (optax adamw over the whole LoRA table) decays every
   adapter slot on any model's step, so one tenant's step would shrink everyone else's LoRA.
 """
@@ -28,16 +29,16 @@ import hmac
 import json
 import os
 import sys
-import threading
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode
+
+from tenant_owners import OWNERS_FILE, Owners  # a sibling in runtime/ (the launcher's folder is on sys.path)
 
 NAME = "rlcli_tenants"
 VERSION = "1.0"
 FILE_ENV = "RLCLI_TENANTS_FILE"
 INTERNAL_ENV = "RLCLI_TENANTS_INTERNAL"
 INTERNAL_TENANT = "_rlcli"
-OWNERS_FILE = "tenant-owners.jsonl"  # in the server's working folder (its state folder)
 PUBLIC = {("GET", "/api/v1/healthz")}  # the only requests answered without a key
 # Server-wide controls (SkyRL's torch profiler): no tenant's business; they answer 404 as unknown paths do.
 ADMIN = {"/start_profiling", "/stop_profiling", "/profiling_status"}
@@ -86,39 +87,6 @@ class Keys:
                 self.by_hash = {}
             self.stamp = stamp
         return self.by_hash.get(digest)
-
-
-class Owners:
-    """Which tenant created each id; appended to a private file so a restart keeps it."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.owner: dict[str, str] = {}
-        self.models: dict[str, set[str]] = {}  # tenant -> model ids it holds (for max_models)
-        self.queued: dict[str, set[str]] = {}  # tenant -> request ids not yet retrieved (for max_queued)
-        self.lock = threading.Lock()
-        if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    kind, ident, tenant = json.loads(line)
-                except ValueError:
-                    continue
-                self._apply(kind, ident, tenant)
-
-    def _apply(self, kind: str, ident: str, tenant: str) -> None:
-        if kind == "unload":
-            self.models.get(tenant, set()).discard(ident)
-            return
-        self.owner[ident] = tenant
-        if kind == "model":
-            self.models.setdefault(tenant, set()).add(ident)
-
-    def record(self, kind: str, ident: str, tenant: str) -> None:
-        with self.lock:
-            self._apply(kind, ident, tenant)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            with os.fdopen(fd, "a") as f:
-                f.write(json.dumps([kind, ident, tenant]) + "\n")
 
 
 def _tinker_primary(path: str) -> str | None:
@@ -371,6 +339,11 @@ def describe() -> dict:
 
 
 def register(role: str) -> None:
+    if role == "engine":  # the engine takes pending work round-robin between tenants
+        import rlcli_fair
+
+        rlcli_fair.install(Path.cwd() / OWNERS_FILE)
+        return
     if role != "api":
         return
     file = os.environ.get(FILE_ENV)

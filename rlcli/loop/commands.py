@@ -1,0 +1,314 @@
+"""`rlcli loop init|run|status|history|promote|rollback`: the continual-learning loop over one folder.
+
+Launch:  rlcli loop init DIR --traces 'logs/*.jsonl' -f openai --train sft,distill --regression regression.jsonl
+         rlcli loop run DIR --once                     (one iteration if new traces arrived; else says so)
+         rlcli loop run DIR --watch --every 1h         (look for new traces every hour)
+         rlcli loop status DIR | rlcli loop history DIR
+         rlcli loop promote DIR ITER | rlcli loop rollback DIR [ITER]
+
+One iteration: ingest -> split -> train -> evaluate -> gate -> promote -> record (rlcli.loop.data and
+rlcli.loop.stages). The folder's lock lets one command at a time change it; the ledger says what is done,
+so a killed `loop run` resumes the iteration it left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Literal
+
+from rlcli.errors import UsageError
+from rlcli.loop import data, settings, stages
+from rlcli.loop.ledger import Champion, Ledger, now, opened
+from rlcli.loop.settings import LoopSettings
+from rlcli.loop.stages import say
+
+LOCK = ".loop.lock"
+Gate = Literal["auto", "manual"]
+ExportFormat = Literal["peft", "merged"]
+TrainOn = Literal["all", "new"]
+
+
+@contextlib.contextmanager
+def locked(folder: Path) -> Iterator[Ledger]:
+    """The folder's lock for the whole command, then its ledger; a second command is refused in one line."""
+    settings.read(folder)
+    with open(folder / LOCK, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise UsageError(f"another `rlcli loop` command is using {folder} (pid {f.read().strip() or '?'}): "
+                             "wait for it to finish, or stop it") from None
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        with opened(folder) as ledger:
+            yield ledger
+
+
+def _folder(dir: str, must_exist: bool = True) -> Path:
+    folder = Path(dir).expanduser().resolve()
+    if must_exist:
+        settings.read(folder)
+    return folder
+
+
+def init(dir: str, traces: str | None = None, format: settings.Format = "openai", regression: str | None = None,
+         train: str = "sft", train_on: TrainOn = "all", gate: Gate = "auto", match: str = "normalized",
+         heldout_share: float = 0.2,
+         eval_limit: int = 64, regression_margin: float = 0.05, export_format: ExportFormat = "peft",
+         hook: str = "", steps: int = 4, batch_size: int = 8, lr: float = 0.0, redact: bool = True,
+         dedupe: bool = True, base_url: str = "") -> int:
+    """Make a loop folder: loop.toml (every setting; edit it later), the ledger, the frozen regression set.
+
+    Args:
+        dir: the loop folder (new, or empty)
+        traces: where new trace files appear: a glob ('logs/*.jsonl') or a folder (its *.jsonl)
+        format: the trace files' format, as `rlcli import -f`
+        regression: conversations (JSONL, as `rlcli import` writes) copied now and never changed: the
+            regression set every candidate is checked on
+        train: training stages in order, comma-separated: sft, rl (replay env), distill (from the champion)
+        train_on: sft and rl train on all data so far (new and a replay of earlier; less forgetting) or new
+        gate: auto (promote when the held-out gain is above 0 beyond its interval and regression holds) or
+            manual (wait for `rlcli loop promote`)
+        match: how a reply is scored against the logged one: exact, normalized, number or regex:PATTERN
+        heldout_share: share of new prompts held out (by a stable hash of the prompt)
+        eval_limit: at most this many problems per set in each evaluation
+        regression_margin: the largest regression drop the auto gate accepts (0.05: 5 points)
+        export_format: the champion's export in DIR/champion: peft or merged
+        hook: a shell command run after each promotion or rollback (RLCLI_LOOP_CHAMPION: the folder)
+        steps: training steps per stage
+        batch_size: examples (or prompts) per step
+        lr: learning rate (0: each trainer's default)
+        redact: redact emails, keys, phone numbers... while importing
+        dedupe: drop repeated conversations (within a file and across the loop's history)
+        base_url: the server (default: TINKER_BASE_URL, else the managed server)
+    """
+    if not traces:
+        raise UsageError("pass --traces GLOB (or a folder): where new trace files appear")
+    folder = _folder(dir, must_exist=False)
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise UsageError(f"{folder} exists and is not empty: pick a new loop folder")
+    pattern = traces if Path(traces).is_absolute() else str(Path.cwd() / traces)
+    s = settings.check(LoopSettings(traces=pattern, format=format, train=train, train_on=train_on, gate=gate,
+                                    match=match, heldout_share=heldout_share, eval_limit=eval_limit,
+                                    regression_margin=regression_margin, export_format=export_format, hook=hook,
+                                    steps=steps, batch_size=batch_size, lr=lr, redact=redact, dedupe=dedupe,
+                                    base_url=base_url))
+    rows = data.check_regression(regression) if regression else []
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)  # traces and answers: the user's data
+    data.write_jsonl(folder / data.REGRESSION, rows)
+    settings.write(folder, s)
+    with opened(folder):
+        pass
+    print(f"loop folder {folder}: settings in {folder / settings.FILE}; {len(rows)} regression conversations "
+          f"frozen; next: rlcli loop run {dir} --once")
+    return 0
+
+
+def _url(s: LoopSettings) -> str:
+    from rlcli.config import resolve_base_url
+
+    return resolve_base_url(s.base_url or None)
+
+
+def _begin(ledger: Ledger, s: LoopSettings) -> int:
+    n = ledger.last_iteration() + 1
+    champ = ledger.champion()
+    with ledger.transaction() as db:
+        db.execute("INSERT INTO iterations (n, started, settings) VALUES (?, ?, ?)",
+                   (n, now(), json.dumps({**asdict(s), "champion": asdict(champ)})))
+    return n
+
+
+def _recorded(ledger: Ledger, n: int) -> tuple[LoopSettings, Champion]:
+    saved = json.loads(ledger.iteration(n)["settings"])
+    champ = Champion(**saved.pop("champion"))
+    return LoopSettings(**saved), champ
+
+
+def run_once(folder: Path, ledger: Ledger) -> bool:
+    """One iteration, or the rest of an unfinished one; False when there was nothing to do."""
+    s = settings.read(folder)
+    n = ledger.open_iteration()
+    if n is None:
+        files = data.new_files(ledger, s)
+        if not files:
+            say(f"nothing new: no trace file under {s.traces} that was not ingested before "
+                f"({len(ledger.files())} ingested); champion: {ledger.champion().label()}")
+            return False
+        n = _begin(ledger, s)
+        say(f"iteration {n}: {len(files)} new trace file{'s' * (len(files) != 1)}")
+    else:
+        done = ledger.stages(n)
+        say(f"iteration {n}: resuming after {done[-1] if done else 'its start'}")
+    s, champ = _recorded(ledger, n)
+    if ledger.stage(n, "ingest") is None:
+        info = data.ingest(folder, ledger, n, s, data.new_files(ledger, s))
+        say(f"iteration {n}: ingested {info['lines']} lines of {info['files']} files -> {info['conversations']} "
+            "new conversations")
+    if ledger.stage(n, "split") is None:
+        info = data.split(folder, ledger, n, s)
+        say(f"iteration {n}: {info['train']} to train, {info['heldout']} held out")
+    _advance(folder, ledger, n, s, champ)
+    return True
+
+
+def _advance(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champ: Champion) -> None:
+    split = ledger.stage(n, "split") or {}
+    if not split.get("train"):
+        with ledger.transaction() as db:
+            ledger.finish(db, n, "skipped", "no new conversations to train on")
+        say(f"iteration {n}: no new conversations to train on; nothing trained")
+        return
+    url = _url(s)
+    stages.train(folder, ledger, n, s, champ, url)
+    if ledger.stage(n, "evaluate") is None:
+        stages.evaluate(folder, ledger, n, s, champ, url)
+    heldout, regression = stages.comparisons(ledger, n)
+    say(f"iteration {n}: held-out {heldout.describe()}; regression {regression.describe()}")
+    if ledger.stage(n, "gate") is None:
+        from rlcli.loop.gate import decide
+
+        promote, why = decide(heldout, regression, s.regression_margin)
+        if s.gate == "manual":
+            promote, why = False, f"waiting for `rlcli loop promote` (the auto gate would say: {why})"
+        with ledger.transaction() as db:
+            ledger.done(db, n, "gate", {"promote": promote, "why": why, "manual": s.gate == "manual"})
+    verdict = ledger.stage(n, "gate") or {}
+    if verdict["promote"]:
+        cand = stages.candidate(ledger, n)
+        assert cand is not None
+        if ledger.stage(n, "promote") is None:
+            stages.move_to(folder, ledger, cand, s, url, f"iteration {n} passed the gate", n)
+        elif ledger.stage(n, "hook") is None:  # killed between the alias move and the hook
+            stages.hook(folder, ledger, s, cand, n)
+    decision = "promoted" if verdict["promote"] else "pending" if verdict.get("manual") else "rejected"
+    with ledger.transaction() as db:
+        ledger.finish(db, n, decision, verdict["why"])
+    say(f"iteration {n}: {decision}: {verdict['why']}")
+
+
+def parse_every(every: str) -> float:
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", every)
+    if not found or float(found.group(1)) <= 0:
+        raise UsageError(f"--every {every!r}: give a duration like 90s, 15m, 1h or 1d")
+    return float(found.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[found.group(2)]
+
+
+def run(dir: str, once: bool = False, watch: bool = False, every: str = "1h") -> int:
+    """Run the loop: the unfinished iteration first, then one iteration per arrival of new trace files.
+
+    Args:
+        dir: the loop folder (`rlcli loop init` made it)
+        once: at most one iteration, then exit (the default when --watch is not given)
+        watch: keep looking for new trace files, every --every
+        every: how often --watch looks: 90s, 15m, 1h, 1d
+    """
+    if once and watch:
+        raise UsageError("--once and --watch exclude each other: pick one")
+    wait = parse_every(every)
+    folder = _folder(dir)
+    with locked(folder) as ledger:
+        while True:
+            did = run_once(folder, ledger)
+            if not watch:
+                return 0
+            if not did:
+                time.sleep(wait)
+
+
+def promote(dir: str, iteration: int) -> int:
+    """Make an iteration's candidate the champion by hand (a manual gate's pending one, or a rejected one).
+
+    Args:
+        dir: the loop folder
+        iteration: the iteration whose candidate to promote
+    """
+    folder = _folder(dir)
+    with locked(folder) as ledger:
+        it = ledger.iteration(iteration)
+        if it is None:
+            raise UsageError(f"no iteration {iteration} in {folder}: `rlcli loop history {dir}` lists them")
+        if it["finished"] is None or ledger.stage(iteration, "evaluate") is None:
+            raise UsageError(f"iteration {iteration} is not finished (its candidate is not evaluated): "
+                             f"`rlcli loop run {dir}` first")
+        cand = stages.candidate(ledger, iteration)
+        if cand is None:
+            raise UsageError(f"iteration {iteration} trained no candidate ({it['decision']}): nothing to promote")
+        if ledger.champion() == cand:
+            print(f"iteration {iteration} is the champion already")
+            return 0
+        s = settings.read(folder)  # today's export format and hook
+        stages.move_to(folder, ledger, cand, s, _url(s), f"promoted by hand (gate: {it['why']})", iteration)
+        with ledger.transaction() as db:
+            ledger.finish(db, iteration, "promoted", f"by hand; the gate said: {it['why']}")
+    return 0
+
+
+def rollback(dir: str, iteration: int | None = None) -> int:
+    """Move the champion alias back: to the champion before the current one, or to ITER (0: the base model);
+    DIR/champion is exported again and the hook runs.
+
+    Args:
+        dir: the loop folder
+        iteration: an earlier champion's iteration (default: the one before the current champion)
+    """
+    folder = _folder(dir)
+    with locked(folder) as ledger:
+        history = ledger.aliases()
+        current = ledger.champion()
+        earlier = [Champion(a["iteration"] or 0, a["sampler_path"], a["state_path"]) for a in history]
+        earlier = [Champion(0), *earlier]
+        if iteration is None:
+            back = next((c for c in reversed(earlier) if c.iteration != current.iteration), None)
+            if back is None:
+                raise UsageError(f"{folder} has had one champion only ({current.label()}): nothing to roll back to")
+        else:
+            back = next((c for c in reversed(earlier) if c.iteration == iteration), None)
+            if back is None:
+                raise UsageError(f"iteration {iteration} was never champion: roll back to one of "
+                                 f"{sorted({c.iteration for c in earlier})} (0: the base model)")
+        if back == current:
+            print(f"{current.label()} is the champion already")
+            return 0
+        s = settings.read(folder)
+        stages.move_to(folder, ledger, back, s, _url(s), f"rollback from iteration {current.iteration}")
+    return 0
+
+
+def status(dir: str) -> int:
+    """The champion, the last iteration, and what is pending (an unfinished iteration, new files, promotions).
+
+    Args:
+        dir: the loop folder
+    """
+    from rlcli.loop.report import status_text
+
+    folder = _folder(dir)
+    with opened(folder) as ledger:
+        print(status_text(folder, ledger, settings.read(folder)))
+    return 0
+
+
+def history(dir: str) -> int:
+    """Every iteration as a table: data in, runs, scores (champion -> candidate, with intervals), decision, why.
+
+    Args:
+        dir: the loop folder
+    """
+    from rlcli.loop.report import history_table
+
+    folder = _folder(dir)
+    with opened(folder) as ledger:
+        print(history_table(ledger))
+    return 0

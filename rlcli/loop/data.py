@@ -1,0 +1,195 @@
+"""The loop's data stages: ingest (new trace files through `rlcli import`, each once, every line counted) and
+split (new conversations into train and the growing held-out set, by a stable hash of the prompt).
+
+Files of the loop folder: iterations/N/new.jsonl (what iteration N ingested, after dropping conversations an
+earlier file already brought), iterations/N/train.jsonl and iterations/N/heldout.jsonl (its split), and
+regression.jsonl (the frozen set `loop init` copied).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from rlcli.errors import UsageError
+from rlcli.loop.ledger import Ledger, now
+from rlcli.loop.settings import LoopSettings
+
+REGRESSION = "regression.jsonl"
+
+
+def iteration_dir(folder: Path, n: int) -> Path:
+    return folder / "iterations" / f"{n:04d}"
+
+
+def trace_files(s: LoopSettings) -> list[Path]:
+    """The files the traces setting names now: a folder's *.jsonl (and .jsonl.gz), or a glob's matches."""
+    root = Path(s.traces).expanduser()
+    if root.is_dir():
+        found = [*root.glob("*.jsonl"), *root.glob("*.jsonl.gz")]
+    else:
+        found = [Path(p) for p in glob.glob(str(root))]
+    return sorted(p for p in found if p.is_file())
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def new_files(ledger: Ledger, s: LoopSettings) -> list[tuple[Path, str]]:
+    """(path, content hash) of the files never ingested, each content once (a copy under another name is
+    the same file)."""
+    out, hashes = [], set()
+    for path in trace_files(s):
+        digest = sha256_of(path)
+        if digest not in hashes and not ledger.known_file(digest):
+            hashes.add(digest)
+            out.append((path, digest))
+    return out
+
+
+def conversation_hash(conv: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(conv, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] \
+        if path.is_file() else []
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    from rlcli.files import staged_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with staged_file(path, shared=False) as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
+
+
+def ingest(folder: Path, ledger: Ledger, n: int, s: LoopSettings, files: list[tuple[Path, str]]) -> dict[str, Any]:
+    """Import each file (redaction and dedupe as set), drop conversations already ingested, record it all in
+    one transaction: the files' rows, the conversations' hashes, the stage."""
+    from rlcli.data.import_cmd import Run, convert
+    from rlcli.data.messages import Options
+
+    kept: list[dict[str, Any]] = []
+    rows, hashes = [], set()
+    tmp = iteration_dir(folder, n) / "import.part.jsonl"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    for path, digest in files:
+        run = Run(Options(False, False, s.redact, s.dedupe), skip_bad=True)  # unattended: count, never stop
+        stats = convert(run, str(path), s.format, str(tmp))
+        convs = read_jsonl(tmp)
+        fresh = [c for c in convs if conversation_hash(c) not in hashes]
+        hashes |= {conversation_hash(c) for c in convs}
+        before = ledger.seen([conversation_hash(c) for c in fresh])
+        fresh = [c for c in fresh if conversation_hash(c) not in before]
+        kept += fresh
+        rows.append((digest, str(path), n, stats.read, stats.written, json.dumps(dict(stats.dropped)),
+                     stats.written - len(fresh)))
+    tmp.unlink(missing_ok=True)
+    write_jsonl(iteration_dir(folder, n) / "new.jsonl", kept)
+    info = {"files": len(files), "lines": sum(r[3] for r in rows), "conversations": len(kept)}
+    with ledger.transaction() as db:
+        for r in rows:
+            db.execute("INSERT INTO files (sha256, path, iteration, lines, written, dropped, duplicate, at) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (*r, now()))
+        db.executemany("INSERT OR IGNORE INTO conversations VALUES (?, ?)", [(conversation_hash(c), n) for c in kept])
+        ledger.done(db, n, "ingest", info)
+    return info
+
+
+def prompt_of(conv: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversation before its last assistant turn: what the held-out split hashes."""
+    messages = conv["messages"]
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=len(messages))
+    return messages[:last]
+
+
+def held_out(conv: dict[str, Any], share: float) -> bool:
+    """Stable: the first 8 bytes of the prompt's SHA-256 as a fraction below share."""
+    from rlcli.train.traces import prompt_key
+
+    return int(prompt_key(prompt_of(conv))[:16], 16) / 16**16 < share
+
+
+def split(folder: Path, ledger: Ledger, n: int, s: LoopSettings) -> dict[str, Any]:
+    """New conversations into train and held-out; a prompt held out before stays held out (same hash)."""
+    convs = read_jsonl(iteration_dir(folder, n) / "new.jsonl")
+    test = [c for c in convs if held_out(c, s.heldout_share)]
+    train = [c for c in convs if not held_out(c, s.heldout_share)]
+    write_jsonl(iteration_dir(folder, n) / "train.jsonl", train)
+    write_jsonl(iteration_dir(folder, n) / "heldout.jsonl", test)
+    info = {"train": len(train), "heldout": len(test)}
+    with ledger.transaction() as db:  # per file: its share of train and held-out (files in ingest order)
+        owners = _owners(ledger, n, convs)
+        for path, (tr, he) in owners.items():
+            db.execute("UPDATE files SET train = ?, heldout = ? WHERE iteration = ? AND path = ?", (tr, he, n, path))
+        ledger.done(db, n, "split", info)
+    return info
+
+
+def _owners(ledger: Ledger, n: int, convs: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Each file's (train, held-out) counts: conversations are kept in file order, so the file's count of kept
+    conversations (written - duplicate) says which ones are its."""
+    out, at = {}, 0
+    for f in ledger.files(n):
+        share = convs[at:at + f["written"] - f["duplicate"]]
+        at += len(share)
+        held = sum(held_out(c, ledger_share(ledger, n)) for c in share)
+        out[f["path"]] = (len(share) - held, held)
+    return out
+
+
+def ledger_share(ledger: Ledger, n: int) -> float:
+    return json.loads(ledger.iteration(n)["settings"])["heldout_share"]
+
+
+def all_rows(folder: Path, ledger: Ledger, name: str, upto: int) -> list[dict[str, Any]]:
+    """train.jsonl or heldout.jsonl of every split iteration up to `upto`, in order."""
+    rows = []
+    for it in ledger.iterations():
+        if it["n"] <= upto and ledger.stage(it["n"], "split") is not None:
+            rows += read_jsonl(iteration_dir(folder, it["n"]) / name)
+    return rows
+
+
+def shuffled_answers(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """The same chats with their last replies moved to other chats (a deliberately bad training set)."""
+    rows = [r for r in rows if prompt_reply(r)[1]]
+    if len(rows) < 2:
+        return rows
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    out = []
+    for i, j in enumerate(order):
+        donor = rows[order[(i + 1) % len(order)]]  # the next chat in the shuffled order gives its reply
+        out.append({**rows[j], "messages": [*prompt_of(rows[j]), prompt_reply(donor)[1]]})
+    return out
+
+
+def prompt_reply(conv: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    messages = conv["messages"]
+    return prompt_of(conv), messages[len(prompt_of(conv))] if len(prompt_of(conv)) < len(messages) else {}
+
+
+def check_regression(source: str) -> list[dict[str, Any]]:
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise UsageError(f"--regression {source}: no such file: pass a JSONL file of conversations")
+    try:
+        rows = read_jsonl(path)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"--regression {source}: not JSONL ({e}): pass conversations as `rlcli import` "
+                         "writes them") from None
+    if not rows or any(not isinstance(r, dict) or not isinstance(r.get("messages"), list) for r in rows):
+        raise UsageError(f"--regression {source}: every line must be {{\"messages\": [...]}}, as `rlcli import` "
+                         "writes (and at least one line)")
+    return rows

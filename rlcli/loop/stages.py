@@ -1,0 +1,188 @@
+"""The loop's model stages: train the candidate from the champion, evaluate both paired, gate, promote.
+
+Each trainer is called as a Python function (rlcli.train.sl/rl/distill), in this process, with a run folder
+of its own under iterations/N/: a killed `loop run` finds that folder's rlcli-run.json and calls the trainer
+again with resume=True (the trainer's own --resume). A stage is recorded in the ledger only once it is whole.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from rlcli.errors import RlcliError
+from rlcli.loop import data, gate, score
+from rlcli.loop.ledger import Champion, Ledger
+from rlcli.loop.settings import LoopSettings, stages
+from rlcli.train import folder as runs
+
+CHAMPION_DIR = "champion"
+CHAMPION_FILE = "rlcli-champion.json"
+
+
+def say(message: str) -> None:
+    print(f"rlcli loop: {message}", file=sys.stderr, flush=True)
+
+
+def _run_folder(path: Path) -> bool:
+    """Whether the trainer should resume (it recorded its run) or start afresh (nothing of it survived)."""
+    if (path / runs.RUN_INFO).is_file():
+        return True
+    if path.exists():
+        shutil.rmtree(path)  # the lock file, or nothing: a kill before the run was recorded
+    return False
+
+
+def train_one(kind: str, folder: Path, dataset: Path, start: str | None, teacher: Champion, s: LoopSettings,
+              url: str) -> None:
+    """One trainer, from `start` (a training state; None: a fresh LoRA on the base model)."""
+    resume = _run_folder(folder)
+    common = dict(base_url=url, log_path=str(folder), resume=resume, seed=s.seed, save_every=s.save_every,
+                  max_steps=s.steps)
+    if kind == "sft":
+        from rlcli.train.sl import train_sl
+
+        n = len(data.read_jsonl(dataset))
+        batch = min(s.batch_size, n)
+        epochs = math.ceil(s.steps / max(n // batch, 1))
+        train_sl(dataset=str(dataset), batch_size=batch, epochs=epochs, eval_every=0, lora_rank=s.lora_rank,
+                 load_checkpoint=start, **({"lr": s.lr} if s.lr else {}), **common)
+    elif kind == "rl":
+        from rlcli.train.rl import train_rl
+
+        train_rl(env="replay", dataset=str(dataset), match=s.match, eval_every=0, batch_size=s.batch_size,
+                 group_size=s.group_size, max_tokens=s.max_tokens, lora_rank=s.lora_rank, load_checkpoint=start,
+                 **({"lr": s.lr} if s.lr else {}), **common)
+    else:
+        from rlcli.train.distill import train_distill
+
+        train_distill(prompts=str(dataset), teacher=teacher.state_path or "base", load_checkpoint=start,
+                      eval_every=0, batch_size=s.batch_size, group_size=s.group_size, max_tokens=s.max_tokens,
+                      lora_rank=s.lora_rank, **({"lr": s.lr} if s.lr else {}), **common)
+
+
+def train(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Champion, url: str) -> None:
+    """Each configured stage in turn, the next starting from the last one's state; sft and rl learn this
+    iteration's train data (with train_on all, the earlier iterations' too: a replay against forgetting),
+    distill recovers the champion's behaviour on earlier iterations' data."""
+    where = data.iteration_dir(folder, n)
+    new = where / "train.jsonl"
+    if s.train_on == "all" or s.shuffle_answers:
+        rows = data.all_rows(folder, ledger, "train.jsonl", n) if s.train_on == "all" else data.read_jsonl(new)
+        new = where / ("train.shuffled.jsonl" if s.shuffle_answers else "train-all.jsonl")
+        data.write_jsonl(new, data.shuffled_answers(rows, s.seed) if s.shuffle_answers else rows)
+    start = champion.state_path
+    for i, kind in enumerate(stages(s)):
+        name = f"train:{i}:{kind}"
+        if (done := ledger.stage(n, name)) is not None:
+            start = done.get("state_path") or start
+            continue
+        dataset = new
+        if kind == "distill":
+            dataset = where / "distill-prompts.jsonl"
+            earlier = data.all_rows(folder, ledger, "train.jsonl", n - 1)
+            if not earlier:
+                with ledger.transaction() as db:
+                    ledger.done(db, n, name, {"skipped": "no earlier iteration's data to recover"})
+                say(f"iteration {n}: {kind} skipped (no earlier data to recover)")
+                continue
+            data.write_jsonl(dataset, earlier)
+        run_dir = where / f"run-{i}-{kind}"
+        say(f"iteration {n}: {kind} from {champion.label() if i == 0 else 'the previous stage'} -> {run_dir}")
+        train_one(kind, run_dir, dataset, start, champion, s, url)
+        final = runs.last_checkpoint(run_dir, "sampler_path") or {}
+        if not final.get("state_path"):
+            raise RlcliError(f"{run_dir} finished without final weights: rerun `rlcli loop run` to retry it")
+        start = final["state_path"]
+        with ledger.transaction() as db:
+            db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?)",
+                       (n, i, kind, str(run_dir), final["state_path"], final["sampler_path"]))
+            ledger.done(db, n, name, {"state_path": final["state_path"], "sampler_path": final["sampler_path"]})
+
+
+def candidate(ledger: Ledger, n: int) -> Champion | None:
+    """The last trained stage's weights, once every train stage is done."""
+    trained = ledger.runs(n)
+    return Champion(n, trained[-1]["sampler_path"], trained[-1]["state_path"]) if trained else None
+
+
+def evaluate(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Champion, url: str) -> dict[str, Any]:
+    cand = candidate(ledger, n)
+    assert cand is not None
+    sets = {"heldout": score.problems(data.all_rows(folder, ledger, "heldout.jsonl", n), s.eval_limit, "held-out"),
+            "regression": score.problems(data.read_jsonl(folder / data.REGRESSION), s.eval_limit, "regression")}
+    say(f"iteration {n}: evaluating {champion.label()} and the candidate on {len(sets['heldout'])} held-out and "
+        f"{len(sets['regression'])} regression problems")
+    scores = score.score_sets(sets, {"champion": champion, "candidate": cand}, s, url,
+                              data.iteration_dir(folder, n) / "eval.jsonl")
+    result: dict[str, Any] = {"champion_iteration": champion.iteration}
+    with ledger.transaction() as db:
+        for name, by_model in scores.items():
+            cmp = gate.paired_bootstrap(by_model["champion"], by_model["candidate"], s.confidence, s.bootstrap, s.seed)
+            result[name] = cmp.__dict__
+            for who in ("champion", "candidate"):
+                db.execute("INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?, ?)",
+                           (n, who, name, getattr(cmp, who), cmp.n))
+        ledger.done(db, n, "evaluate", result)
+    return result
+
+
+def comparisons(ledger: Ledger, n: int) -> tuple[gate.Comparison, gate.Comparison]:
+    found = ledger.stage(n, "evaluate") or {}
+    return gate.Comparison(**found["heldout"]), gate.Comparison(**found["regression"])
+
+
+def export_champion(folder: Path, champ: Champion, s: LoopSettings, url: str) -> Path:
+    """DIR/champion: the champion's weights as PEFT or merged, and rlcli-champion.json saying which they are;
+    for the base model the JSON alone (there are no weights of its own to export)."""
+    from rlcli.files import staged_file, staged_folder
+
+    out = folder / CHAMPION_DIR
+    if champ.is_base:
+        with staged_folder(out, shared=True):
+            pass
+    else:
+        from rlcli.export import export
+
+        export(checkpoint=champ.sampler_path or "", format=s.export_format, output=str(out), force=True, base_url=url)
+    with staged_file(out / CHAMPION_FILE) as f:
+        f.write((json.dumps({"iteration": champ.iteration, "sampler_path": champ.sampler_path,
+                             "state_path": champ.state_path, "format": s.export_format}, indent=1) + "\n").encode())
+    return out
+
+
+def run_hook(folder: Path, s: LoopSettings, champ: Champion) -> None:
+    if not s.hook:
+        return
+    env = dict(os.environ, RLCLI_LOOP_CHAMPION=str(folder / CHAMPION_DIR), RLCLI_LOOP_ITERATION=str(champ.iteration))
+    proc = subprocess.run(s.hook, shell=True, cwd=folder, env=env)
+    if proc.returncode:
+        raise RlcliError(f"the hook `{s.hook}` exited {proc.returncode} for iteration {champ.iteration}: the alias "
+                         "moved and the export is in place; fix the hook and rerun it by hand")
+
+
+def move_to(folder: Path, ledger: Ledger, champ: Champion, s: LoopSettings, url: str, reason: str,
+            n: int | None = None) -> None:
+    """Export first, then move the alias (and record the promote stage) in one transaction, then the hook: a
+    kill before the transaction leaves the old champion in the ledger, and the next run exports again."""
+    export_champion(folder, champ, s, url)
+    with ledger.transaction() as db:
+        ledger.move_alias(db, champ, reason)
+        if n is not None and ledger.stage(n, "promote") is None:
+            ledger.done(db, n, "promote", {"sampler_path": champ.sampler_path})
+    say(f"champion -> {champ.label()} (exported to {folder / CHAMPION_DIR})")
+    hook(folder, ledger, s, champ, n)
+
+
+def hook(folder: Path, ledger: Ledger, s: LoopSettings, champ: Champion, n: int | None = None) -> None:
+    """The user's hook, once per promotion: recorded as a stage, so a loop killed before it ran runs it."""
+    run_hook(folder, s, champ)
+    if n is not None:
+        with ledger.transaction() as db:
+            ledger.done(db, n, "hook", {"command": s.hook})

@@ -1,0 +1,171 @@
+"""`rlcli loop` against the real SkyRL server on CPU, one loop folder through three trace batches (kept small:
+48 chats a batch, 8 SFT steps, at most 16 problems a set, 8 answer tokens).
+
+In order: batch 1 is learned and promoted (exported, hook run); a rerun with nothing new is a no-op; batch 2
+trained on shuffled answers is rejected by the gate; batch 3's run (manual gate) is killed after its first
+checkpoint, a second `loop run` meanwhile refused, and the next run resumes it with the trainer's --resume
+and leaves it pending; `loop promote` makes it champion and `loop rollback` restores the earlier one, the
+export and the hook following; every trace line is accounted for.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rlcli.loop import batches, settings
+from rlcli.loop.ledger import opened
+from tests.conftest import REPO, RLCLI, run_rlcli
+
+pytestmark = pytest.mark.server
+# The embedded model learns a constant answer in 8 steps at lr 1e-2 but forgets its sums doing so (measured:
+# regression 0.75 -> 0.25), so these runs leave the regression rule off (margin 1); unit tests cover it.
+SETTINGS = dict(match="number", steps=8, lr=1e-2, save_every=2, max_tokens=8, eval_limit=16, regression_margin=1.0)
+
+
+@pytest.fixture(scope="module")
+def loop(server, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("loop")
+    made = batches.write_all(str(tmp / "batches"), n=48)
+    (tmp / "inbox").mkdir()
+    hook = f"echo $RLCLI_LOOP_ITERATION >> {tmp / 'hook.log'}"
+    run_rlcli("loop", "init", str(tmp / "loop"), "--traces", str(tmp / "inbox" / "*.jsonl"), "-f", "openai",
+              "--regression", str(made[-1]), "--hook", hook, "--base-url", server.url, env=server.env, check=True)
+    folder = tmp / "loop"
+    settings.write(folder, replace(settings.read(folder), **SETTINGS))
+    return tmp, folder, server
+
+
+def deliver(tmp: Path, batch: int) -> None:
+    shutil.copy(tmp / "batches" / f"batch-{batch}.openai.jsonl", tmp / "inbox")
+
+
+def loop_run(folder: Path, server, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = run_rlcli("loop", "run", str(folder), "--once", env=server.env, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def iteration(folder: Path, n: int) -> dict:
+    with opened(folder) as ledger:
+        return ledger.iteration(n)
+
+
+def champion(folder: Path) -> dict:
+    return json.loads((folder / "champion" / "rlcli-champion.json").read_text())
+
+
+def test_first_iteration_learns_and_is_promoted(loop):
+    tmp, folder, server = loop
+    deliver(tmp, 1)
+    proc = loop_run(folder, server)
+    it = iteration(folder, 1)
+    assert it["decision"] == "promoted", proc.stderr[-2000:]
+    with opened(folder) as ledger:
+        result = ledger.stage(1, "evaluate")
+        assert ledger.champion().iteration == 1
+    assert result["heldout"]["low"] > 0 and result["heldout"]["n"] >= 5
+    assert champion(folder)["iteration"] == 1 and (folder / "champion" / "adapter_config.json").is_file()
+    assert (tmp / "hook.log").read_text().split() == ["1"]
+
+
+def test_rerun_with_nothing_new_is_a_noop(loop):
+    tmp, folder, server = loop
+    shutil.copy(tmp / "inbox" / "batch-1.openai.jsonl", tmp / "inbox" / "again.jsonl")  # same bytes, new name
+    proc = loop_run(folder, server)
+    assert "nothing new" in proc.stderr
+    with opened(folder) as ledger:
+        assert ledger.last_iteration() == 1 and len(ledger.files()) == 1
+
+
+def test_candidate_trained_on_shuffled_answers_is_rejected(loop):
+    tmp, folder, server = loop
+    good = settings.read(folder)
+    settings.write(folder, replace(good, shuffle_answers=True))
+    deliver(tmp, 2)
+    try:
+        proc = loop_run(folder, server)
+    finally:
+        settings.write(folder, good)
+    it = iteration(folder, 2)
+    assert it["decision"] == "rejected" and "held-out gain" in it["why"], proc.stderr[-2000:]
+    assert champion(folder)["iteration"] == 1
+    with opened(folder) as ledger:
+        assert ledger.champion().iteration == 1 and ledger.stage(2, "promote") is None
+
+
+def _first_state(run: Path, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        path = run / "checkpoints.jsonl"
+        if path.is_file() and any('"state_path"' in line and line.endswith("\n")
+                                  for line in path.read_text().splitlines(keepends=True)):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_killed_iteration_resumes_and_a_second_run_is_refused(loop):
+    tmp, folder, server = loop
+    settings.write(folder, replace(settings.read(folder), gate="manual"))  # iteration 3 waits for a person
+    deliver(tmp, 3)
+    first = subprocess.Popen([*RLCLI, "loop", "run", str(folder), "--once"], env=server.env, cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _first_state(folder / "iterations" / "0003" / "run-0-sft", 240), "no checkpoint was written"
+        second = run_rlcli("loop", "run", str(folder), "--once", env=server.env, timeout=60)
+        assert second.returncode == 2 and "another `rlcli loop` command is using" in second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.kill()
+        first.wait()
+    with opened(folder) as ledger:
+        assert ledger.open_iteration() == 3 and ledger.stage(3, "train:0:sft") is None
+        files = len(ledger.files())
+    proc = loop_run(folder, server)
+    assert "iteration 3: resuming after split" in proc.stderr and "resuming " in proc.stderr
+    steps = [json.loads(line)["step"] for line in
+             (folder / "iterations" / "0003" / "run-0-sft" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(8))  # each step once: the resume took up where the checkpoint left off
+    with opened(folder) as ledger:
+        assert iteration(folder, 3)["decision"] == "pending" and ledger.champion().iteration == 1
+        assert len(ledger.files()) == files == 3  # never ingested twice
+    status = run_rlcli("loop", "status", str(folder), env=server.env, check=True).stdout
+    assert "waiting for `rlcli loop promote`: iterations [3]" in status and "new trace files waiting: 0" in status
+
+
+def test_promote_by_hand_then_rollback_restores_the_earlier_champion(loop):
+    tmp, folder, server = loop
+    run_rlcli("loop", "promote", str(folder), "3", env=server.env, check=True, timeout=120)
+    assert champion(folder)["iteration"] == 3 and iteration(folder, 3)["decision"] == "promoted"
+    proc = run_rlcli("loop", "rollback", str(folder), env=server.env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    with opened(folder) as ledger:
+        assert ledger.champion().iteration == 1
+        assert [a["iteration"] for a in ledger.aliases()] == [1, 3, 1]
+    assert champion(folder)["iteration"] == 1 and (folder / "champion" / "adapter_config.json").is_file()
+    assert (tmp / "hook.log").read_text().split() == ["1", "3", "1"]
+    again = run_rlcli("loop", "rollback", str(folder), "7", env=server.env, timeout=60)
+    assert again.returncode == 2 and "iteration 7 was never champion" in again.stderr
+
+
+def test_history_accounts_for_every_line(loop):
+    tmp, folder, server = loop
+    proc = run_rlcli("loop", "history", str(folder), env=server.env, check=True)
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("iter") and len([x for x in lines if x[:1].isdigit()]) == 3
+    with opened(folder) as ledger:
+        for f in ledger.files():
+            raw = [x for x in Path(f["path"]).read_text().splitlines() if x.strip()]
+            assert f["lines"] == len(raw) == f["written"] + sum(f["dropped"].values())
+            assert f["written"] == f["duplicate"] + f["train"] + f["heldout"]
+            assert f["dropped"].pop("no_assistant_reply") == f["dropped"].pop("truncated") == 1
+            assert set(f["dropped"]) <= {"duplicate"}  # import's --dedupe: sums repeat within a batch

@@ -1,0 +1,145 @@
+"""The jax backend over two processes (`rlcli serve start --processes 2`), on the real server, on CPU.
+
+A private 2-process server (JAX's distributed runtime, gloo collectives, fsdp = 2) trains, samples, saves and
+exports, and its numbers match the session's 1-process server on the same batch; every process loads rlcli's
+extensions (fused gspo served); a worker killed with -9 stops the server, `serve status` names the worker,
+a request fails with one line, and `serve stop` leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlcli.client import unload_model
+from rlcli.server.private import RLCLI, free_port, private_env, private_server
+from rlcli.server.process import group_members, read_state, wait_ready
+from rlcli.train.losses import served_losses
+from tests.conftest import REPO, run_rlcli, shared_server_venv
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+STEPS = 3
+ADAM = dict(learning_rate=2e-2)
+
+
+@pytest.fixture(scope="module")
+def two_processes(embedded_model, tmp_path_factory):
+    # The session server's --slots, so both tables have the same shape.
+    with private_server(embedded_model, "--processes", "2", "--slots", "7", venv=shared_server_venv(),
+                        home=tmp_path_factory.mktemp("rlcli-2proc-home"), timeout=900) as srv:
+        yield srv
+
+
+def _batch():
+    """Three sequences of different lengths: an odd batch that the 2-device mesh pads, as real ones are."""
+    import tinker
+
+    out = []
+    for i, n in enumerate((17, 9, 23)):
+        tokens = [(7 * i + 3 * j) % 200 + 5 for j in range(n)]
+        out.append(tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens[:-1]),
+                                loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (n - 1)}))
+    return out
+
+
+def _logprobs(output) -> list[np.ndarray]:
+    return [o["logprobs"].to_numpy() for o in output.loss_fn_outputs]
+
+
+def _train(url: str, model: str) -> dict:
+    """STEPS SFT steps on the fixed batch from a seeded LoRA: each step's loss, then logprobs after them."""
+    import tinker
+
+    client = tinker.ServiceClient(base_url=url).create_lora_training_client(base_model=model, rank=4, seed=0)
+    try:
+        losses = []
+        for _ in range(STEPS):
+            out = client.forward_backward(_batch(), "cross_entropy").result()
+            losses.append(float(np.mean([-lp.mean() for lp in _logprobs(out)])))
+            client.optim_step(tinker.AdamParams(**ADAM)).result()
+        after = _logprobs(client.forward(_batch(), "cross_entropy").result())
+        saved = client.save_weights_for_sampler("after").result().path
+        sample = client.create_sampling_client(model_path=saved).sample(
+            tinker.ModelInput.from_ints([5, 6, 7]), num_samples=1,
+            sampling_params=tinker.SamplingParams(max_tokens=4, temperature=0.0)).result()
+        return dict(losses=losses, after=after, saved=saved, sampled=sample.sequences[0].tokens, id=client.model_id)
+    finally:
+        unload_model(url, client.model_id)
+
+
+def test_two_processes_train_sample_save_export_and_match_one_process(two_processes, server, tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test")
+    two, one = _train(two_processes.url, two_processes.model), _train(server.url, server.model)
+    assert two["losses"][-1] < two["losses"][0]  # it learns
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-4, atol=1e-5)
+    for a, b in zip(two["after"], one["after"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    assert two["sampled"] == one["sampled"] and len(two["sampled"]) == 4  # greedy: the same tokens
+    proc = run_rlcli("export", two["saved"], "--format", "peft", "-o", str(tmp_path / "peft"),
+                     env=two_processes.env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "peft" / "adapter_model.safetensors").stat().st_size > 0
+
+
+def test_every_process_loads_the_extensions(two_processes):
+    log = two_processes.log.read_text()
+    assert log.count("registered gspo as jax loss") == 2  # the engine and the worker
+    assert "process 0: every process loaded the same extensions" in log
+    assert "process 1: every process loaded the same extensions" in log
+    assert "gspo" in served_losses(two_processes.url)[1]
+    status = run_rlcli("serve", "status", env=two_processes.env)
+    assert status.returncode == 0 and status.stdout.startswith("running:")
+
+
+def test_a_dead_worker_stops_the_server_and_stop_leaves_nothing(two_processes):
+    """Last in this file: it ends the module's server."""
+    state = read_state(two_processes.home / "servers" / "default")
+    workers = [pid for pid in group_members(state.pgid)
+               if b"launcher.py\0worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(workers) == 1
+    os.kill(workers[0], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    status = run_rlcli("serve", "status", env=two_processes.env)
+    while time.monotonic() < deadline and not status.stdout.startswith("dead:"):  # stopping: unresponsive first
+        time.sleep(1)
+        status = run_rlcli("serve", "status", env=two_processes.env)
+    assert status.stdout.startswith("dead:") and "jax worker process 1 exited with code -9" in status.stdout
+    sample = run_rlcli("sample", "--prompt", "hi", "--max-tokens", "2", env=two_processes.env, timeout=120)
+    assert sample.returncode != 0 and len(sample.stderr.strip().splitlines()) == 1, sample.stderr
+    run_rlcli("serve", "stop", env=two_processes.env, check=True)
+    assert group_members(state.pgid) == []
+
+
+def test_a_worker_started_by_hand_joins_a_coordinator_on_loopback(embedded_model, tmp_path):
+    """The other-machine form, on one machine: the server runs process 0 only; `rlcli serve worker` joins it;
+    the server becomes ready through both; after `serve stop` the worker ends with one closing line."""
+    home = tmp_path / "home"
+    env = private_env(home, shared_server_venv())
+    coordinator = f"127.0.0.1:{free_port()}"
+    start = run_rlcli("serve", "start", "--base-model", embedded_model, "--port", str(free_port()),
+                      "--processes", "2", "--local-processes", "1", "--coordinator", coordinator, "--wait", "0",
+                      env=env, timeout=300, check=True)
+    assert "2 jax processes" in start.stderr
+    worker = subprocess.Popen([*RLCLI, "serve", "worker", "--coordinator", coordinator, "--processes", "2",
+                               "--process-id", "1"], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        state = read_state(home / "servers" / "default")
+        wait_ready(state, home / "servers" / "default" / "server.log", 600)  # a LoRA made and unloaded on both
+        log = (home / "servers" / "default" / "server.log").read_text()
+        assert "process 0: every process loaded the same extensions" in log  # the worker joined
+        run_rlcli("serve", "stop", env=env, check=True)
+        _, err = worker.communicate(timeout=120)
+        assert worker.returncode == 1 and err.strip().splitlines()[-1].startswith("rlcli: jax process 1 ended")
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+        run_rlcli("serve", "stop", env=env)

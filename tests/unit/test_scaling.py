@@ -1,0 +1,78 @@
+"""--processes, --local-processes and --coordinator as SkyRL's jax backend config (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlcli.errors import UsageError
+from rlcli.server import scaling
+
+
+def config(processes=2, local=None, coordinator=None, gpus=None, tp=1, insecure=False, backend="jax", given=None):
+    cfg = dict(given or {})
+    workers = scaling.processes_config(backend, processes, local, coordinator, gpus, tp, insecure, cfg)
+    return workers, cfg
+
+
+def test_local_processes_get_a_loopback_coordinator_and_fsdp_over_all():
+    workers, cfg = config(processes=3)
+    assert workers == 2 and cfg["num_processes"] == 3 and cfg["fully_sharded_data_parallel_size"] == 3
+    host, port = cfg["coordinator_address"].rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) > 0
+
+
+def test_one_process_changes_nothing_and_gpus_multiply_the_mesh():
+    assert config(processes=1) == (0, {})
+    _, cfg = config(processes=2, gpus=4, tp=2, given={"fully_sharded_data_parallel_size": 2})  # as --gpus mapped it
+    assert cfg["fully_sharded_data_parallel_size"] == 4  # 2 processes x 4 GPUs / tp 2
+    _, cfg = config(given={"fully_sharded_data_parallel_size": 1, "tensor_parallel_size": 2}, tp=2)
+    assert cfg["fully_sharded_data_parallel_size"] == 1  # 2 devices / tp 2
+
+
+def test_remote_workers_need_a_reachable_coordinator_and_insecure():
+    assert config(processes=3, local=1, coordinator="10.0.0.5:7777", insecure=True)[0] == 0
+    with pytest.raises(UsageError, match="--coordinator HOST:PORT"):
+        config(processes=3, local=1)
+    with pytest.raises(UsageError, match="--insecure"):
+        config(processes=3, local=1, coordinator="10.0.0.5:7777")
+    with pytest.raises(UsageError, match="not HOST:PORT"):
+        config(coordinator="10.0.0.5")
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(processes=0), "at least 1"),
+    (dict(processes=2, backend="fsdp"), "for the jax backend"),
+    (dict(processes=2, given={"use_ray": True}), "use_ray"),
+    (dict(processes=2, local=3), "must be 1..2"),
+    (dict(processes=1, local=2), "go with --processes"),
+])
+def test_bad_combinations_are_one_line_usage_errors(kwargs, words):
+    with pytest.raises(UsageError, match=words):
+        config(**kwargs)
+
+
+def test_worker_refuses_a_bad_process_id_before_building_anything():
+    with pytest.raises(UsageError, match="must be 1..2"):
+        scaling.worker("127.0.0.1:7777", processes=3, process_id=0)
+
+
+def test_lost_worker_line_is_read_from_the_log():
+    tail = "x\n[rlcli launcher] jax worker process 1 exited with code -9; the server cannot run without it: stopping\n"
+    assert scaling.lost_worker_line(tail).startswith("jax worker process 1 exited with code -9")
+    assert scaling.lost_worker_line("nothing here") is None
+
+
+def test_on_ray_every_process_is_an_actor_and_samples_fit_the_mesh():
+    cfg: dict = {}
+    assert scaling.processes_config("jax", 2, None, None, None, 1, False, cfg, ray_address="127.0.0.1:6379") == 0
+    assert cfg == {"use_ray": True, "num_processes": 2, "sample_max_num_sequences": 2,
+                   "fully_sharded_data_parallel_size": 2}
+    with pytest.raises(UsageError, match="Ray places the jax processes"):
+        scaling.processes_config("jax", 2, 1, None, None, 1, False, {}, ray_address="127.0.0.1:6379")
+
+
+def test_the_ray_lock_changes_no_pin_of_the_jax_lock():
+    from rlcli.locks import ROOT, pins
+
+    jax, ray = (pins(ROOT / f"rlcli/server/env/server-{name}.lock") for name in ("jax", "ray"))
+    assert "ray" in ray and not {name for name in ray.keys() & jax.keys() if ray[name] != jax[name]}
