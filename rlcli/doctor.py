@@ -233,6 +233,36 @@ def check_disk() -> Check:
     return Check("disk", status, f"{free / GB:.1f} GB free for {home}{fix}")
 
 
+# A long-lived jax server maps memory for every XLA program it keeps (docs/decisions.md: ~70k mappings after
+# 13 minutes of the test suite, still rising; Linux's default cap is 65530, and hitting it kills the engine).
+MAP_COUNT_NEEDED = 262144
+MAP_COUNT_FIX = "sysctl -w vm.max_map_count=1048576"
+
+
+def read_map_count(path: Path = Path("/proc/sys/vm/max_map_count")) -> int | None:
+    """Linux's cap on memory mappings per process; None where there is no such setting (not Linux)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def map_count_warning(limit: int | None) -> str | None:
+    """One line when the cap is below what a long-lived jax server needs, else None."""
+    if limit is None or limit >= MAP_COUNT_NEEDED:
+        return None
+    return (f"vm.max_map_count is {limit}: a long-lived jax server maps more (~70k after 13 minutes of "
+            f"compiling) and its engine dies at the cap; raise it as root: {MAP_COUNT_FIX}")
+
+
+def check_map_count() -> Check:
+    limit = read_map_count()
+    warning = map_count_warning(limit)
+    if warning:
+        return Check("map-count", "warn", warning)
+    return Check("map-count", "ok", "no such limit here" if limit is None else f"vm.max_map_count is {limit}")
+
+
 def mem_available(meminfo: str) -> int | None:
     for line in meminfo.splitlines():
         if line.startswith("MemAvailable:"):
@@ -300,6 +330,7 @@ def run_checks(srv: Server) -> list[Check]:
         ("docker", check_docker),
         ("disk", check_disk),
         ("memory", lambda: check_memory(srv)),
+        ("map-count", check_map_count),
     ]
     checks = []
     for name, step in steps:
@@ -313,7 +344,8 @@ def run_checks(srv: Server) -> list[Check]:
 
 
 def doctor(base_url: str | None = None, api_key: str | None = None) -> int:
-    """Check this machine and the server: Pythons, pins, venv, server, backend, CUDA, processes, Docker, disk, memory.
+    """Check this machine and the server: Pythons, pins, venv, server, backend, CUDA, processes, Docker, disk,
+    memory, map count.
 
     Args:
         base_url: server URL (default: TINKER_BASE_URL, else the managed server)

@@ -48,6 +48,19 @@ def run_rlcli(*args: str, env: dict | None = None, timeout: float = 900, check: 
     return proc
 
 
+def shared_compile_cache(home: Path) -> Path:
+    """Give a test server's `home` jax's compilation cache shared by every test session (under the shared model
+    home): a warm `make test` loads the programs earlier sessions compiled instead of compiling each new shape
+    again (seconds each on 2 cores). jax keys an entry by the program, its jax/XLA versions and the device, so
+    sessions of different rlcli trees share it safely. Tests of the cache itself start servers with homes of
+    their own. Returns `home`."""
+    cache = shared_model_home() / "cache" / "jax-tests"
+    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (home / "cache").mkdir(parents=True, exist_ok=True, mode=0o700)
+    (home / "cache" / "jax").symlink_to(cache, target_is_directory=True)
+    return home
+
+
 @pytest.fixture(scope="session")
 def embedded_model() -> str:
     env = dict(os.environ, RLCLI_HOME=str(shared_model_home()))
@@ -62,8 +75,8 @@ def server(tmp_path_factory, embedded_model) -> Iterator[PrivateServer]:
     if not (venv / "bin" / "python").exists():
         pytest.fail(f"no server venv at {venv}: run `make server-venv` first (`make test` does)")
     # A handful of LoRA slots keeps the engine's memory down: 7 usable (SkyRL's table of 8, slot 0 reserved).
-    with private_server(embedded_model, "--slots", "7", home=tmp_path_factory.mktemp("rlcli-home"), venv=venv,
-                        timeout=900) as srv:
+    home = shared_compile_cache(tmp_path_factory.mktemp("rlcli-home"))
+    with private_server(embedded_model, "--slots", "7", home=home, venv=venv, timeout=900) as srv:
         yield srv
 
 
@@ -71,6 +84,7 @@ def server(tmp_path_factory, embedded_model) -> Iterator[PrivateServer]:
 def stock_server(tmp_path_factory, embedded_model):
     """A second real server started with --no-extensions: stock SkyRL behaviour. Yields (url, env)."""
     with private_server(embedded_model, "--no-extensions", "--backend-config", '{"max_lora_adapters": 3}',
-                        home=tmp_path_factory.mktemp("rlcli-stock-home"), venv=shared_server_venv(),
+                        home=shared_compile_cache(tmp_path_factory.mktemp("rlcli-stock-home")),
+                        venv=shared_server_venv(),
                         timeout=600) as srv:
         yield srv.url, srv.env

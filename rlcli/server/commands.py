@@ -157,6 +157,11 @@ def start(
     if not _is_loopback(host) and not tenants:
         print(f"rlcli: warning: binding {host}: SkyRL checks no credentials, so anyone who can reach "
               f"this port can train on and download from the server", file=sys.stderr)
+    if backend == "jax":
+        from rlcli.doctor import map_count_warning, read_map_count
+
+        if warning := map_count_warning(read_map_count()):
+            print(f"rlcli: warning: {warning}", file=sys.stderr)
     venv_dir = server_venv.ensure_server_venv(backend, python, venv)
     if backend_cfg.get("use_ray") and backend == "jax" and not server_venv.has_extra(venv_dir, "ray"):
         raise UsageError(f"the jax backend on Ray needs Ray in the server venv {venv_dir}: "

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rlcli.server import private, process
-from tests.conftest import REPO, RLCLI, run_rlcli, shared_server_venv
+from tests.conftest import REPO, RLCLI, run_rlcli, shared_compile_cache, shared_server_venv
 
 FIXTURES = REPO / "tests" / "fixtures"
 SL_DATA = FIXTURES / "sl_small.jsonl"  # 24 chats: batch 2 gives 12 steps per epoch
@@ -56,7 +56,7 @@ class FaultServer:
 
 @pytest.fixture(scope="module")
 def fault_server(tmp_path_factory, embedded_model):
-    srv = FaultServer(tmp_path_factory.mktemp("rlcli-fault-home"), embedded_model)
+    srv = FaultServer(shared_compile_cache(tmp_path_factory.mktemp("rlcli-fault-home")), embedded_model)
     srv.start()
     try:
         yield srv

@@ -63,7 +63,7 @@ def test_a_frozen_server_is_noticed_by_sample(fault_server, timeout_s):
 
 def test_a_killed_server_stops_training_and_the_run_resumes(fault_server, tmp_path):
     folder = tmp_path / "run"
-    args = ["train", "sl", "--dataset", str(SL_DATA), "--batch-size", "2", "--epochs", "2", "--save-every", "2",
+    args = ["train", "sl", "--dataset", str(SL_DATA), "--batch-size", "2", "--epochs", "1", "--save-every", "2",
             "--base-url", fault_server.url, "--log-path", str(folder), "--server-timeout", str(TIMEOUT_S)]
     proc = trainer(*args, env=fault_server.env)
     # Past the first step, whose compile takes longer than TIMEOUT_S: a busy server is not a dead one.
@@ -84,4 +84,4 @@ def test_a_killed_server_stops_training_and_the_run_resumes(fault_server, tmp_pa
     done = run_rlcli(*args, "--resume", env=fault_server.env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     steps = [r["step"] for r in step_rows(folder)]
-    assert steps == list(range(24)), steps  # each step once, none lost
+    assert steps == list(range(12)), steps  # each step once, none lost (24 chats, batch 2: 12 steps, killed after 5)

@@ -1,4 +1,4 @@
-"""Fixtures for the integration tests that need more than the session server: a private Postgres.
+"""Fixtures for the integration tests that need more than the session server: a private Postgres, Docker.
 
 The cluster is Debian's `postgresql` package: initdb into a temp folder, a loopback port, password auth,
 started once per test session; each module that asks for `postgres` gets a fresh database of its own (two
@@ -68,3 +68,18 @@ def postgres(postgres_cluster):
     subprocess.run([str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "rlcli", name],
                    env=dict(os.environ, PGPASSWORD=password), check=True, capture_output=True, timeout=60)
     return f"postgresql://rlcli:{password}@127.0.0.1:{port}/{name}"
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A client of the local Docker daemon that has the offline base image; skips with the reason otherwise."""
+    from rlcli.errors import RlcliError
+    from rlcli.harbor import sandbox
+
+    try:
+        client = sandbox.connect()
+    except RlcliError as e:
+        pytest.skip(f"no Docker daemon: {e}")
+    if not client.images.list(name="debian:bookworm-slim"):
+        pytest.skip("no debian:bookworm-slim image: build it offline with `scripts/base_image.sh` (make base-image)")
+    return client

@@ -101,14 +101,13 @@ JAX_LOSSES = """
 import json, sys
 import jax
 job = json.load(sys.stdin)
-jax.config.update("jax_enable_x64", job["x64"])
+jax.config.update("jax_enable_x64", job["x64"][0])
 import jax.numpy as jnp
 import rlcli_losses as ext
 from skyrl.tinker import loss_fns, types
 ext.install_jax_losses()
-dtype = jnp.float64 if job["x64"] else jnp.float32
 
-def run(name, logp, old, adv, mask, low, high):
+def run(name, logp, old, adv, mask, low, high, dtype):
     logp, old, adv, mask = (jnp.asarray(x, dtype) for x in (logp, old, adv, mask))
     n = logp.shape[0]
     config = loss_fns.LossFnConfig(clip_low_threshold=jnp.full((n,), low, dtype),
@@ -121,14 +120,20 @@ def run(name, logp, old, adv, mask, low, high):
     loss, grad = jax.value_and_grad(total)(logp)
     return [float(loss), grad.tolist()]
 
-print(json.dumps([{name: run(name, *case[name], case["low"], case["high"]) for name in ("gspo", "ppo")}
-                  for case in job["cases"]]))
+found = {}
+for x64 in job["x64"]:  # both precisions in one interpreter: SkyRL and jax are imported once
+    jax.config.update("jax_enable_x64", x64)
+    dtype = jnp.float64 if x64 else jnp.float32
+    found[str(x64)] = [{name: run(name, *case[name], case["low"], case["high"], dtype) for name in ("gspo", "ppo")}
+                       for case in job["cases"]]
+print(json.dumps(found))
 """
 
 
-@pytest.mark.parametrize("x64", [True, False])
-def test_fused_jax_gspo_and_shifted_ppo_match_the_reference(x64):
-    """SkyRL's own switch dispatch runs rlcli's gspo, and SkyRL's ppo on shifted logprobs; both = the paper."""
+@pytest.fixture(scope="module")
+def jax_losses() -> tuple[dict[str, list], list]:
+    """SkyRL's switch dispatch on rlcli's gspo and on ppo with shifted logprobs, in float32 then float64, against
+    the float64 reference: (jax's answers by str(x64), the reference's)."""
     cases, expected = [], []
     for seed in range(3):
         for eps_low, eps_high in ((0.05, 0.05), (0.2, 0.28), (3e-4, 4e-4)):
@@ -138,7 +143,14 @@ def test_fused_jax_gspo_and_shifted_ppo_match_the_reference(x64):
                           "ppo": [x.tolist() for x in (logp, shifted, adv, mask)],
                           "low": 1 - eps_low, "high": 1 + eps_high})
             expected.append(gspo_reference(logp, old, adv, mask, eps_low, eps_high))
-    got = json.loads(server_python(JAX_LOSSES, json.dumps({"x64": x64, "cases": cases})))
+    return json.loads(server_python(JAX_LOSSES, json.dumps({"x64": [False, True], "cases": cases}))), expected
+
+
+@pytest.mark.parametrize("x64", [True, False])
+def test_fused_jax_gspo_and_shifted_ppo_match_the_reference(jax_losses, x64):
+    """SkyRL's own switch dispatch runs rlcli's gspo, and SkyRL's ppo on shifted logprobs; both = the paper."""
+    found, expected = jax_losses
+    got = found[str(x64)]
     tolerance = 1e-6 if x64 else 1e-5
     worst = {"gspo": [0.0, 0.0], "ppo": [0.0, 0.0]}
     for answer, (want_loss, want_grad) in zip(got, expected, strict=True):

@@ -38,20 +38,13 @@ ORACLE = {"hello-file": 1.0, "sum-numbers": 1.0, "network-allowed": 1.0, "partia
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="session")
-def docker_client():
-    from rlcli.errors import RlcliError
-    from rlcli.harbor import images, sandbox, tasks
+@pytest.fixture(scope="module", autouse=True)
+def fixture_images(docker_client):
+    """The fixture tasks' images, built once (every test here uses them); docker_client is tests/integration's."""
+    from rlcli.harbor import images, tasks
 
-    try:
-        client = sandbox.connect()
-    except RlcliError as e:
-        pytest.skip(f"no Docker daemon: {e}")
-    if not client.images.list(name="debian:bookworm-slim"):
-        pytest.skip("no debian:bookworm-slim image: build it offline with `scripts/base_image.sh` (make base-image)")
     for task in tasks.find_tasks(FIXTURES)[0]:
-        images.ensure_image(client, task)  # once per session; every test below reuses them
-    return client
+        images.ensure_image(docker_client, task)
 
 
 @pytest.fixture

@@ -33,20 +33,6 @@ ORACLE = {"phase-network": 1.0, "multi-key": 0.75, "entrypoint-service": 1.0, "m
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def docker_client():
-    from rlcli.errors import RlcliError
-    from rlcli.harbor import sandbox
-
-    try:
-        client = sandbox.connect()
-    except RlcliError as e:
-        pytest.skip(f"no Docker daemon: {e}")
-    if not client.images.list(name="debian:bookworm-slim"):
-        pytest.skip("no debian:bookworm-slim image: build it offline with `scripts/base_image.sh` (make base-image)")
-    return client
-
-
 def harbor_run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict[str, dict], str]:
     """`rlcli harbor run` over the fixtures: (process, results by task, the owner label of its sandboxes)."""
     out = tmp_path / "out"

@@ -1,7 +1,16 @@
-"""rlcli's SkyRL shims against the SkyRL that the server venv really has."""
+"""rlcli's SkyRL shims against the SkyRL that the server venv really has.
+
+Every check runs in one interpreter of the server venv (`checks` below): importing SkyRL and jax there costs
+seconds, once instead of once per check. Each check runs as it would alone (the extension's own `python
+rlcli_X.py`, run as __main__), its output and outcome kept apart; the checks that only look for their targets
+come before the two that patch SkyRL (rlcli_samplers installs its wrappers, the engine-command shim applies
+itself), so no check can find a target that an earlier one put there, and the LoRA exactness check (which
+switches jax to float64) comes last.
+"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -13,7 +22,6 @@ pytestmark = pytest.mark.server
 
 CHECK = """
 import importlib, sys
-sys.path.insert(0, {runtime!r})
 import skyrl_shims
 for module, attr in skyrl_shims.PATCHED:
     assert callable(getattr(importlib.import_module(module), attr)), (module, attr)
@@ -27,58 +35,89 @@ assert "--base-model" in cmd and "uv" not in cmd, cmd
 print("shims ok")
 """
 
+# In this order (see the module's docstring); "shims" is CHECK above, the others are runtime/<name>.py.
+ORDER = ["rlcli_slots", "rlcli_wake", "rlcli_warmup", "rlcli_fair", "rlcli_samplers", "shims", "rlcli_lora"]
+DRIVER = """
+import contextlib, io, json, runpy, sys, traceback
+runtime, check, order = json.loads(sys.stdin.read())
+sys.path.insert(0, runtime)
+results = {}
+for name in order:
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            if name == "shims":
+                exec(compile(check, "CHECK", "exec"), {"__name__": "__main__"})
+            else:
+                runpy.run_path(f"{runtime}/{name}.py", run_name="__main__")
+        ok = True
+    except BaseException:  # SystemExit included: a script's failure is its check's failure, not the others'
+        ok = False
+        out.write(traceback.format_exc())
+    results[name] = {"ok": ok, "out": out.getvalue()}
+print(json.dumps(results))
+"""
 
-def test_engine_command_shim_targets_the_pinned_skyrl():
+
+@pytest.fixture(scope="module")
+def checks() -> dict[str, dict]:
     python = shared_server_venv() / "bin" / "python"
-    code = CHECK.format(runtime=str(commands.RUNTIME_DIR))
-    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "shims ok" in proc.stdout, proc.stderr[-2000:]
+    job = json.dumps([str(commands.RUNTIME_DIR), CHECK, ORDER])
+    proc = subprocess.run([str(python), "-c", DRIVER], input=job, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_slot_extension_targets_the_pinned_skyrl():
+def passed(checks: dict[str, dict], name: str, words: str) -> bool:
+    return checks[name]["ok"] and words in checks[name]["out"]
+
+
+def test_engine_command_shim_targets_the_pinned_skyrl(checks):
+    assert passed(checks, "shims", "shims ok"), checks["shims"]["out"][-2000:]
+
+
+def test_slot_extension_targets_the_pinned_skyrl(checks):
     """runtime/rlcli_slots.py wraps JaxBackendImpl.create_model; fail here if SkyRL moves it."""
-    python = shared_server_venv() / "bin" / "python"
-    script = commands.RUNTIME_DIR / "rlcli_slots.py"
-    proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "present" in proc.stdout, proc.stderr[-2000:]
+    assert passed(checks, "rlcli_slots", "present"), checks["rlcli_slots"]["out"][-2000:]
 
 
-def test_wake_extension_targets_the_pinned_skyrl():
+def test_wake_extension_targets_the_pinned_skyrl(checks):
     """runtime/rlcli_wake.py replaces the engine's loop and the API's future poller; fail here if SkyRL moves them."""
-    python = shared_server_venv() / "bin" / "python"
-    script = commands.RUNTIME_DIR / "rlcli_wake.py"
-    proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "present" in proc.stdout, proc.stderr[-2000:]
+    assert passed(checks, "rlcli_wake", "present"), checks["rlcli_wake"]["out"][-2000:]
 
 
-def test_per_sequence_lora_matches_the_stock_ragged_dot_path():
+def test_per_sequence_lora_matches_the_stock_ragged_dot_path(checks):
     """runtime/rlcli_lora.py against SkyRL's own LoRA layers: values and gradients (float64 to 1e-12, float32 to
     1e-5) on a batch that mixes adapters and leaves slots unused."""
-    python = shared_server_venv() / "bin" / "python"
-    script = commands.RUNTIME_DIR / "rlcli_lora.py"
-    proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "matches SkyRL's ragged_dot path" in proc.stdout, proc.stderr[-2000:]
+    assert passed(checks, "rlcli_lora", "matches SkyRL's ragged_dot path"), checks["rlcli_lora"]["out"][-2000:]
 
 
-def test_sampler_extension_targets_the_pinned_skyrl():
+def test_sampler_extension_targets_the_pinned_skyrl(checks):
     """runtime/rlcli_samplers.py wraps JaxBackendImpl's sample, saves, optim_step and load; fail here if they move."""
-    python = shared_server_venv() / "bin" / "python"
-    script = commands.RUNTIME_DIR / "rlcli_samplers.py"
-    proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "present" in proc.stdout, proc.stderr[-2000:]
+    assert passed(checks, "rlcli_samplers", "present"), checks["rlcli_samplers"]["out"][-2000:]
 
 
-def test_warmup_extension_targets_the_pinned_skyrl():
+def test_warmup_extension_targets_the_pinned_skyrl(checks):
     """runtime/rlcli_warmup.py wraps the jax backend's passes, create_model and the engine's run."""
-    python = shared_server_venv() / "bin" / "python"
-    script = commands.RUNTIME_DIR / "rlcli_warmup.py"
-    proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "present" in proc.stdout, proc.stderr[-2000:]
+    assert passed(checks, "rlcli_warmup", "present"), checks["rlcli_warmup"]["out"][-2000:]
 
 
-def test_fair_extension_targets_the_pinned_skyrl():
+def test_fair_extension_targets_the_pinned_skyrl(checks):
     """runtime/rlcli_fair.py chooses in TinkerEngine._load_requests, called by the engine's finders."""
-    python = shared_server_venv() / "bin" / "python"
-    script = commands.RUNTIME_DIR / "rlcli_fair.py"
-    proc = subprocess.run([str(python), str(script)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "present" in proc.stdout, proc.stderr[-2000:]
+    assert passed(checks, "rlcli_fair", "present"), checks["rlcli_fair"]["out"][-2000:]
+
+
+def test_a_failing_check_fails_only_its_own_test():
+    """The driver itself: a script that exits non-zero is reported as failed, and the next one still runs."""
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "bad.py").write_text("raise SystemExit('bad: target missing')\n")
+        (Path(tmp) / "good.py").write_text("print('good: present')\n")
+        job = json.dumps([tmp, "print('shims ok')", ["bad", "good", "shims"]])
+        proc = subprocess.run([sys.executable, "-c", DRIVER], input=job, capture_output=True, text=True, timeout=60)
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not results["bad"]["ok"] and "target missing" in results["bad"]["out"]
+    assert passed(results, "good", "present") and passed(results, "shims", "shims ok")

@@ -1,13 +1,15 @@
 """`rlcli train rl` against the real SkyRL server on CPU: each loss route runs, logs, and frees its slot.
 
 Sizes are the smallest that still exercise a group: 2 problems x 4 samples, 8 sampled tokens, 4
-held-out problems. Three steps are too few for learning to show through sampling noise, so it is not
-asserted here, only that every figure is logged (notebooks/gsm8k.ipynb shows a run that learns).
+held-out problems (18 for the ppo run that `rlcli eval` scores again). Three steps are too few for
+learning to show through sampling noise, so it is not asserted here, only that every figure is logged
+(notebooks/gsm8k.ipynb shows a run that learns).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import time
@@ -52,21 +54,39 @@ def check_run(run: Path, proc: subprocess.CompletedProcess, steps: int, route: s
     assert (run / MODELS_FILE).read_text() == ""  # the run unloaded its LoRA: the slot is free again
 
 
-def test_ppo_on_arithmetic_with_held_out_evaluation(server, tmp_path):
-    run = tmp_path / "run"
-    proc = train(server, run, "--loss", "ppo", "--dataset", "arithmetic", "--max-steps", "3", "--eval-every", "2")
+# Runs that several tests assert on, trained once per module (each `train rl` costs a process start, a model
+# and a final checkpoint): ppo with held-out scoring on the one-digit sums that `rlcli eval` scores too, and
+# cispo without held-out problems, which the resume test continues from a copy.
+PPO_FLAGS = ("--loss", "ppo", "--dataset", "arithmetic", "--max-operand", "9", "--max-steps", "3", "--eval-every",
+             "2", "--eval-size", "18")
+CISPO_FLAGS = ("--loss", "cispo", "--dataset", "arithmetic", "--eval-every", "0")
+
+
+@pytest.fixture(scope="module")
+def ppo_run(server, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    run = tmp_path_factory.mktemp("ppo") / "run"
+    return run, train(server, run, *PPO_FLAGS)
+
+
+@pytest.fixture(scope="module")
+def cispo_run(server, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    run = tmp_path_factory.mktemp("cispo") / "run"
+    return run, train(server, run, *CISPO_FLAGS, "--max-steps", "2")
+
+
+def test_ppo_on_arithmetic_with_held_out_evaluation(ppo_run):
+    run, proc = ppo_run
     check_run(run, proc, 3, "ppo fused")
     assert json.loads((run / "config.json").read_text())["loss_fn"] == "ppo"
-    # Scored before steps 1 and 3 (the recipe evaluates when step % eval_every == 0), on 4 problems.
+    # Scored before steps 1 and 3 (the recipe evaluates when step % eval_every == 0), on 18 problems.
     assert [TEST_KEY in m for m in rows(run / "metrics.jsonl")] == [True, False, True]
-    assert rows(run / "metrics.jsonl")[0]["test/env/all/total_episodes"] == 4
-    assert "4 held-out problems scored every 2 steps" in proc.stderr and "held-out correct" in proc.stdout
+    assert rows(run / "metrics.jsonl")[0]["test/env/all/total_episodes"] == 18
+    assert "18 held-out problems scored every 2 steps" in proc.stderr and "held-out correct" in proc.stdout
 
 
-def test_cispo_on_arithmetic(server, tmp_path):
-    run = tmp_path / "run"
-    proc = train(server, run, "--loss", "cispo", "--dataset", "arithmetic", "--max-steps", "3", "--eval-every", "0")
-    check_run(run, proc, 3, "cispo fused")
+def test_cispo_on_arithmetic(cispo_run):
+    run, proc = cispo_run
+    check_run(run, proc, 2, "cispo fused")
     assert not any(TEST_KEY in m for m in rows(run / "metrics.jsonl")) and "no held-out evaluation" in proc.stderr
 
 
@@ -126,12 +146,11 @@ def test_interrupt_frees_the_slot(server, tmp_path):
     assert (run / MODELS_FILE).read_text() == ""
 
 
-def test_resume_continues_from_the_final_checkpoint_and_another_run_starts_from_it(server, tmp_path):
-    run = tmp_path / "run"
-    train(server, run, "--loss", "cispo", "--dataset", "arithmetic", "--max-steps", "1")
-    proc = train(server, run, "--loss", "cispo", "--dataset", "arithmetic", "--max-steps", "2", "--resume")
+def test_resume_continues_from_the_final_checkpoint_and_another_run_starts_from_it(server, cispo_run, tmp_path):
+    run = Path(shutil.copytree(cispo_run[0], tmp_path / "run"))  # a finished 2-step run, ours to continue
+    proc = train(server, run, *CISPO_FLAGS, "--max-steps", "3", "--resume")
     assert "from checkpoint final" in proc.stderr
-    assert [m["progress/batch"] for m in rows(run / "metrics.jsonl")] == [0, 1]
+    assert [m["progress/batch"] for m in rows(run / "metrics.jsonl")] == [0, 1, 2]
     assert (run / MODELS_FILE).read_text() == ""
     # --load-checkpoint RUN_FOLDER: that run's newest saved state (checkpoints.jsonl), fresh optimizer.
     state = rows(run / "checkpoints.jsonl")[-1]["state_path"]
@@ -144,7 +163,7 @@ def test_resume_continues_from_the_final_checkpoint_and_another_run_starts_from_
     assert (after / MODELS_FILE).read_text() == ""
 
 
-def test_eval_scores_the_base_model_and_a_finished_run_on_the_held_out_problems(server, tmp_path):
+def test_eval_scores_the_base_model_and_a_finished_run_on_the_held_out_problems(server, ppo_run, tmp_path):
     """`rlcli eval` on train rl's held-out one-digit sums: the base model (pretrained on one-digit sums; with
     room for its wordy answers to finish, graded right it scores well above 0), then a finished run's
     weights, served again from its saved state."""
@@ -158,9 +177,7 @@ def test_eval_scores_the_base_model_and_a_finished_run_on_the_held_out_problems(
     assert base["correct"] >= 0.2, base  # greedy, 40 tokens: the build scored 0.53 on all 100 one-digit sums
     assert "0..9" in base["dataset"] and f"{base['correct']:.3f} correct on 18 held-out problems" in proc.stderr
 
-    run = tmp_path / "run"
-    train(server, run, "--loss", "ppo", "--dataset", "arithmetic", "--max-operand", "9", "--max-steps", "1",
-          "--eval-size", "18", "--eval-every", "1")
+    run = ppo_run[0]  # ppo on the same one-digit sums, scored on the same 18 held-out problems while training
     proc = run_rlcli("eval", *flags, "--checkpoint", str(run), "--temperature", "1", "--samples", "2",
                      env=server.env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

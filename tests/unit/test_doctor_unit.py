@@ -57,6 +57,38 @@ def test_memory_against_model_size():
     assert doctor.memory_check(None, GB, "m").status == "warn"
 
 
+def test_map_count_warns_below_what_a_long_lived_jax_server_needs(tmp_path, monkeypatch):
+    (tmp_path / "cap").write_text("65530\n")
+    assert doctor.read_map_count(tmp_path / "cap") == 65530
+    assert doctor.read_map_count(tmp_path / "absent") is None  # not Linux: nothing to say
+    warning = doctor.map_count_warning(65530)
+    assert "65530" in warning and "sysctl -w vm.max_map_count=1048576" in warning and "\n" not in warning
+    assert doctor.map_count_warning(1048576) is None and doctor.map_count_warning(None) is None
+    monkeypatch.setattr(doctor, "read_map_count", lambda: 65530)
+    assert doctor.check_map_count().status == "warn"
+    monkeypatch.setattr(doctor, "read_map_count", lambda: 1048576)
+    assert doctor.check_map_count().status == "ok"
+
+
+def test_serve_start_warns_in_one_line_about_a_low_map_count(monkeypatch, capsys, tmp_path):
+    from rlcli.errors import UsageError
+    from rlcli.server import commands
+
+    monkeypatch.setattr(doctor, "read_map_count", lambda: 65530)
+
+    def stop_here(*args, **kwargs):
+        raise UsageError("stopped before building anything")
+
+    monkeypatch.setattr(commands.server_venv, "ensure_server_venv", stop_here)
+    monkeypatch.setattr(commands.process, "check_port_free", lambda host, port: None)
+    monkeypatch.setenv("RLCLI_HOME", str(tmp_path))
+    with pytest.raises(UsageError):
+        commands.start(base_model="some/model", port=1)
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if "max_map_count" in line] == [
+        "rlcli: warning: " + doctor.map_count_warning(65530)]
+
+
 def test_weights_bytes_local_folder_and_hf_cache(tmp_path, monkeypatch):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "model.safetensors").write_bytes(b"x" * 1000)
@@ -123,7 +155,7 @@ def test_docker(monkeypatch, ping_error, image_missing, status, words):
 
 def _stub_checks(monkeypatch, statuses: dict[str, str]):
     for name in ("client_python", "server_python", "tinker_pins", "server_venv", "database", "cuda", "processes",
-                 "docker", "disk"):
+                 "docker", "disk", "map_count"):
         status = statuses.get(name, "ok")
         monkeypatch.setattr(doctor, f"check_{name}", lambda n=name, s=status: Check(n, s, "detail"))
     for name in ("server", "api_key", "backend", "memory"):
@@ -135,11 +167,11 @@ def test_exit_code_fails_only_on_a_failed_check(monkeypatch, capsys):
     _stub_checks(monkeypatch, {"cuda": "warn", "docker": "warn"})
     assert doctor.doctor(base_url="http://127.0.0.1:9") == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 14 and out[-1] == "doctor: 11 ok, 2 warn, 0 fail"
+    assert len(out) == 15 and out[-1] == "doctor: 12 ok, 2 warn, 0 fail"
     assert out[8].startswith("warn  cuda")
     _stub_checks(monkeypatch, {"disk": "fail"})
     assert doctor.doctor(base_url="http://127.0.0.1:9") == 1
-    assert capsys.readouterr().out.splitlines()[-1] == "doctor: 12 ok, 0 warn, 1 fail (disk)"
+    assert capsys.readouterr().out.splitlines()[-1] == "doctor: 13 ok, 0 warn, 1 fail (disk)"
 
 
 def test_a_crashing_check_is_a_failed_line_not_a_traceback(monkeypatch, capsys):
