@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 DEFAULT_HOST = "127.0.0.1"
@@ -73,7 +74,9 @@ def private_dir(path: Path) -> Path:
 
 def portable(text: str, root: Path | None = None) -> str:
     """text with this machine's paths made portable, for files meant to be committed or shared
-    (benchmark receipts, notebook results): `root/` becomes relative, the home folder `~`."""
+    (benchmark receipts, notebook results): this interpreter becomes `python`, `root/` relative, the home
+    folder `~`."""
+    text = text.replace(sys.executable, "python")
     if root is not None:
         text = text.replace(str(root) + os.sep, "").replace(str(root), ".")
     home = str(Path.home())
