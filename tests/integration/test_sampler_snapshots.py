@@ -1,0 +1,108 @@
+"""The RL loops' unnamed sampler snapshots do not pile up on the server's disk (runtime/rlcli_samplers.py).
+
+`save_weights_and_get_sampling_client()` saves ss<N>_seq<M> under <checkpoints>/<model>/sampler_weights/ once
+per RL step. On rlcli's server at most the newest 4 (the default) stay while the model lives, a sample of a
+deleted one is refused in one line, named sampler checkpoints are never deleted, and unloading the model
+deletes its snapshots (files, probes and listing rows). Stock SkyRL keeps every one, after unload too.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rlcli.client import CAPABILITIES_ROUTE, request_json, unload_models
+
+pytestmark = pytest.mark.server
+
+KEEP = 4  # the session server runs with the default (no --sampler-snapshots)
+STEPS = 7
+TOKENS = list(range(5, 21))
+SNAPSHOT = re.compile(r"ss(\d+)_seq(\d+)\.tar\.gz")
+
+
+def _service(url: str, monkeypatch):
+    import tinker
+
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test")
+    return tinker.ServiceClient(base_url=url)
+
+
+def _folder(home: Path, model_id: str) -> Path:
+    return home / "servers" / "default" / "checkpoints" / model_id / "sampler_weights"
+
+
+def _snapshots(folder: Path) -> list[str]:
+    """The unnamed snapshots on disk, oldest first (by the client's sampling-session counter N)."""
+    found = [(int(m[1]), m[0]) for p in folder.glob("ss*") if (m := SNAPSHOT.fullmatch(p.name))]
+    return [name.removesuffix(".tar.gz") for _, name in sorted(found)]
+
+
+def _step(client) -> None:
+    import tinker
+
+    datum = tinker.Datum(model_input=tinker.ModelInput.from_ints(TOKENS[:-1]),
+                         loss_fn_inputs={"target_tokens": TOKENS[1:], "weights": [1.0] * (len(TOKENS) - 1)})
+    client.forward_backward([datum], "cross_entropy").result()
+    client.optim_step(tinker.AdamParams(learning_rate=1e-2)).result()
+
+
+def _sample(sampler) -> list[int]:
+    import tinker
+
+    params = tinker.SamplingParams(max_tokens=2, temperature=0.0, seed=0)
+    return list(sampler.sample(tinker.ModelInput.from_ints(TOKENS), 1, params).result().sequences[0].tokens)
+
+
+def _listed(url: str, model_id: str) -> set[str]:
+    answer = request_json(f"{url}/api/v1/training_runs/{model_id}/checkpoints")
+    return {c["checkpoint_id"] for c in answer["checkpoints"] if c["checkpoint_type"] == "sampler"}
+
+
+def test_only_the_newest_snapshots_stay_and_unload_removes_them(server, monkeypatch):
+    assert f"newest {KEEP}" in request_json(server.url + CAPABILITIES_ROUTE)["rlcli_samplers"]["sampler_snapshots"]
+    client = _service(server.url, monkeypatch).create_lora_training_client(base_model=server.model, rank=8, seed=0)
+    folder = _folder(server.home, client.model_id)
+    try:
+        client.save_weights_for_sampler("named-first").result()
+        samplers, counts = [], []
+        for step in range(STEPS):
+            _step(client)
+            samplers.append(client.save_weights_and_get_sampling_client())
+            _sample(samplers[-1])  # the one just saved: the RL loop's case
+            counts.append(len(_snapshots(folder)))
+            if step == STEPS // 2:
+                client.save_weights_for_sampler("named-mid").result()
+        kept = _snapshots(folder)
+        assert counts == [min(i + 1, KEEP) for i in range(STEPS)], counts
+        assert {p.name.removesuffix(".tar.gz.probe") for p in folder.glob("ss*.probe")} <= set(kept)
+        assert {"named-first.tar.gz", "named-mid.tar.gz"} <= {p.name for p in folder.iterdir()}
+        assert _listed(server.url, client.model_id) == {"named-first", "named-mid", *kept}
+
+        # An older snapshot still kept samples (on a borrowed slot); a deleted one is refused in one line.
+        assert _sample(samplers[-KEEP])
+        with pytest.raises(Exception) as refused:
+            _sample(samplers[0])
+        assert "were deleted" in str(refused.value) and "--sampler-snapshots" in str(refused.value), refused.value
+    finally:
+        assert unload_models(server.url, [client.model_id]) == []
+    left = {p.name for p in folder.iterdir()}
+    assert not _snapshots(folder) and not any(SNAPSHOT.match(name) for name in left), left
+    assert {"named-first.tar.gz", "named-mid.tar.gz"} <= left, left
+    assert _listed(server.url, client.model_id) == {"named-first", "named-mid"}
+
+
+def test_stock_skyrl_keeps_every_snapshot(stock_server, embedded_model, monkeypatch):
+    """The fault the extension removes: stock SkyRL keeps each unnamed snapshot, after unload too."""
+    url, env = stock_server
+    client = _service(url, monkeypatch).create_lora_training_client(base_model=embedded_model, rank=8, seed=0)
+    folder = _folder(Path(env["RLCLI_HOME"]), client.model_id)
+    try:
+        for _ in range(3):
+            _step(client)
+            _sample(client.save_weights_and_get_sampling_client())
+    finally:
+        assert unload_models(url, [client.model_id]) == []
+    assert len(_snapshots(folder)) == 3, sorted(p.name for p in folder.iterdir())
