@@ -8,12 +8,15 @@ deletes its snapshots (files, probes and listing rows). Stock SkyRL keeps every 
 
 from __future__ import annotations
 
+import json
 import re
+import threading
 from pathlib import Path
 
 import pytest
 
-from rlcli.client import CAPABILITIES_ROUTE, request_json, unload_models
+from rlcli.client import CAPABILITIES_ROUTE, parse_tinker_path, request_json, unload_models
+from tests.conftest import run_rlcli
 
 pytestmark = pytest.mark.server
 
@@ -92,6 +95,38 @@ def test_only_the_newest_snapshots_stay_and_unload_removes_them(server, monkeypa
     assert not _snapshots(folder) and not any(SNAPSHOT.match(name) for name in left), left
     assert {"named-first.tar.gz", "named-mid.tar.gz"} <= left, left
     assert _listed(server.url, client.model_id) == {"named-first", "named-mid"}
+
+
+def test_train_rl_with_no_saves_leaves_no_snapshots(server, tmp_path):
+    """`rlcli train rl --save-every 0`, 6 steps: never more than KEEP snapshots on disk, none once it ended."""
+    checkpoints = server.home / "servers" / "default" / "checkpoints"
+    earlier = {p.name for p in checkpoints.iterdir()} if checkpoints.exists() else set()
+    seen: dict[str, int] = {}  # model -> most snapshots seen at once while the run trained
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.1):
+            for folder in checkpoints.glob("*/sampler_weights"):
+                if folder.parent.name not in earlier:
+                    seen[folder.parent.name] = max(seen.get(folder.parent.name, 0), len(_snapshots(folder)))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    run = tmp_path / "run"
+    try:
+        proc = run_rlcli("train", "rl", "--dataset", "arithmetic", "--loss", "importance_sampling", "--batch-size",
+                         "2", "--group-size", "2", "--max-tokens", "4", "--max-steps", "6", "--save-every", "0",
+                         "--eval-every", "0", "--base-url", server.url, "--log-path", str(run), env=server.env,
+                         timeout=300)
+    finally:
+        done.set()
+        watcher.join()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = [json.loads(line) for line in (run / "checkpoints.jsonl").read_text().splitlines()][-1]
+    model, _, name = parse_tinker_path(final["sampler_path"])
+    assert 1 <= seen.get(model, 0) <= KEEP, seen
+    folder = _folder(server.home, model)
+    assert not _snapshots(folder) and (folder / f"{name}.tar.gz").exists(), sorted(p.name for p in folder.iterdir())
 
 
 def test_stock_skyrl_keeps_every_snapshot(stock_server, embedded_model, monkeypatch):
