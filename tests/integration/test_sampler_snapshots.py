@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
 from rlcli.client import CAPABILITIES_ROUTE, parse_tinker_path, request_json, unload_models
-from tests.conftest import run_rlcli
+from rlcli.server import commands
+from tests.conftest import run_rlcli, shared_server_venv
 
 pytestmark = pytest.mark.server
 
@@ -141,3 +143,54 @@ def test_stock_skyrl_keeps_every_snapshot(stock_server, embedded_model, monkeypa
     finally:
         assert unload_models(url, [client.model_id]) == []
     assert len(_snapshots(folder)) == 3, sorted(p.name for p in folder.iterdir())
+
+
+SWEEP = """
+import json, sys, types as plain
+from pathlib import Path
+runtime, base = sys.argv[1], Path(sys.argv[2])
+sys.path.insert(0, runtime)
+import rlcli_samplers
+from skyrl.tinker import types
+from skyrl.tinker.db_models import CheckpointDB, CheckpointStatus, FutureDB
+from sqlmodel import Session, SQLModel, create_engine, select
+
+db = create_engine(f"sqlite:///{base / 'db.sqlite'}")
+SQLModel.metadata.create_all(db)
+saves = [("old", "ss0_seq1", 0), ("old", "kept-name", None), ("old", "ss1_seq3", 1), ("old", "ss1_seq3", None),
+         ("live", "ss0_seq1", 0)]  # (model, name, sampling_session_seq_id): None is a named save
+with Session(db) as session:
+    for model, name, seq in saves:
+        data = {"path": name, "sampling_session_seq_id": seq, "seq_id": 1}
+        kind = types.RequestType.SAVE_WEIGHTS_FOR_SAMPLER
+        session.add(FutureDB(request_type=kind, model_id=model, request_data=data))
+        if session.get(CheckpointDB, (model, name, types.CheckpointType.SAMPLER)) is None:
+            session.add(CheckpointDB(model_id=model, checkpoint_id=name, checkpoint_type=types.CheckpointType.SAMPLER,
+                                     status=CheckpointStatus.COMPLETED))
+        folder = base / model / "sampler_weights"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.tar.gz").write_text("weights")
+        (folder / f"{name}.tar.gz.probe").write_text("write_probe")
+    session.commit()
+engine = plain.SimpleNamespace(db_engine=db, config=plain.SimpleNamespace(checkpoints_base=base),
+                               backend=plain.SimpleNamespace(has_model=lambda model: model == "live"))
+deleted = rlcli_samplers.sweep(engine)
+with Session(db) as session:
+    rows = sorted(f"{c.model_id}/{c.checkpoint_id}" for c in session.exec(select(CheckpointDB)).all())
+files = sorted(str(p.relative_to(base)) for p in base.glob("*/sampler_weights/*"))
+print(json.dumps({"deleted": deleted, "again": rlcli_samplers.sweep(engine), "rows": rows, "files": files}))
+"""
+
+
+def test_a_start_deletes_the_snapshots_an_earlier_server_left(tmp_path):
+    """rlcli_samplers.sweep on SkyRL's real database tables: only unnamed snapshots of models not loaded go."""
+    python = shared_server_venv() / "bin" / "python"
+    proc = subprocess.run([str(python), "-c", SWEEP, str(commands.RUNTIME_DIR), str(tmp_path)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["deleted"] == 1 and result["again"] == 0, result
+    assert result["rows"] == ["live/ss0_seq1", "old/kept-name", "old/ss1_seq3"], result
+    kept = {f"{m}/sampler_weights/{n}.tar.gz{p}" for m, n in [("live", "ss0_seq1"), ("old", "kept-name"),
+                                                              ("old", "ss1_seq3")] for p in ("", ".probe")}
+    assert set(result["files"]) == kept, result

@@ -25,7 +25,8 @@ ss<N>_seq<M>.tar.gz, and a .probe file beside it) and nothing ever removes eithe
 Hosted Tinker treats these as ephemeral. Here each process keeps at most KEEP_ENV (default 4) such
 snapshots per model, the newest in the order it saved them: before writing a new one it deletes the oldest
 (file, probe and the checkpoint's database row), so a full disk gets room first; a save that fails leaves
-nothing behind; all of a model's go when the model is deleted (unload, or its session timed out). Named
+nothing behind; all of a model's go when the model is deleted (unload, or its session timed out), and a
+start deletes those of models an earlier server left loaded (none can be loaded again). Named
 sampler checkpoints (save_weights_for_sampler(name), `persist=True`) are never touched, even one that
 reuses an unnamed snapshot's name. A sample of a deleted snapshot is refused with a line that says so
 (what was deleted, why, what to do) rather than failing on a missing file.
@@ -78,7 +79,9 @@ def _targets():
            for m in ("sample", "load_sampler_weights", "save_sampler_checkpoint", "optim_step", "load_checkpoint",
                      "delete_model")},
         **{f"TinkerEngine.{m}": getattr(tinker_engine, m, None)
-           for m in ("_filter_valid_requests", "process_single_request", "cleanup_stale_sessions")},
+           for m in ("__init__", "_filter_valid_requests", "process_single_request", "cleanup_stale_sessions")},
+        "FutureDB request_type, model_id, request_data":
+            {"request_type", "model_id", "request_data"} <= set(getattr(db_models.FutureDB, "model_fields", {})),
         "models.extract_adapter_state": getattr(models, "extract_adapter_state", None),
         "models.insert_adapter_state": getattr(models, "insert_adapter_state", None),
         "ModelMetadata.loaded_checkpoint_id":
@@ -165,19 +168,52 @@ def snapshots(backend) -> Snapshots:
 def drop_rows(engine) -> None:
     """Delete the database rows of the snapshots deleted since the last call (the listing then omits them)."""
     found = engine.backend.__dict__.get("_rlcli_snapshots")
-    if found is None or not found.rows:
-        return
+    if found is not None and found.rows:
+        rows, found.rows = found.rows, []
+        delete_rows(engine, rows)
+
+
+def delete_rows(engine, rows: list[tuple[str, str]]) -> None:
     from skyrl.tinker import types
     from skyrl.tinker.db_models import CheckpointDB
     from sqlmodel import Session, delete
 
-    rows, found.rows = found.rows, []
+    if not rows:
+        return
     with Session(engine.db_engine) as session:
         for model_id, name in rows:
             session.exec(delete(CheckpointDB).where(
                 CheckpointDB.model_id == model_id, CheckpointDB.checkpoint_id == name,
                 CheckpointDB.checkpoint_type == types.CheckpointType.SAMPLER))
         session.commit()
+
+
+def sweep(engine) -> int:
+    """Delete the unnamed snapshots an earlier server left (its models were loaded when it stopped): at start
+    no model is loaded, so none can be sampled again. Told apart as at save time, from the save requests in
+    the database (the newest save of a name decides). Returns how many files it deleted."""
+    from skyrl.tinker import types
+    from skyrl.tinker.db_models import FutureDB
+    from sqlmodel import Session, select
+
+    newest: dict[tuple[str, str], bool] = {}  # (model_id, name) -> its newest save was unnamed
+    with Session(engine.db_engine) as session:
+        saves = session.exec(select(FutureDB.model_id, FutureDB.request_data)
+                             .where(FutureDB.request_type == types.RequestType.SAVE_WEIGHTS_FOR_SAMPLER)
+                             .order_by(FutureDB.request_id)).all()
+    for model_id, data in saves:
+        name = PurePath(str((data or {}).get("path") or "")).name
+        if model_id and name:
+            newest[(model_id, name)] = (data or {}).get("sampling_session_seq_id") is not None
+    found = Snapshots(keep=1, records_rows=True)
+    deleted = 0
+    for (model_id, name), unnamed in newest.items():
+        path = engine.config.checkpoints_base / model_id / "sampler_weights" / f"{name}{SUFFIX}"
+        if unnamed and not engine.backend.has_model(model_id) and path.exists():
+            found.delete(model_id, name, path)
+            deleted += 1
+    delete_rows(engine, found.rows)
+    return deleted
 
 
 def install() -> None:
@@ -247,8 +283,9 @@ def install() -> None:
 
 
 def install_snapshots(impl, tinker_engine) -> None:
-    """A model's snapshots go with it; the engine refuses samples of deleted ones and drops their rows."""
-    original_delete = impl.delete_model
+    """A model's snapshots go with it, a start deletes those an earlier server left, the engine refuses samples
+    of deleted ones and drops their rows."""
+    original_delete, original_init = impl.delete_model, tinker_engine.__init__
     original_filter = tinker_engine._filter_valid_requests
     original_single, original_cleanup = tinker_engine.process_single_request, tinker_engine.cleanup_stale_sessions
 
@@ -256,6 +293,15 @@ def install_snapshots(impl, tinker_engine) -> None:
     def delete_model(self, model_id, *args, **kwargs):
         original_delete(self, model_id, *args, **kwargs)
         snapshots(self).model_gone(model_id)  # every process: unload and a timed-out session both come here
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        try:
+            if deleted := sweep(self):
+                log(f"deleted {deleted} unnamed sampler snapshots of models an earlier server left loaded")
+        except Exception as e:  # housekeeping: the server serves without it
+            log(f"could not look for unnamed sampler snapshots an earlier server left: {e}")
 
     @functools.wraps(original_filter)
     def _filter_valid_requests(self, requests):
@@ -286,7 +332,7 @@ def install_snapshots(impl, tinker_engine) -> None:
         finally:
             drop_rows(self)
 
-    impl.delete_model = delete_model
+    impl.delete_model, tinker_engine.__init__ = delete_model, __init__
     tinker_engine._filter_valid_requests = _filter_valid_requests
     tinker_engine.process_single_request = process_single_request
     tinker_engine.cleanup_stale_sessions = cleanup_stale_sessions
