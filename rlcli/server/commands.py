@@ -141,6 +141,7 @@ def start(
     backend_cfg = hw.map_hardware(backend, gpus, nodes, tp)
     backend_cfg.update(hw.parse_backend_config(backend_config))
     slots = hw.slot_config(backend, slots, backend_cfg)
+    snapshots_env = _snapshots_env(sampler_snapshots)
     local_workers = scaling.processes_config(backend, processes, local_processes, coordinator, gpus, tp, insecure,
                                              backend_cfg, ray_address or os.environ.get("RAY_ADDRESS"))
     state_dir = config.private_dir(config.server_state_dir(name))
@@ -157,7 +158,7 @@ def start(
     from rlcli.server import database
 
     db_url, db_env = database.resolve(database_url)
-    tenant_env = {**tenant_env, **db_env, **_snapshots_env(sampler_snapshots)}
+    tenant_env = {**tenant_env, **db_env, **snapshots_env}
     if not _is_loopback(host) and not tenants:
         print(f"rlcli: warning: binding {host}: SkyRL checks no credentials, so anyone who can reach "
               f"this port can train on and download from the server", file=sys.stderr)
