@@ -71,6 +71,7 @@ def _targets():
     from skyrl.tx.utils import models
 
     impl = getattr(jax_backend, "JaxBackendImpl", None)
+    coordinator = getattr(jax_backend, "JaxBackend", None)
     tinker_engine = getattr(engine, "TinkerEngine", None)
     import pins  # a sibling in runtime/: the launcher's folder is on sys.path
 
@@ -78,6 +79,8 @@ def _targets():
         **{f"JaxBackendImpl.{m}": getattr(impl, m, None)
            for m in ("sample", "load_sampler_weights", "save_sampler_checkpoint", "optim_step", "load_checkpoint",
                      "delete_model")},
+        "JaxBackend.save_sampler_checkpoint (writes the probe, then broadcasts)":
+            "save_sampler_checkpoint" in vars(coordinator or object),
         **{f"TinkerEngine.{m}": getattr(tinker_engine, m, None)
            for m in ("__init__", "_filter_valid_requests", "process_single_request", "cleanup_stale_sessions")},
         "FutureDB request_type, model_id, request_data":
@@ -92,7 +95,7 @@ def _targets():
         "JaxBackendImpl.save_sampler_checkpoint(persist=...)":
             _takes(getattr(impl, "save_sampler_checkpoint", None), "persist"),
     })
-    return impl, tinker_engine, models
+    return impl, coordinator, tinker_engine, models
 
 
 def _takes(fn, parameter: str) -> bool:
@@ -216,13 +219,33 @@ def sweep(engine) -> int:
     return deleted
 
 
+def unnamed_saves_make_room(save):
+    """Around a save: an unnamed one first deletes the oldest kept beyond K - 1; one that fails leaves nothing."""
+
+    @functools.wraps(save)
+    def wrapper(self, output_path, model_id, *args, **kwargs):
+        if kwargs.get("persist", args[0] if args else True):
+            return save(self, output_path, model_id, *args, **kwargs)
+        snapshots(self).make_room(model_id)
+        try:
+            return save(self, output_path, model_id, *args, **kwargs)
+        except BaseException:  # e.g. a full disk: what it wrote of the file (or of its probe) is no snapshot
+            snapshots(self).delete(model_id, checkpoint_name(output_path), output_path)
+            raise
+
+    return wrapper
+
+
 def install() -> None:
-    impl, tinker_engine, models = _targets()
+    impl, coordinator, tinker_engine, models = _targets()
     if getattr(impl.sample, MARK, False):
         return
     keep_count()  # a bad setting stops the start, not the first save
     install_snapshots(impl, tinker_engine)
-    original_sample, original_save = impl.sample, impl.save_sampler_checkpoint
+    # Process 0's JaxBackend writes a probe file before the broadcast reaches JaxBackendImpl in every process:
+    # room is made before that write too, or a disk full to the last byte would fail on the probe.
+    coordinator.save_sampler_checkpoint = unnamed_saves_make_room(coordinator.save_sampler_checkpoint)
+    original_sample, original_save = impl.sample, unnamed_saves_make_room(impl.save_sampler_checkpoint)
     original_optim, original_load = impl.optim_step, impl.load_checkpoint
 
     @functools.wraps(original_sample)
@@ -251,18 +274,10 @@ def install() -> None:
 
     @functools.wraps(original_save)
     def save_sampler_checkpoint(self, output_path, model_id, *args, **kwargs):
-        persist = kwargs.get("persist", args[0] if args else True)
+        original_save(self, output_path, model_id, *args, **kwargs)
         name = checkpoint_name(output_path)
-        if not persist:
-            snapshots(self).make_room(model_id)
-        try:
-            original_save(self, output_path, model_id, *args, **kwargs)
-        except BaseException:
-            if not persist:  # e.g. a full disk: what it wrote of the file is no snapshot
-                snapshots(self).delete(model_id, name, output_path)
-            raise
         self.models[model_id].loaded_checkpoint_id = name  # the slot holds them
-        snapshots(self).saved(model_id, name, output_path, persist)
+        snapshots(self).saved(model_id, name, output_path, kwargs.get("persist", args[0] if args else True))
 
     @functools.wraps(original_optim)
     def optim_step(self, model_id, *args, **kwargs):
