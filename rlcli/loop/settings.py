@@ -78,8 +78,9 @@ def check(s: LoopSettings) -> LoopSettings:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(s, name)}")
     if s.group_size < 2:
         raise UsageError(f"--group-size must be at least 2, got {s.group_size}")
-    if min(s.lr, s.distill_lr, s.save_every, s.distill_steps, s.seed) < 0:
-        raise UsageError("lr, distill_lr, save_every, distill_steps and seed must be 0 or more")
+    for name in ("lr", "distill_lr", "save_every", "distill_steps", "seed"):
+        if getattr(s, name) < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(s, name)}")
     from rlcli.train.rewards import check_match
 
     check_match(s.match)

@@ -28,7 +28,7 @@ def test_toml_round_trip_keeps_every_setting():
     ('traces = "x"\ncolour = 1', "unknown setting 'colour'"),
     ('traces = "x"\nheldout_share = 1', "--heldout-share"),
     ('traces = "x"\nmatch = "regex:("', "--match"),
-    ('traces = "x"\ndistill_lr = -0.001', "distill_lr"),
+    ('traces = "x"\ndistill_lr = -0.001', "--distill-lr must be 0 or more"),
     ("train = sft", "not valid TOML"),
 ])
 def test_bad_settings_are_one_line(text, words):
