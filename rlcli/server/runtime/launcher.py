@@ -14,7 +14,8 @@ process group that `rlcli serve stop` ends as a whole. Three roles:
 - api: applies rlcli's shims (skyrl_shims.py) and runs SkyRL's FastAPI app
   under uvicorn, as `python -m skyrl.tinker.api` would.
 - engine: runs SkyRL's engine (`python -m skyrl.tinker.engine`); started by
-  the API through the shimmed engine command.
+  the API through the shimmed engine command. With the jax backend on Ray it
+  first joins the cluster so that every actor loads the extensions (ray_actors.py).
 - worker (jax backend, several processes): joins JAX's distributed runtime as
   process K and serves SkyRL's worker loop (distributed.py). The supervisor
   starts --local-workers of them next to the API and stops the server when one
