@@ -154,7 +154,7 @@ def test_a_worker_started_by_hand_joins_a_coordinator_on_loopback(embedded_model
 
 
 def _listening(port: int) -> set[str]:
-    """The IPv4 and IPv6 addresses with a TCP socket listening on `port` (from /proc/net/tcp and tcp6)."""
+    """The addresses with a TCP socket listening on `port` (from /proc/net/tcp and tcp6; v4-mapped as IPv4)."""
     import ipaddress
 
     found = set()
@@ -167,5 +167,6 @@ def _listening(port: int) -> set[str]:
                     continue
                 raw = bytes.fromhex(address)  # little-endian 32-bit words
                 raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-                found.add(str(ipaddress.ip_address(raw)))
+                address = ipaddress.ip_address(raw)
+                found.add(str(getattr(address, "ipv4_mapped", None) or address))  # gRPC listens on ::ffff:a.b.c.d
     return found
