@@ -52,3 +52,11 @@ def test_actors_that_loaded_what_the_engine_did_are_reported_to_the_api(tmp_path
     message = str(caught.value)
     assert message.startswith("Ray actor 1 loaded the server extensions None") and "\n" not in message
     assert "ray start" in message
+
+
+def test_gspo_is_fused_on_ray_only_where_the_launcher_prepared_the_actors(monkeypatch):
+    losses = runtime("rlcli_losses")
+    monkeypatch.delenv("RLCLI_DISTRIBUTED", raising=False)
+    assert "Ray actors" in losses.jax_fused_blocker({"use_ray": True, "num_processes": 2})  # SkyRL started by hand
+    monkeypatch.setenv("RLCLI_DISTRIBUTED", "ray")  # what the supervisor tells the API and engine on Ray
+    assert losses.jax_fused_blocker({"use_ray": True, "num_processes": 2}) is None
