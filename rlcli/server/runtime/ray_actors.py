@@ -88,9 +88,13 @@ def _calls_initialize(actor) -> bool:
 
 def connect() -> None:
     """Join the Ray cluster (RAY_ADDRESS) with the runtime_env that makes every actor load the extensions."""
+    import distributed
+
     Path(REPORT).unlink(missing_ok=True)
-    extensions = os.environ.get(EXTENSIONS_ENV, "")
-    if not extensions.strip():
+    # The tenants' extensions act on the engine's queue and the API only: not in the actors.
+    extensions = ",".join(name.strip() for name in os.environ.get(EXTENSIONS_ENV, "").split(",")
+                          if name.strip() and name.strip() not in distributed.QUEUE_ONLY)
+    if not extensions:
         return  # --no-extensions: stock SkyRL in the actors too
     ray, ray_jax = _targets()
     ray.init(runtime_env={"working_dir": str(HERE), "env_vars": {EXTENSIONS_ENV: extensions},
