@@ -87,6 +87,7 @@ def test_ray_actor_hook_targets_the_pinned_skyrl_and_ray():
 def ray_server(ray_head, embedded_model, tmp_path_factory):
     """One private server on the Ray head for every test here (its start is most of their time)."""
     with private_server(embedded_model, "--processes", "2", "--ray-address", ray_head, "--slots", "3",
+                        "--sampler-snapshots", "1",  # the actors must get it: it is part of rlcli_samplers' version
                         venv=shared_server_venv(), home=tmp_path_factory.mktemp("rlcli-ray-home")) as srv:
         yield srv
 
@@ -180,6 +181,27 @@ def test_sampling_an_old_checkpoint_on_ray_leaves_the_live_model_alone(ray_serve
     assert after == before, (before, after)  # bit for bit; stock SkyRL's actors load s1 over the live model
     assert _close(s1_logprobs, at_s1), (s1_logprobs, at_s1)  # s1's samples come from s1's weights
     assert len(s1_tokens) == 4  # one prompt on a 2-process mesh: padded to the mesh in the actors
+
+
+def test_unnamed_snapshots_on_ray_keep_the_newest_and_refuse_a_deleted_one(ray_server, service):
+    """--sampler-snapshots 1: a second unnamed snapshot deletes the first (the actors' files, the engine's row),
+    and a sample of the first is refused in one line by the engine, before any actor is asked."""
+    import tinker
+
+    client = service.create_lora_training_client(base_model=ray_server.model, rank=8, seed=0)
+    folder = ray_server.home / "servers" / "default" / "checkpoints" / client.model_id / "sampler_weights"
+    try:
+        first = client.save_weights_and_get_sampling_client()
+        second = client.save_weights_and_get_sampling_client()
+        assert len(list(folder.glob("ss*.tar.gz"))) == 1
+        listed = request_json(f"{ray_server.url}/api/v1/training_runs/{client.model_id}/checkpoints")["checkpoints"]
+        assert len([c for c in listed if c["checkpoint_type"] == "sampler"]) == 1, listed
+        with pytest.raises(Exception, match="were deleted"):
+            first.sample(tinker.ModelInput.from_ints([5, 6, 7]), 1, tinker.SamplingParams(max_tokens=2)).result()
+        assert second is not first
+    finally:
+        unload_model(ray_server.url, client.model_id)
+    assert not list(folder.glob("ss*"))  # unload takes the rest
 
 
 def test_stopping_the_server_leaves_no_actor(ray_server):

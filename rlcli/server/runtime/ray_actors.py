@@ -35,6 +35,7 @@ from pathlib import Path
 NAME = "rlcli ray actors"
 HERE = Path(__file__).resolve().parent
 EXTENSIONS_ENV = "RLCLI_SERVER_EXTENSIONS"
+FORWARDED_ENV = ("RLCLI_SAMPLER_SNAPSHOTS",)  # settings the extensions read (and compare, through VERSION)
 REPORT = "rlcli-ray-actors.json"  # in the server's folder (the API's and the engine's working directory)
 MARK = "_rlcli_loads_extensions"
 # Loaded in the actors too (every process loads the same list) but acting in the engine only: what they change
@@ -97,7 +98,8 @@ def connect() -> None:
     if not extensions:
         return  # --no-extensions: stock SkyRL in the actors too
     ray, ray_jax = _targets()
-    ray.init(runtime_env={"working_dir": str(HERE), "env_vars": {EXTENSIONS_ENV: extensions},
+    env = {EXTENSIONS_ENV: extensions, **{k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}}
+    ray.init(runtime_env={"working_dir": str(HERE), "env_vars": env,
                           "worker_process_setup_hook": f"{Path(__file__).stem}.setup"})
     backend = ray_jax.RayJaxBackend
     original = backend.__init__
@@ -107,6 +109,8 @@ def connect() -> None:
         check_actors(ray, self.workers, extensions)
 
     backend.__init__ = __init__
+    if "rlcli_samplers" in extensions.split(","):
+        mirror_snapshots(backend)
     log("Ray actors will load rlcli's server extensions (runtime_env working_dir and setup hook)")
 
 
@@ -128,6 +132,28 @@ def check_actors(ray, workers: list, extensions: str) -> None:
     tmp.chmod(0o600)
     os.replace(tmp, REPORT)
     log(f"all {len(theirs)} Ray actors loaded the same extensions as the engine: {mine}")
+
+
+def mirror_snapshots(backend) -> None:
+    """rlcli_samplers keeps a book of each process's unnamed sampler snapshots on its backend object; the engine
+    reads process 0's to refuse samples of deleted ones and to drop their database rows. On Ray the engine's
+    backend is RayJaxBackend, the proxy: keep the same book there from the same calls (the actors delete their
+    files; the proxy's deletes find them gone, or delete the engine's copy on a shared disk)."""
+    original_save, original_delete = backend.save_sampler_checkpoint, backend.delete_model
+
+    def save_sampler_checkpoint(self, output_path, model_id, persist=True):
+        import rlcli_samplers as samplers
+
+        original_save(self, output_path, model_id, persist)
+        samplers.snapshots(self).saved(model_id, samplers.checkpoint_name(output_path), output_path, persist)
+
+    def delete_model(self, model_id):
+        import rlcli_samplers as samplers
+
+        original_delete(self, model_id)
+        samplers.snapshots(self).model_gone(model_id)
+
+    backend.save_sampler_checkpoint, backend.delete_model = save_sampler_checkpoint, delete_model
 
 
 def describe(cwd: Path | None = None) -> dict:
