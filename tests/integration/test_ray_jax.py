@@ -34,7 +34,7 @@ from tests.integration.test_fused_gspo import (
     sequence_mean_loss,
     token_batch,
 )
-from tests.integration.test_sampler_checkpoints import _close, _live, _sampled, _train
+from tests.integration.test_sampler_checkpoints import TOKENS, _close, _live, _sampled, _train
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -183,22 +183,33 @@ def test_sampling_an_old_checkpoint_on_ray_leaves_the_live_model_alone(ray_serve
     assert len(s1_tokens) == 4  # one prompt on a 2-process mesh: padded to the mesh in the actors
 
 
+class _Asked:
+    """The sampling call of test_sampler_checkpoints.py's _sampled (a shape the actors compiled there)."""
+
+    def __iter__(self):
+        import tinker
+
+        return iter((tinker.ModelInput.from_ints(TOKENS), 1, tinker.SamplingParams(max_tokens=4, temperature=0.0,
+                                                                                    seed=0)))
+
+
+ASKED = _Asked()
+
+
 def test_unnamed_snapshots_on_ray_keep_the_newest_and_refuse_a_deleted_one(ray_server, service):
     """--sampler-snapshots 1: a second unnamed snapshot deletes the first (the actors' files, the engine's row),
     and a sample of the first is refused in one line by the engine, before any actor is asked."""
-    import tinker
-
     client = service.create_lora_training_client(base_model=ray_server.model, rank=8, seed=0)
     folder = ray_server.home / "servers" / "default" / "checkpoints" / client.model_id / "sampler_weights"
     try:
         first = client.save_weights_and_get_sampling_client()
-        second = client.save_weights_and_get_sampling_client()
+        first.sample(*ASKED, include_prompt_logprobs=True).result()  # sampled as saved, as the RL loops do
+        client.save_weights_and_get_sampling_client()
         assert len(list(folder.glob("ss*.tar.gz"))) == 1
         listed = request_json(f"{ray_server.url}/api/v1/training_runs/{client.model_id}/checkpoints")["checkpoints"]
         assert len([c for c in listed if c["checkpoint_type"] == "sampler"]) == 1, listed
-        with pytest.raises(Exception, match="were deleted"):
-            first.sample(tinker.ModelInput.from_ints([5, 6, 7]), 1, tinker.SamplingParams(max_tokens=2)).result()
-        assert second is not first
+        with pytest.raises(Exception, match="were deleted"):  # the engine's line, from the book kept on its proxy
+            first.sample(*ASKED, include_prompt_logprobs=True).result()
     finally:
         unload_model(ray_server.url, client.model_id)
     assert not list(folder.glob("ss*"))  # unload takes the rest
