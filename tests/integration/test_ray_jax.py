@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from rlcli.client import CAPABILITIES_ROUTE, request_json, unload_model
+from rlcli.client import CAPABILITIES_ROUTE, request_json, unload_model, unload_models
 from rlcli.server.commands import RUNTIME_DIR
 from rlcli.server.private import free_port, private_server
 from rlcli.server.server_venv import has_extra
@@ -183,17 +183,12 @@ def test_sampling_an_old_checkpoint_on_ray_leaves_the_live_model_alone(ray_serve
     assert len(s1_tokens) == 4  # one prompt on a 2-process mesh: padded to the mesh in the actors
 
 
-class _Asked:
+def _ask(sampler):
     """The sampling call of test_sampler_checkpoints.py's _sampled (a shape the actors compiled there)."""
+    import tinker
 
-    def __iter__(self):
-        import tinker
-
-        return iter((tinker.ModelInput.from_ints(TOKENS), 1, tinker.SamplingParams(max_tokens=4, temperature=0.0,
-                                                                                    seed=0)))
-
-
-ASKED = _Asked()
+    params = tinker.SamplingParams(max_tokens=4, temperature=0.0, seed=0)
+    return sampler.sample(tinker.ModelInput.from_ints(TOKENS), 1, params, include_prompt_logprobs=True).result()
 
 
 def test_unnamed_snapshots_on_ray_keep_the_newest_and_refuse_a_deleted_one(ray_server, service):
@@ -203,15 +198,15 @@ def test_unnamed_snapshots_on_ray_keep_the_newest_and_refuse_a_deleted_one(ray_s
     folder = ray_server.home / "servers" / "default" / "checkpoints" / client.model_id / "sampler_weights"
     try:
         first = client.save_weights_and_get_sampling_client()
-        first.sample(*ASKED, include_prompt_logprobs=True).result()  # sampled as saved, as the RL loops do
+        _ask(first)  # sampled as saved, as the RL loops do
         client.save_weights_and_get_sampling_client()
         assert len(list(folder.glob("ss*.tar.gz"))) == 1
         listed = request_json(f"{ray_server.url}/api/v1/training_runs/{client.model_id}/checkpoints")["checkpoints"]
         assert len([c for c in listed if c["checkpoint_type"] == "sampler"]) == 1, listed
         with pytest.raises(Exception, match="were deleted"):  # the engine's line, from the book kept on its proxy
-            first.sample(*ASKED, include_prompt_logprobs=True).result()
+            _ask(first)
     finally:
-        unload_model(ray_server.url, client.model_id)
+        assert unload_models(ray_server.url, [client.model_id]) == []  # waits for the unload to be done
     assert not list(folder.glob("ss*"))  # unload takes the rest
 
 
