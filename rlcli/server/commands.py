@@ -143,7 +143,7 @@ def start(
     slots = hw.slot_config(backend, slots, backend_cfg)
     snapshots_env = _snapshots_env(sampler_snapshots)
     local_workers = scaling.processes_config(backend, processes, local_processes, coordinator, gpus, tp, insecure,
-                                             backend_cfg, ray_address or os.environ.get("RAY_ADDRESS"))
+                                             backend_cfg, ray_address or os.environ.get("RAY_ADDRESS"), extensions)
     state_dir = config.private_dir(config.server_state_dir(name))
     old = process.read_state(state_dir)
     if old and process.live_members(old):

@@ -49,12 +49,12 @@ def _is_loopback(host: str) -> bool:
 
 def processes_config(backend: str, processes: int, local_processes: int | None, coordinator: str | None,
                      gpus: int | None, tp: int, insecure: bool, backend_cfg: dict,
-                     ray_address: str | None = None) -> int:
+                     ray_address: str | None = None, extensions: bool = True) -> int:
     """Write the multi-process keys into backend_cfg; returns how many worker processes start on this machine."""
     if processes < 1:
         raise UsageError("--processes must be at least 1")
     if backend == "jax" and ray_address and processes > 1:
-        return _on_ray(processes, local_processes, coordinator, gpus, tp, backend_cfg)
+        return _on_ray(processes, local_processes, coordinator, gpus, tp, backend_cfg, extensions)
     local = processes if local_processes is None else local_processes
     if processes == 1:
         if local_processes not in (None, 1) or coordinator:
@@ -85,18 +85,20 @@ def processes_config(backend: str, processes: int, local_processes: int | None, 
 
 
 def _on_ray(processes: int, local_processes: int | None, coordinator: str | None, gpus: int | None, tp: int,
-            backend_cfg: dict) -> int:
+            backend_cfg: dict, extensions: bool = True) -> int:
     """SkyRL's use_ray: every jax process is a Ray actor of the cluster at --ray-address; nothing starts here.
 
-    rlcli's launcher does not reach the actors, so its extensions do not run in them (the engine only proxies):
-    gspo takes the 2-pass route, and sampling batches are capped at one sequence per process, which keeps
-    every batch a multiple of the mesh (SkyRL pads to the cap only)."""
+    The engine only proxies; the actors load rlcli's extensions through the runtime_env the engine joins Ray
+    with (runtime/ray_actors.py), the padding of sampling batches to the mesh included. Without extensions
+    sampling batches are capped at one sequence per process instead, which keeps every batch a multiple of
+    the mesh (stock SkyRL pads to the cap only)."""
     if local_processes is not None or coordinator:
         raise UsageError("on Ray, Ray places the jax processes and picks the coordinator: drop --local-processes "
                          "and --coordinator")
     backend_cfg.setdefault("use_ray", True)
     backend_cfg.setdefault("num_processes", processes)
-    backend_cfg.setdefault("sample_max_num_sequences", processes)
+    if not extensions:
+        backend_cfg.setdefault("sample_max_num_sequences", processes)
     if backend_cfg.get("fully_sharded_data_parallel_size", 1) in (1, (gpus or 1) // tp):
         backend_cfg["fully_sharded_data_parallel_size"] = (gpus or 1) * processes // tp
     if gpus:

@@ -8,6 +8,7 @@ a request fails with one line, and `serve stop` leaves no process behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -120,10 +121,16 @@ def test_a_dead_worker_stops_the_server_and_stop_leaves_nothing(two_processes):
 
 def test_a_worker_started_by_hand_joins_a_coordinator_on_loopback(embedded_model, tmp_path):
     """The other-machine form, on one machine: the server runs process 0 only; `rlcli serve worker` joins it;
-    the server becomes ready through both; after `serve stop` the worker ends with one closing line."""
+    the server becomes ready through both; after `serve stop` the worker ends with one closing line.
+
+    The coordinator is on a second loopback address, 127.0.0.2 (Linux routes all of 127/8 to lo), as machine
+    A's address would be: the worker reaches it there and the coordination service listens there only, not on
+    every interface (SkyRL's own call would bind [::]). The gloo collectives still use the address this
+    machine's hostname resolves to: jax 0.12 builds them with no host or interface (docs/decisions.md)."""
     home = tmp_path / "home"
     env = private_env(home, shared_server_venv())
-    coordinator = f"127.0.0.1:{free_port()}"
+    port = free_port()
+    coordinator = f"127.0.0.2:{port}"
     start = run_rlcli("serve", "start", "--base-model", embedded_model, "--port", str(free_port()),
                       "--processes", "2", "--local-processes", "1", "--coordinator", coordinator, "--wait", "0",
                       env=env, timeout=300, check=True)
@@ -136,6 +143,7 @@ def test_a_worker_started_by_hand_joins_a_coordinator_on_loopback(embedded_model
         wait_ready(state, home / "servers" / "default" / "server.log", 600)  # a LoRA made and unloaded on both
         log = (home / "servers" / "default" / "server.log").read_text()
         assert "process 0: every process loaded the same extensions" in log  # the worker joined
+        assert _listening(port) == {"127.0.0.2"}
         run_rlcli("serve", "stop", env=env, check=True)
         _, err = worker.communicate(timeout=120)
         assert worker.returncode == 1 and err.strip().splitlines()[-1].startswith("rlcli: jax process 1 ended")
@@ -143,3 +151,22 @@ def test_a_worker_started_by_hand_joins_a_coordinator_on_loopback(embedded_model
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)
         run_rlcli("serve", "stop", env=env)
+
+
+def _listening(port: int) -> set[str]:
+    """The addresses with a TCP socket listening on `port` (from /proc/net/tcp and tcp6; v4-mapped as IPv4)."""
+    import ipaddress
+
+    found = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state != "0A" or int(hex_port, 16) != port or len(address) != width:
+                    continue
+                raw = bytes.fromhex(address)  # little-endian 32-bit words
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                address = ipaddress.ip_address(raw)
+                found.add(str(getattr(address, "ipv4_mapped", None) or address))  # gRPC listens on ::ffff:a.b.c.d
+    return found

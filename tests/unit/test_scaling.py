@@ -65,8 +65,11 @@ def test_lost_worker_line_is_read_from_the_log():
 def test_on_ray_every_process_is_an_actor_and_samples_fit_the_mesh():
     cfg: dict = {}
     assert scaling.processes_config("jax", 2, None, None, None, 1, False, cfg, ray_address="127.0.0.1:6379") == 0
-    assert cfg == {"use_ray": True, "num_processes": 2, "sample_max_num_sequences": 2,
-                   "fully_sharded_data_parallel_size": 2}
+    assert cfg == {"use_ray": True, "num_processes": 2, "fully_sharded_data_parallel_size": 2}  # actors pad
+    stock: dict = {}  # --no-extensions: stock actors pad a sampling batch only up to a cap
+    scaling.processes_config("jax", 2, None, None, None, 1, False, stock, ray_address="127.0.0.1:6379",
+                             extensions=False)
+    assert stock == {**cfg, "sample_max_num_sequences": 2}
     with pytest.raises(UsageError, match="Ray places the jax processes"):
         scaling.processes_config("jax", 2, 1, None, None, 1, False, {}, ray_address="127.0.0.1:6379")
 

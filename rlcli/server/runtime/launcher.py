@@ -14,7 +14,8 @@ process group that `rlcli serve stop` ends as a whole. Three roles:
 - api: applies rlcli's shims (skyrl_shims.py) and runs SkyRL's FastAPI app
   under uvicorn, as `python -m skyrl.tinker.api` would.
 - engine: runs SkyRL's engine (`python -m skyrl.tinker.engine`); started by
-  the API through the shimmed engine command.
+  the API through the shimmed engine command. With the jax backend on Ray it
+  first joins the cluster so that every actor loads the extensions (ray_actors.py).
 - worker (jax backend, several processes): joins JAX's distributed runtime as
   process K and serves SkyRL's worker loop (distributed.py). The supervisor
   starts --local-workers of them next to the API and stops the server when one
@@ -111,6 +112,10 @@ def _start_engine(argv: list[str]) -> None:
     if several:  # the runtime before the extensions: they run jax code as they load (distributed.py)
         distributed.initialize(*several, process_id=0)
         distributed.broadcast_delete_model()
+    import ray_actors
+
+    if ray_actors.on_ray(argv):  # with use_ray the extensions must reach the actors: the driver joins Ray first
+        ray_actors.connect()
     _load_extensions("engine")
     if several:
         distributed.agree(0, several[1], os.environ.get("RLCLI_SERVER_EXTENSIONS", ""))
@@ -251,6 +256,8 @@ def supervise(log: Path, max_log_bytes: int, api_argv: list[str], local_workers:
 
     if distributed.settings_from_engine_argv(api_argv):  # every process loads the extensions: the API may say so
         env[distributed.MARK_ENV] = "launcher"
+    elif _on_ray(api_argv):  # so does every Ray actor (ray_actors.py)
+        env[distributed.MARK_ENV] = "ray"
     pipes += [worker.stdout for worker in workers]
     child = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "api", *api_argv],
@@ -293,6 +300,12 @@ def supervise(log: Path, max_log_bytes: int, api_argv: list[str], local_workers:
         thread.join(timeout=5)
     out.write(f"[rlcli launcher] SkyRL API exited with code {code}; server stopped\n".encode())
     return code
+
+
+def _on_ray(argv: list[str]) -> bool:
+    import ray_actors
+
+    return ray_actors.on_ray(argv)
 
 
 def _start_workers(api_argv: list[str], count: int) -> list[subprocess.Popen]:

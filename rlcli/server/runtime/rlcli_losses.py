@@ -159,8 +159,8 @@ def engine_config_from_argv(argv: list[str]):
 
 def jax_fused_blocker(backend_config: dict) -> str | None:
     """Why a registration in this process would not reach the jax backend's workers, if it would not."""
-    if backend_config.get("use_ray"):
-        return "use_ray runs the jax backend in Ray actors, which rlcli's launcher hook does not reach"
+    if backend_config.get("use_ray") and os.environ.get("RLCLI_DISTRIBUTED") != "ray":  # set by rlcli's launcher
+        return "use_ray runs the jax backend in Ray actors that rlcli's launcher did not prepare"
     several = (backend_config.get("num_processes") or 1) > 1 or backend_config.get("coordinator_address")
     if several and not os.environ.get("RLCLI_DISTRIBUTED"):  # set where rlcli's launcher runs every process
         return "multi-process jax: the other processes are not started by rlcli's launcher"
@@ -185,6 +185,10 @@ def capabilities(engine_config) -> dict:
         # fsdp and megatron (SkyRL-Train) serve every Tinker loss; megatron has no critic model.
         losses = set(types.SUPPORTED_LOSS_FNS) - ({"ppo_critic"} if backend == "megatron" else set())
     answer["losses"] = sorted(losses)
+    if backend == "jax" and engine_config.backend_config.get("use_ray"):
+        import ray_actors  # a sibling in runtime/: what the actors reported loading
+
+        answer["ray_actors"] = ray_actors.describe()
     # Each other loaded extension with a describe() says what it changes (request path, slots...).
     for name in answer["extensions"]:
         module = sys.modules.get(name)
@@ -199,6 +203,9 @@ def register_engine(argv: list[str]) -> None:
         log(f"backend {config.backend} serves gspo itself; nothing to register")
         return
     blocker = jax_fused_blocker(config.backend_config)
+    if not blocker and config.backend_config.get("use_ray"):
+        log("gspo is registered in each Ray actor (ray_actors.py); this engine only proxies to them")
+        return
     if blocker:
         log(f"gspo NOT registered ({blocker}); clients fall back to the 2-pass route")
         return

@@ -1,0 +1,62 @@
+"""The Ray actors' extension check (runtime/ray_actors.py): its pure pieces, with stand-ins for Ray's handles.
+The real thing runs in tests/integration/test_ray_jax.py on a local Ray cluster."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.unit.test_tenant_fair_unit import runtime
+
+EXTENSIONS = "rlcli_losses,rlcli_slots,rlcli_tenants"
+
+
+class FakeRay:
+    """ray.get over the stand-in handles below: each answers what its actor loaded."""
+
+    @staticmethod
+    def get(refs):
+        return list(refs)
+
+
+class FakeActor:
+    def __init__(self, loaded):
+        self.__ray_call__ = type("Call", (), {"remote": staticmethod(lambda fn: loaded)})
+
+
+def test_only_the_jax_backend_with_use_ray_is_on_ray():
+    actors = runtime("ray_actors")
+    assert actors.on_ray(["--backend", "jax", "--backend-config", json.dumps({"use_ray": True})])
+    assert not actors.on_ray(["--backend", "jax", "--backend-config", json.dumps({"num_processes": 2})])
+    assert not actors.on_ray(["--backend", "fsdp", "--backend-config", json.dumps({"use_ray": True})])
+    assert not actors.on_ray(["--backend", "jax"]) and not actors.on_ray(["--backend-config", "not json"])
+
+
+def test_actors_that_loaded_what_the_engine_did_are_reported_to_the_api(tmp_path, monkeypatch):
+    actors = runtime("ray_actors")
+    monkeypatch.chdir(tmp_path)
+    for name in ("rlcli_losses", "rlcli_slots"):
+        monkeypatch.setitem(sys.modules, name, type(sys)(name))
+        sys.modules[name].VERSION = "1.0"
+    same = ["rlcli_losses 1.0", "rlcli_slots 1.0"]  # rlcli_tenants is the engine's queue: not compared
+    assert actors.describe()["extensions"] is None  # before the engine set its actors up
+    actors.check_actors(FakeRay, [FakeActor(same), FakeActor(same)], EXTENSIONS)
+    assert actors.describe() == {"actors": 2, "extensions": same, "live": ["rlcli_losses", "rlcli_slots"],
+                                 "engine_only": {}}
+    assert oct((tmp_path / actors.REPORT).stat().st_mode & 0o777) == "0o600"
+
+    with pytest.raises(RuntimeError) as caught:  # an actor that kept stock SkyRL (or another rlcli) stops the engine
+        actors.check_actors(FakeRay, [FakeActor(same), FakeActor(None)], EXTENSIONS)
+    message = str(caught.value)
+    assert message.startswith("Ray actor 1 loaded the server extensions None") and "\n" not in message
+    assert "ray start" in message
+
+
+def test_gspo_is_fused_on_ray_only_where_the_launcher_prepared_the_actors(monkeypatch):
+    losses = runtime("rlcli_losses")
+    monkeypatch.delenv("RLCLI_DISTRIBUTED", raising=False)
+    assert "Ray actors" in losses.jax_fused_blocker({"use_ray": True, "num_processes": 2})  # SkyRL started by hand
+    monkeypatch.setenv("RLCLI_DISTRIBUTED", "ray")  # what the supervisor tells the API and engine on Ray
+    assert losses.jax_fused_blocker({"use_ray": True, "num_processes": 2}) is None
