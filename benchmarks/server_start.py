@@ -112,20 +112,37 @@ def timed_start(model: Path, home: Path, tree: Path, steady: int = 3, timeout: f
     create = next((s for kind, s in engine_timings(text) if kind == "create_model"), None)
     cache = home / "cache" / "jax"  # where rlcli keeps jax's compiled programs (absent on a tree without it)
     steps["jax_cache_entries_after"] = len(list(cache.iterdir())) if cache.is_dir() else None
+    warmed = re.search(r"warmed (\d+) recorded batch shapes and optim_step in ([\d.]+) s", text)
     return {"health_s": health_s, "engine_loop_s": engine_loop_at(text, wall), "ready_s": ready_s,
+            "phases_s": phases_at(text, wall), "warmup_s": float(warmed.group(2)) if warmed else None,
             "engine_create_model_s": create, "command": " ".join(cmd).replace(str(model.parent), "MODELS"), **steps}
 
 
-_ENGINE_UP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})[^\n]{0,80}?Starting background engine")
+_STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})[^\n]{0,80}?"
+# Where a start spends its time, by the first log line of each phase (SkyRL's and uvicorn's, which carry a time):
+PHASES = {
+    "api_imported": "Started server process",  # the API process imported SkyRL's API and the extensions
+    "engine_spawned": "Started background engine with PID",  # the API's lifespan started its engine command
+    "engine_loading_model": "Using local model",  # the engine has its imports and extensions; weights next
+    "engine_model_built": "Initialized base model",  # weights loaded, LoRA tables and optimizer built
+    "engine_loop": "Starting background engine",  # warm-up (rlcli_warmup) done; the loop serves from here
+}
+
+
+def phases_at(log_text: str, wall_start: float) -> dict[str, float]:
+    """Seconds from the start command to each phase's first log line (local time), for the phases found."""
+    found = {}
+    for name, words in PHASES.items():
+        hit = re.search(_STAMP + re.escape(words), log_text)
+        if hit:
+            stamp = dt.datetime.strptime(hit.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(hit.group(2)) / 1000
+            found[name] = round(stamp - wall_start, 3)
+    return found
 
 
 def engine_loop_at(log_text: str, wall_start: float) -> float | None:
     """Seconds from the start command to the engine's `Starting background engine...` log line (local time)."""
-    found = _ENGINE_UP.search(log_text)
-    if not found:
-        return None
-    stamp = dt.datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(found.group(2)) / 1000
-    return stamp - wall_start
+    return phases_at(log_text, wall_start).get("engine_loop")
 
 
 def build_model(size: str, folder: Path, seed: int) -> tuple[float, str]:
@@ -191,10 +208,12 @@ def main() -> None:
                 s["first_over_steady"] = s["first_step_s"] / statistics.median(s["steady_step_s"])
                 # A warm-up at start moves time from the first step into the start: this sum shows both.
                 s["ready_plus_first_step_s"] = s["ready_s"] + s["first_step_s"]
-        keys = ("health_s", "engine_loop_s", "ready_s", "engine_create_model_s", "first_step_s", "first_over_steady",
-                "ready_plus_first_step_s")
+        keys = ("health_s", "engine_loop_s", "ready_s", "warmup_s", "engine_create_model_s", "first_step_s",
+                "first_over_steady", "ready_plus_first_step_s")
         results[kind] = {key: summary([s[key] for s in starts if s.get(key) is not None])
                          for key in keys if any(s.get(key) is not None for s in starts)}
+        results[kind]["phases_s"] = {name: summary([s["phases_s"][name] for s in starts if name in s["phases_s"]])
+                                     for name in PHASES if any(name in s["phases_s"] for s in starts)}
     body = {"label": args.label, "rlcli_tree_commit": tree_commit(args.rlcli_tree),
             "versions": {**versions("tinker", "tinker-cookbook"), "server": server_versions()},
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "rlcli_tree"},
@@ -202,7 +221,10 @@ def main() -> None:
             "meaning_of_cold": __doc__.split("What \"cold\" means here, honestly: ")[1].strip(),
             "rounds": rounds, "results": results,
             "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()}, "load_wait": quiet}
-    print(json.dumps({k: {m: round(v["median"], 2) for m, v in r.items()} for k, r in results.items()}))
+    def medians(part: dict) -> dict:
+        return {m: round(v["median"], 2) if "median" in v else medians(v) for m, v in part.items()}
+
+    print(json.dumps(medians(results)))
     print(f"receipt: {write_receipt('server-start', body)}")
 
 

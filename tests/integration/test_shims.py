@@ -36,7 +36,8 @@ print("shims ok")
 """
 
 # In this order (see the module's docstring); "shims" is CHECK above, the others are runtime/<name>.py.
-ORDER = ["rlcli_slots", "rlcli_wake", "rlcli_warmup", "rlcli_fair", "rlcli_samplers", "shims", "rlcli_lora"]
+ORDER = ["rlcli_slots", "rlcli_wake", "rlcli_sqlite", "rlcli_warmup", "rlcli_fair", "rlcli_samplers", "shims",
+         "rlcli_lora"]
 DRIVER = """
 import contextlib, io, json, runpy, sys, traceback
 runtime, check, order = json.loads(sys.stdin.read())
@@ -84,6 +85,12 @@ def test_slot_extension_targets_the_pinned_skyrl(checks):
 def test_wake_extension_targets_the_pinned_skyrl(checks):
     """runtime/rlcli_wake.py replaces the engine's loop and the API's future poller; fail here if SkyRL moves them."""
     assert passed(checks, "rlcli_wake", "present"), checks["rlcli_wake"]["out"][-2000:]
+
+
+def test_sqlite_extension_targets_the_pinned_skyrl(checks):
+    """runtime/rlcli_sqlite.py hands the API's async engine an inline sqlite connection; fail here if SkyRL or
+    SQLAlchemy move the hooks, or if inline statements, errors or a lock wait go wrong on a real database."""
+    assert passed(checks, "rlcli_sqlite", "lock wait checked"), checks["rlcli_sqlite"]["out"][-2000:]
 
 
 def test_per_sequence_lora_matches_the_stock_ragged_dot_path(checks):
