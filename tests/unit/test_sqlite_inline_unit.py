@@ -74,3 +74,30 @@ def test_statements_run_inline_and_a_locked_one_waits_in_a_thread(tmp_path):
         holder.close()
 
     asyncio.run(scenario())
+
+
+def test_a_cancelled_lock_wait_frees_the_connection_before_it_returns(tmp_path):
+    sq = _module()
+    path = str(tmp_path / "db")
+
+    async def scenario():
+        conn = await sq.InlineConnection.open(path, timeout=30.0)
+        await conn.execute("PRAGMA journal_mode=WAL")
+        await conn.execute("CREATE TABLE t (v)")
+        await conn.commit()
+        holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        holder.execute("BEGIN IMMEDIATE")
+        task = asyncio.create_task(conn.execute("INSERT INTO t VALUES (1)"))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        await asyncio.sleep(0.2)
+        assert not task.done()  # still waiting for the worker, which waits for the lock
+        holder.execute("COMMIT")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await conn.rollback()  # the connection is free: the caller's cleanup runs on it at once
+        assert await (await conn.execute("SELECT count(*) FROM t")).fetchall() == [(0,)]
+        await conn.close()
+        holder.close()
+
+    asyncio.run(scenario())

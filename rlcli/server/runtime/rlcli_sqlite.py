@@ -87,7 +87,14 @@ class InlineConnection:
             if not is_locked(e):
                 raise
         _state["waited_in_thread"] += 1
-        return await asyncio.to_thread(self._patiently, fn, *args)
+        waiting = asyncio.ensure_future(asyncio.to_thread(self._patiently, fn, *args))
+        try:
+            return await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            # The caller's cleanup (a rollback, a close) comes next on this connection: let the worker finish
+            # with it first, as aiosqlite's queue would have (its rollback waited behind the statement too).
+            await asyncio.wait([waiting])
+            raise
 
     def _patiently(self, fn, *args):
         """fn again, allowed to wait for the lock as long as SkyRL asked (stock behaviour, off the loop)."""
