@@ -14,7 +14,8 @@ own create_model time.
 After each start the first SFT step (a new rank-8 LoRA, forward_backward of 8 x 64 tokens + optim_step),
 whose compilation a warm start should skip, is timed against --steady further steps.
 --rlcli-tree runs another checkout's `rlcli serve start` (e.g. the commit before a change); the receipt
-records its commit.
+records its commit. --compare-tree OTHER alternates warm starts of both checkouts on the same home (A B, B A,
+...), so a loaded machine's drift falls on both ("warm" and "warm_compare" in the receipt).
 
 What "cold" means here, honestly: new model files, a new state folder and database, and fresh
 processes that import SkyRL and jax and compile everything again. Since rlcli keeps jax's persistent
@@ -173,6 +174,9 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None,
                         help="start every round on this model folder instead of building a new one (saves the build)")
     parser.add_argument("--rlcli-tree", type=Path, default=REPO, help="the rlcli checkout whose server starts")
+    parser.add_argument("--compare-tree", type=Path, default=None,
+                        help="A/B: after each cold start, alternate --warm pairs of warm starts of --rlcli-tree and "
+                             "of this checkout (e.g. the commit before a change) on the same home and cache")
     parser.add_argument("--label", default="", help="added to the receipt's name (e.g. before, after)")
     parser.add_argument("--max-load", type=float, default=2.5, help="wait for this 1-minute load average first")
     parser.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most")
@@ -193,15 +197,22 @@ def main() -> None:
                 build_s, build_cmd = build_model(args.size, model, args.seed + r)
             tree = args.rlcli_tree.resolve()
             cold = timed_start(model, home, tree, args.steady)
-            warm = [timed_start(model, home, tree, args.steady) for _ in range(args.warm)]
-            rounds.append({"model_build_s": build_s, "model_build_command": build_cmd, "cold": cold, "warm": warm})
+            other = args.compare_tree.resolve() if args.compare_tree else None
+            warm, warm_compare = [], []
+            for w in range(args.warm):
+                pair = ((tree, warm), (other, warm_compare)) if w % 2 == 0 else ((other, warm_compare), (tree, warm))
+                for which, into in pair:
+                    if which is not None:
+                        into.append(timed_start(model, home, which, args.steady))
+            rounds.append({"model_build_s": build_s, "model_build_command": build_cmd, "cold": cold, "warm": warm,
+                           **({"warm_compare": warm_compare} if other else {})})
             warm_text = ", ".join(f"{w['ready_s']:.1f}s" for w in warm)
             print(f"round {r + 1}: build {build_s:.1f}s, cold ready {cold['ready_s']:.1f}s, warm ready {warm_text}",
                   flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results = {}
-    for kind in ("cold", "warm"):
+    for kind in ("cold", "warm", *(("warm_compare",) if args.compare_tree else ())):
         starts = [x for r in rounds for x in ([r[kind]] if kind == "cold" else r[kind])]
         for s in starts:
             if s.get("steady_step_s"):
@@ -216,7 +227,9 @@ def main() -> None:
                                      for name in PHASES if any(name in s["phases_s"] for s in starts)}
     body = {"label": args.label, "rlcli_tree_commit": tree_commit(args.rlcli_tree),
             "versions": {**versions("tinker", "tinker-cookbook"), "server": server_versions()},
-            "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "rlcli_tree"},
+            "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                       if k not in ("rlcli_tree", "compare_tree")},
+            **({"compare_tree_commit": tree_commit(args.compare_tree)} if args.compare_tree else {}),
             "jax_compilation_cache_dir_without_rlcli": jax_cache_setting(),
             "meaning_of_cold": __doc__.split("What \"cold\" means here, honestly: ")[1].strip(),
             "rounds": rounds, "results": results,
