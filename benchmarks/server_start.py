@@ -72,7 +72,8 @@ def first_steps(url: str, model: Path, steady: int) -> dict:
     import tinker
 
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    client = tinker.ServiceClient(base_url=url).create_lora_training_client(base_model=str(model), rank=8, seed=0)
+    service = tinker.ServiceClient(base_url=url)
+    client = service.create_lora_training_client(base_model=str(model), rank=8, seed=0)
     batch, adam = sft_batch(8, 64, vocab), tinker.AdamParams(learning_rate=1e-4)
     times = []
     for _ in range(1 + steady):
@@ -82,6 +83,9 @@ def first_steps(url: str, model: Path, steady: int) -> dict:
         fb.result()
         optim.result()
         times.append(time.perf_counter() - start)
+    for holder in (getattr(service, "_session_holder", None), getattr(service, "_rest_holder", None)):
+        if holder is not None:  # stop its heartbeat and telemetry: this server stops next
+            holder.close()
     return {"first_step_s": times[0], "steady_step_s": times[1:]}
 
 
@@ -207,6 +211,8 @@ def main() -> None:
             rounds.append({"model_build_s": build_s, "model_build_command": build_cmd, "cold": cold, "warm": warm,
                            **({"warm_compare": warm_compare} if other else {})})
             warm_text = ", ".join(f"{w['ready_s']:.1f}s" for w in warm)
+            if other:
+                warm_text += " (compare tree: " + ", ".join(f"{w['ready_s']:.1f}s" for w in warm_compare) + ")"
             print(f"round {r + 1}: build {build_s:.1f}s, cold ready {cold['ready_s']:.1f}s, warm ready {warm_text}",
                   flush=True)
     finally:
