@@ -35,6 +35,8 @@ def test_tenants_on_postgres(postgres, tmp_path_factory, embedded_model, monkeyp
         client, path = _alice_trains(srv, keys["alice"], monkeypatch)
         api = srv.url + "/api/v1"
         assert call(f"{api}/get_info", "POST", {"model_id": client.model_id}, key=keys["bob"])[0] == 404
+        db_path = call(f"{api}/rlcli/capabilities", key=keys["alice"])[1]["rlcli_sqlite"]  # Postgres: SkyRL's own path
+        assert db_path["db_path"] == "stock" and "postgresql" in db_path["why"], db_path
         assert call(f"{api}/training_runs", key=keys["bob"])[1]["training_runs"] == []
         runs = call(f"{api}/training_runs", key=keys["alice"])[1]["training_runs"]
         assert [r["training_run_id"] for r in runs] == [client.model_id]
