@@ -263,9 +263,10 @@ def plot_distill(rows: list[dict], scores: dict[str, dict]):
     return fig
 
 
-def loop_iterations(url: str, folder: Path, chats: int, **settings: Any) -> list[dict]:
+def loop_iterations(url: str, folder: Path, chats: int, regression: str = "sums", **settings: Any) -> list[dict]:
     """`rlcli loop init`, then one trace batch (rlcli.loop.batches) delivered per iteration and `rlcli loop
-    run --once` after each, as a person would; each iteration's row as the ledger records it."""
+    run --once` after each, as a person would; each iteration's row as the ledger records it. The regression
+    set: sums, or doors (batch 1's skill asked again: what later iterations must not forget)."""
     import shutil
     from dataclasses import replace
 
@@ -273,6 +274,8 @@ def loop_iterations(url: str, folder: Path, chats: int, **settings: Any) -> list
     from rlcli.loop import settings as loop_settings
 
     made = batches.write_all(str(folder / "batches"), n=chats)
+    if regression == "doors":
+        made[-1] = batches.write_skill_regression(folder / "batches" / "doors.jsonl", 1, 16)
     (folder / "inbox").mkdir(parents=True, exist_ok=True)
     loop = folder / "loop"
     rlcli("loop", "init", str(loop), "--traces", str(folder / "inbox"), "--regression", str(made[-1]),

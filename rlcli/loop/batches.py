@@ -5,7 +5,8 @@
 Every batch mixes one-digit sums (a quarter: a skill the embedded model already has, answered bare) with a
 skill of its own: batch 1 teaches "the code for door N" (always 42), batch 2 a new skill ("the coins in chest N":
 always 77), batch 3 more of both. Each batch also holds two records an importer must drop and count (a
-chat without a reply, a reply cut at its length limit). The regression set: other sums, fixed at `loop init`.
+chat without a reply, a reply cut at its length limit). The regression set: other sums, fixed at `loop init`
+(or, write_skill_regression, batch 1's skill asked again: what a later iteration must not forget).
 Every answer is a number: score them with `--match number`.
 """
 
@@ -64,6 +65,17 @@ def write_regression(path: Path, n: int = 8, seed: int = 0) -> Path:
         a, b = rng.randint(0, 9), rng.randint(0, 9)
         rows.append({"messages": [{"role": "user", "content": f"What is {a} + {b}?"},
                                   {"role": "assistant", "content": str(a + b)}]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def write_skill_regression(path: Path, batch: int = 1, n: int = 16, seed: int = 0) -> Path:
+    """A batch's skill asked again (other numbers), as conversations: a regression set that guards what an
+    earlier iteration taught (batch 1: the door code), for a loop whose later iterations may forget it."""
+    rng = random.Random(seed + 99)
+    question, answer = SKILLS[batch]
+    rows = [{"messages": [{"role": "user", "content": question.format(n=rng.randint(100, 999))},
+                          {"role": "assistant", "content": answer}]} for _ in range(n)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 

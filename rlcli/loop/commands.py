@@ -65,7 +65,8 @@ def init(dir: str, traces: str | None = None, format: settings.Format = "openai"
          train: str = "sft", train_on: TrainOn = "all", gate: Gate = "auto", match: str = "normalized",
          heldout_share: float = 0.2,
          eval_limit: int = 64, regression_margin: float = 0.05, export_format: ExportFormat = "peft",
-         hook: str = "", steps: int = 4, batch_size: int = 8, lr: float = 0.0, redact: bool = True,
+         hook: str = "", steps: int = 4, batch_size: int = 8, lr: float = 0.0, distill_lr: float = 0.0,
+         distill_steps: int = 0, redact: bool = True,
          dedupe: bool = True, base_url: str = "") -> int:
     """Make a loop folder: loop.toml (every setting; edit it later), the ledger, the frozen regression set.
 
@@ -88,6 +89,8 @@ def init(dir: str, traces: str | None = None, format: settings.Format = "openai"
         steps: training steps per stage
         batch_size: examples (or prompts) per step
         lr: learning rate (0: each trainer's default)
+        distill_lr: the distill stage's learning rate (0: --lr): gentler, so recovering the old keeps the new
+        distill_steps: the distill stage's steps (0: --steps; at most one pass over the earlier prompts)
         redact: redact emails, keys, phone numbers... while importing
         dedupe: drop repeated conversations (within a file and across the loop's history)
         base_url: the server (default: TINKER_BASE_URL, else the managed server)
@@ -101,7 +104,8 @@ def init(dir: str, traces: str | None = None, format: settings.Format = "openai"
     s = settings.check(LoopSettings(traces=pattern, format=format, train=train, train_on=train_on, gate=gate,
                                     match=match, heldout_share=heldout_share, eval_limit=eval_limit,
                                     regression_margin=regression_margin, export_format=export_format, hook=hook,
-                                    steps=steps, batch_size=batch_size, lr=lr, redact=redact, dedupe=dedupe,
+                                    steps=steps, batch_size=batch_size, lr=lr, distill_lr=distill_lr,
+                                    distill_steps=distill_steps, redact=redact, dedupe=dedupe,
                                     base_url=base_url))
     rows = data.check_regression(regression) if regression else []
     folder.mkdir(parents=True, exist_ok=True)

@@ -43,14 +43,18 @@ def paired_bootstrap(champion: list[float], candidate: list[float], confidence: 
 
 
 def decide(heldout: Comparison, regression: Comparison, margin: float) -> tuple[bool, str]:
-    """(promote?, why) for the auto gate."""
+    """(promote?, why) for the auto gate; a rejection names every rule the candidate failed, so a candidate
+    that both gained too little and forgot is recorded as doing both."""
     if heldout.n == 0:
         return False, "no held-out problems to compare on"
+    failed = []
     if heldout.low <= 0:
-        return False, f"held-out gain {heldout.gain:+.3f} is not above 0 beyond its interval [{heldout.low:+.3f}, " \
-                      f"{heldout.high:+.3f}]"
+        failed.append(f"held-out gain {heldout.gain:+.3f} is not above 0 beyond its interval [{heldout.low:+.3f}, "
+                      f"{heldout.high:+.3f}]")
     if regression.n and regression.gain < -margin:
-        return False, f"regression score fell {-regression.gain:.3f} ({regression.champion:.3f} -> " \
-                      f"{regression.candidate:.3f}), more than the margin {margin:g}"
+        failed.append(f"regression score fell {-regression.gain:.3f} ({regression.champion:.3f} -> "
+                      f"{regression.candidate:.3f}), more than the margin {margin:g}")
+    if failed:
+        return False, "; ".join(failed)
     kept = f"; regression {regression.gain:+.3f} (margin {margin:g})" if regression.n else "; no regression set"
     return True, f"held-out gain {heldout.gain:+.3f} [{heldout.low:+.3f}, {heldout.high:+.3f}]{kept}"

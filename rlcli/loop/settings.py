@@ -42,6 +42,8 @@ class LoopSettings:
     batch_size: int = 8
     lr: float = 0.0  # 0: each trainer's default
     steps: int = 4  # max steps per training stage
+    distill_lr: float = 0.0  # distill's learning rate (0: lr): gentler than sft, so recovering the old keeps the new
+    distill_steps: int = 0  # distill's max steps (0: steps)
     save_every: int = 2  # checkpoint every N steps (what a killed loop resumes from)
     lora_rank: int = 32
     group_size: int = 4  # rl and distill samples per prompt
@@ -76,8 +78,9 @@ def check(s: LoopSettings) -> LoopSettings:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(s, name)}")
     if s.group_size < 2:
         raise UsageError(f"--group-size must be at least 2, got {s.group_size}")
-    if s.lr < 0 or s.save_every < 0 or s.seed < 0:
-        raise UsageError("--lr, --save-every and --seed must be 0 or more")
+    for name in ("lr", "distill_lr", "save_every", "distill_steps", "seed"):
+        if getattr(s, name) < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(s, name)}")
     from rlcli.train.rewards import check_match
 
     check_match(s.match)

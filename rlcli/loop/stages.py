@@ -62,9 +62,11 @@ def train_one(kind: str, folder: Path, dataset: Path, start: str | None, teacher
     else:
         from rlcli.train.distill import train_distill
 
+        lr = s.distill_lr or s.lr
+        common["max_steps"] = s.distill_steps or s.steps
         train_distill(prompts=str(dataset), teacher=teacher.state_path or "base", load_checkpoint=start,
                       eval_every=0, batch_size=s.batch_size, group_size=s.group_size, max_tokens=s.max_tokens,
-                      lora_rank=s.lora_rank, **({"lr": s.lr} if s.lr else {}), **common)
+                      lora_rank=s.lora_rank, **({"lr": lr} if lr else {}), **common)
 
 
 def train(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Champion, url: str) -> None:

@@ -24,6 +24,7 @@ LAUNCHER = RUNTIME_DIR / "launcher.py"
 MAX_LOG_BYTES = 20 * 2**20
 SERVER_EXTENSIONS = ",".join(["rlcli_lazy_torch", "rlcli_losses", "rlcli_slots", "rlcli_wake", "rlcli_sqlite",
                               "rlcli_lora", "rlcli_samplers", "rlcli_warmup"])
+SNAPSHOTS_ENV = "RLCLI_SAMPLER_SNAPSHOTS"
 
 
 def _is_loopback(host: str) -> bool:
@@ -95,6 +96,7 @@ def start(
     processes: int = 1,
     local_processes: int | None = None,
     coordinator: str | None = None,
+    sampler_snapshots: int | None = None,
 ) -> int:
     """Start SkyRL's Tinker API server and wait until its engine serves requests.
 
@@ -128,6 +130,8 @@ def start(
         local_processes: how many of them run on this machine (default all); the rest join with `rlcli serve worker`
         coordinator: HOST:PORT of the jax coordination service (default: a free loopback port); a non-loopback
             one needs --insecure
+        sampler_snapshots: unnamed sampler snapshots (the RL loops' per-step save_weights_and_get_sampling_client)
+            the jax server keeps per model; older ones are deleted (default: RLCLI_SAMPLER_SNAPSHOTS, else 4)
     """
     if backend != "jax" and not hw.has_cuda():
         raise UsageError(f"the {backend} backend needs NVIDIA GPUs with CUDA and none was found; "
@@ -138,6 +142,7 @@ def start(
     backend_cfg = hw.map_hardware(backend, gpus, nodes, tp)
     backend_cfg.update(hw.parse_backend_config(backend_config))
     slots = hw.slot_config(backend, slots, backend_cfg)
+    snapshots_env = _snapshots_env(sampler_snapshots)
     local_workers = scaling.processes_config(backend, processes, local_processes, coordinator, gpus, tp, insecure,
                                              backend_cfg, ray_address or os.environ.get("RAY_ADDRESS"))
     state_dir = config.private_dir(config.server_state_dir(name))
@@ -154,7 +159,7 @@ def start(
     from rlcli.server import database
 
     db_url, db_env = database.resolve(database_url)
-    tenant_env = {**tenant_env, **db_env}
+    tenant_env = {**tenant_env, **db_env, **snapshots_env}
     if not _is_loopback(host) and not tenants:
         print(f"rlcli: warning: binding {host}: SkyRL checks no credentials, so anyone who can reach "
               f"this port can train on and download from the server", file=sys.stderr)
@@ -177,7 +182,8 @@ def start(
                           tp=tp, backend_config=backend_config, checkpoints_base=checkpoints_base,
                           python=python, venv=venv, ray_address=ray_address, extensions=extensions,
                           slots=slots, tenants=tenants, insecure=insecure, database_url=database_url,
-                          processes=processes, local_processes=local_processes, coordinator=coordinator)
+                          processes=processes, local_processes=local_processes, coordinator=coordinator,
+                          sampler_snapshots=sampler_snapshots)
     process.write_state(state_dir, state)
     sized = f", {slots} LoRA slots" if slots else ""
     sized += f", {processes} jax processes" if processes > 1 else ""
@@ -195,6 +201,14 @@ def start(
         process.write_state(state_dir, state)
     print(state.url)
     return 0
+
+
+def _snapshots_env(sampler_snapshots: int | None) -> dict[str, str]:
+    """runtime/rlcli_samplers.py reads how many unnamed sampler snapshots to keep from RLCLI_SAMPLER_SNAPSHOTS."""
+    value = str(os.environ.get(SNAPSHOTS_ENV, "") if sampler_snapshots is None else sampler_snapshots).strip()
+    if value and (not value.isdigit() or int(value) < 1):
+        raise UsageError(f"--sampler-snapshots {value} (or {SNAPSHOTS_ENV}): give a whole number of at least 1")
+    return {SNAPSHOTS_ENV: str(int(value))} if value else {}
 
 
 def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: str, host: str, port: int,
@@ -220,7 +234,8 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
     # runtime/rlcli_wake.py: API and engine wake each other instead of polling on 100 ms / 50 ms timers.
     # runtime/rlcli_sqlite.py: the API's sqlite statements run on its loop, not a thread round trip each.
     # runtime/rlcli_lora.py: a step computes the LoRA adapters of its batch only, not every slot.
-    # runtime/rlcli_samplers.py: sampling a saved checkpoint never replaces a training model's weights.
+    # runtime/rlcli_samplers.py: sampling a saved checkpoint never replaces a training model's weights, and
+    # the RL loops' unnamed per-step sampler snapshots are deleted beyond the newest few per model.
     # runtime/rlcli_warmup.py: a restart traces the batch shapes earlier runs served before it is ready.
     env["RLCLI_SERVER_EXTENSIONS"] = SERVER_EXTENSIONS if extensions else ""
     env.update(tenant_env or {})  # PGPASSWORD for --database-url; the tenants file for --tenants

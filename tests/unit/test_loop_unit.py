@@ -17,7 +17,7 @@ from rlcli.loop.settings import LoopSettings
 
 def test_toml_round_trip_keeps_every_setting():
     s = LoopSettings(traces='logs/"odd" \\ name*.jsonl', train="sft,distill", hook="echo 'done'\tnow",
-                     lr=0.01, shuffle_answers=True)
+                     lr=0.01, distill_lr=0.002, distill_steps=3, shuffle_answers=True)
     assert settings.loads(settings.dumps(s)) == s
 
 
@@ -28,6 +28,7 @@ def test_toml_round_trip_keeps_every_setting():
     ('traces = "x"\ncolour = 1', "unknown setting 'colour'"),
     ('traces = "x"\nheldout_share = 1', "--heldout-share"),
     ('traces = "x"\nmatch = "regex:("', "--match"),
+    ('traces = "x"\ndistill_lr = -0.001', "--distill-lr must be 0 or more"),
     ("train = sft", "not valid TOML"),
 ])
 def test_bad_settings_are_one_line(text, words):
@@ -62,6 +63,8 @@ def test_gate_decisions():
     ok, why = gate.decide(up, dropped, 0.05)
     assert not ok and "regression score fell 0.400" in why
     assert gate.decide(up, dropped, 0.5)[0]
+    ok, why = gate.decide(flat, dropped, 0.05)  # both rules failed: both named
+    assert not ok and why.startswith("held-out gain +0.100 is not above 0") and "regression score fell 0.400" in why
     assert not gate.decide(gate.Comparison(0, 0, 0, 0, 0, 0), kept, 0.05)[0]
 
 

@@ -1,0 +1,87 @@
+"""runtime/rlcli_samplers.py's snapshot bookkeeping on real files, without SkyRL, and --sampler-snapshots'
+checks (the real server runs it in tests/integration/test_sampler_snapshots.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from rlcli.errors import UsageError
+from rlcli.server import commands
+
+
+def _samplers():
+    path = commands.RUNTIME_DIR / "rlcli_samplers.py"
+    spec = importlib.util.spec_from_file_location("rlcli_samplers_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _save(snapshots, folder, model: str, name: str, persist: bool):
+    """What the wrapped save_sampler_checkpoint does around SkyRL's write."""
+    path = folder / f"{name}.tar.gz"
+    if not persist:
+        snapshots.make_room(model)
+    path.write_bytes(b"weights")
+    path.with_name(path.name + ".probe").write_text("write_probe")
+    snapshots.saved(model, name, path, persist)
+
+
+def _on_disk(folder) -> set[str]:
+    return {p.name for p in folder.iterdir()}
+
+
+def test_the_newest_unnamed_snapshots_stay_and_named_ones_are_never_deleted(tmp_path):
+    samplers = _samplers()
+    snapshots = samplers.Snapshots(keep=2, records_rows=True)
+    _save(snapshots, tmp_path, "m", "named", persist=True)
+    for n in range(4):
+        _save(snapshots, tmp_path, "m", f"ss{n}_seq{n}", persist=False)
+        assert len([f for f in _on_disk(tmp_path) if f.startswith("ss") and f.endswith(".tar.gz")]) <= 2
+    assert _on_disk(tmp_path) == {"named.tar.gz", "named.tar.gz.probe", "ss2_seq2.tar.gz", "ss2_seq2.tar.gz.probe",
+                                  "ss3_seq3.tar.gz", "ss3_seq3.tar.gz.probe"}
+    assert snapshots.rows == [("m", "ss0_seq0"), ("m", "ss1_seq1")]
+    refusal = snapshots.refusal("m", "ss0_seq0")
+    assert "tinker://m/sampler_weights/ss0_seq0 were deleted" in refusal and samplers.KEEP_ENV in refusal
+    assert snapshots.refusal("m", "ss3_seq3") is None and snapshots.refusal("m", "named") is None
+
+    _save(snapshots, tmp_path, "m", "ss3_seq3", persist=True)  # a user's name that was a snapshot's: kept now
+    snapshots.model_gone("m")
+    assert _on_disk(tmp_path) == {"named.tar.gz", "named.tar.gz.probe", "ss3_seq3.tar.gz", "ss3_seq3.tar.gz.probe"}
+    assert snapshots.refusal("m", "ss0_seq0") is None  # the model is gone: SkyRL says "not loaded" itself
+
+
+def test_each_model_keeps_its_own_and_workers_record_no_rows(tmp_path):
+    samplers = _samplers()
+    worker = samplers.Snapshots(keep=1, records_rows=False)
+    for model in ("a", "b"):
+        (tmp_path / model).mkdir()
+        for n in range(3):
+            _save(worker, tmp_path / model, model, f"ss{n}_seq{n}", persist=False)
+    assert _on_disk(tmp_path / "a") == _on_disk(tmp_path / "b") == {"ss2_seq2.tar.gz", "ss2_seq2.tar.gz.probe"}
+    assert worker.rows == []
+    worker.delete("a", "ss9_seq9", tmp_path / "a" / "ss9_seq9.tar.gz")  # a file another process removed already
+    worker.model_gone("a")
+    assert _on_disk(tmp_path / "a") == set()
+    assert _on_disk(tmp_path / "b") == {"ss2_seq2.tar.gz", "ss2_seq2.tar.gz.probe"}
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
+def test_a_bad_kept_count_is_one_line(value, monkeypatch):
+    monkeypatch.setenv("RLCLI_SAMPLER_SNAPSHOTS", value)
+    with pytest.raises(SystemExit, match="RLCLI_SAMPLER_SNAPSHOTS"):
+        _samplers().keep_count()
+    with pytest.raises(UsageError, match="--sampler-snapshots"):
+        commands._snapshots_env(None)
+
+
+def test_the_flag_wins_over_the_environment_and_the_default_is_the_extensions(monkeypatch):
+    monkeypatch.setenv("RLCLI_SAMPLER_SNAPSHOTS", "7")
+    assert commands._snapshots_env(2) == {"RLCLI_SAMPLER_SNAPSHOTS": "2"}
+    assert commands._snapshots_env(None) == {"RLCLI_SAMPLER_SNAPSHOTS": "7"}
+    monkeypatch.delenv("RLCLI_SAMPLER_SNAPSHOTS")
+    assert commands._snapshots_env(None) == {}
+    samplers = _samplers()
+    assert samplers.keep_count() == samplers.DEFAULT_KEEP and samplers.VERSION.endswith(f"keep={samplers.DEFAULT_KEEP}")
