@@ -20,8 +20,10 @@ same as stock's (the database file is the same; the engine reads the queue as be
 unchanged). Only a file sqlite database changes: Postgres (asyncpg is natively async), an in-memory database
 or an engine created with a creator of its own keeps SkyRL's path, and the capabilities route says which.
 
-RLCLI_SQLITE_INLINE=0 in the server's environment keeps the stock path with the extension loaded (for A/B
-benchmarks: benchmarks/request_path.py --ab rlcli_sqlite).
+Off unless RLCLI_SQLITE_INLINE=1 is in the server's environment. Measured on a loaded 2-core machine, the
+database part of a request got faster (benchmarks/db_path.py: submit 1.6 -> 1.1 ms, a poll 0.50 -> 0.32 ms
+p50) but the whole request did not (benchmarks/request_path.py --ab-env: 2-3 ms MORE overhead per request in
+two alternating runs); until a quiet A/B says otherwise it stays opt-in.
 `python rlcli_sqlite.py` checks in this venv that every piece it relies on is where it expects, and runs a
 few statements through a real SQLAlchemy async engine on a temporary database.
 """
@@ -36,7 +38,7 @@ import sys
 
 NAME = "rlcli_sqlite"
 VERSION = "1.0"
-OFF_ENV = "RLCLI_SQLITE_INLINE"
+ON_ENV = "RLCLI_SQLITE_INLINE"  # "1": inline; anything else: stock (the default)
 LOCKED_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)  # primary codes; extended ones share the low byte
 SET_BUSY_TIMEOUT = re.compile(r"\s*PRAGMA\s+busy_timeout\s*=\s*(\d+)\s*;?\s*$", re.IGNORECASE)
 DEFAULT_PATIENCE_MS = 5000  # sqlite3.connect's own default timeout (5 s), what aiosqlite would have used
@@ -279,9 +281,8 @@ def describe() -> dict:
 def register(role: str) -> None:
     if role != "api":
         return
-    if os.environ.get(OFF_ENV, "1") == "0":
-        _state.update(mode="stock", why=f"{OFF_ENV}=0")
-        log(f"off ({OFF_ENV}=0): SkyRL's aiosqlite path")
+    if os.environ.get(ON_ENV) != "1":
+        _state.update(mode="stock", why=f"{ON_ENV} is not 1 (opt-in)")
         return
     install_api()
 
