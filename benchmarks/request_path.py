@@ -15,6 +15,10 @@ In order:
 4. --reps SFT steps (forward_backward 8 x 64 + optim_step submitted back to back, as the cookbook does).
 The receipt keeps every raw timing, p50/p95 of each, the load average before and after, and the git commit
 of the rlcli tree whose server ran.
+
+A/B in one run: --ab-env VAR=VALUE alternates --rounds pairs of servers, A as `serve start` runs it and B with
+VAR=VALUE in the server's environment (A B, B A, ...), and pools each arm's reps, e.g. rlcli_sqlite off in B:
+    .venv/bin/python benchmarks/request_path.py --label sqlite-ab --ab-env RLCLI_SQLITE_INLINE=1 --rounds 4
 """
 
 from __future__ import annotations
@@ -142,6 +146,9 @@ def measure(url: str, model: str, log: Path, args) -> dict:
         raw["sft_step"]["wall_s"].append(wall)
         if engine is not None:
             raw["sft_step"]["engine_s"].append(sum(engine))
+    for holder in (getattr(service, "_session_holder", None), getattr(service, "_rest_holder", None)):
+        if holder is not None:  # stop its session heartbeat: this server stops next, and A/B starts another
+            holder.close()
     results = {}
     for kind, r in raw.items():
         paired = len(r["engine_s"]) == len(r["wall_s"])
@@ -157,33 +164,12 @@ def measure(url: str, model: str, log: Path, args) -> dict:
                       "16 tokens, 8 new tokens", "lora_rank": 8}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--label", required=True, help="what this run is (before, after, ...); in the receipt name")
-    parser.add_argument("--rlcli-tree", type=Path, default=REPO, help="the rlcli checkout whose server runs")
-    parser.add_argument("--max-lora-adapters", type=int, default=None,
-                        help="SkyRL's LoRA table size (default: what the tree's `serve start` chooses)")
-    parser.add_argument("--size", default="tiny", choices=("tiny", "large"),
-                        help="the embedded model, or the 26M-parameter one of benchmarks/models.py")
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--settle-s", type=float, default=10)
-    parser.add_argument("--idle-s", type=float, default=60)
-    parser.add_argument("--max-load", type=float, default=2.5, help="wait for this 1-minute load average first")
-    parser.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most")
-    args = parser.parse_args()
-
-    from rlcli.config import ensure_api_key
-
-    ensure_api_key()
-    model = model_dir(args.size)
-    quiet = wait_for_quiet(args.max_load, args.max_wait)
-    load_before = os.getloadavg()
+def serve_and_measure(args, model: Path, tree: Path, extra_env: dict[str, str]) -> dict:
+    """Start one server (with extra_env), take the idle CPU and the request timings, stop it."""
     home = Path(tempfile.mkdtemp(prefix="rlcli-bench-path-"))  # mode 0700
-    env = private_env(home)
+    env = {**private_env(home), **extra_env}
     # Whose `rlcli serve start` (and server extensions) run: `python -m` puts its working folder first on
     # sys.path, ahead of PYTHONPATH, so every rlcli command below runs in that tree.
-    tree = args.rlcli_tree.resolve()
     env["PYTHONPATH"] = str(tree)
     cmd = [sys.executable, "-m", "rlcli.cli", "serve", "start", "--base-model", str(model), "--port", str(free_port())]
     if args.max_lora_adapters:
@@ -206,17 +192,80 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "rlcli.cli", "serve", "stop"], env=env, capture_output=True, timeout=120,
                        cwd=tree)
         shutil.rmtree(home, ignore_errors=True)
-    body.update(label=args.label, rlcli_tree_commit=tree_commit(args.rlcli_tree), idle=idle,
-                server={"start_command": " ".join(cmd[1:]).replace(str(model), model.name), "start_s": start_s,
-                        "status": status},
-                versions={**versions("tinker"), "server": server_versions()},
-                config={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "rlcli_tree"},
-                model={**describe_model(model), "path": model.name},  # no path of this machine
-                load_average_1_5_15={"before": load_before, "after": os.getloadavg()}, load_wait=quiet)
-    summary = {kind: {part: round(r[part]["p50"] * 1e3, 1) for part in ("wall", "engine", "overhead") if part in r}
-               for kind, r in body["results"].items()}
-    print(json.dumps({"p50_ms": summary, "first_sft_step_s": round(body["first_sft_step"]["wall_s"], 2),
-                      "idle_percent": round(idle["percent_of_one_core"], 2)}, indent=1))
+    body.update(idle=idle, server={"start_command": " ".join(cmd[1:]).replace(str(model), model.name),
+                                   "start_s": start_s, "status": status, "extra_env": extra_env})
+    return body
+
+
+def p50_ms(results: dict) -> dict:
+    return {kind: {part: round(r[part]["p50"] * 1e3, 1) for part in ("wall", "engine", "overhead") if part in r}
+            for kind, r in results.items()}
+
+
+def pooled(runs: list[dict]) -> dict:
+    """p50/p95 over every rep of every run of one arm (overhead paired within each run)."""
+    out = {}
+    for kind in (*KINDS, "sft_step"):
+        walls = [w for run in runs for w in run["raw"][kind]["wall_s"]]
+        over = [w - e for run in runs if len(run["raw"][kind]["engine_s"]) == len(run["raw"][kind]["wall_s"])
+                for w, e in zip(run["raw"][kind]["wall_s"], run["raw"][kind]["engine_s"], strict=True)]
+        out[kind] = {"wall": stats(walls), **({"overhead": stats(over)} if over else {})}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", required=True, help="what this run is (before, after, ...); in the receipt name")
+    parser.add_argument("--rlcli-tree", type=Path, default=REPO, help="the rlcli checkout whose server runs")
+    parser.add_argument("--max-lora-adapters", type=int, default=None,
+                        help="SkyRL's LoRA table size (default: what the tree's `serve start` chooses)")
+    parser.add_argument("--size", default="tiny", choices=("tiny", "large"),
+                        help="the embedded model, or the 26M-parameter one of benchmarks/models.py")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--settle-s", type=float, default=10)
+    parser.add_argument("--idle-s", type=float, default=60)
+    parser.add_argument("--max-load", type=float, default=2.5, help="wait for this 1-minute load average first")
+    parser.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most")
+    parser.add_argument("--ab-env", default=None, metavar="VAR=VALUE",
+                        help="A/B: alternate servers without (A) and with (B) this variable in the server's "
+                             "environment, --rounds pairs, e.g. RLCLI_SQLITE_INLINE=1 (rlcli_sqlite on in B)")
+    parser.add_argument("--rounds", type=int, default=2, help="A/B pairs with --ab-env")
+    args = parser.parse_args()
+
+    from rlcli.config import ensure_api_key
+
+    ensure_api_key()
+    model = model_dir(args.size)
+    quiet = wait_for_quiet(args.max_load, args.max_wait)
+    load_before = os.getloadavg()
+    tree = args.rlcli_tree.resolve()
+    common = dict(label=args.label, rlcli_tree_commit=tree_commit(args.rlcli_tree),
+                  versions={**versions("tinker"), "server": server_versions()},
+                  config={k: (str(v) if isinstance(v, Path) else v)
+                          for k, v in vars(args).items() if k != "rlcli_tree"},
+                  model={**describe_model(model), "path": model.name})  # no path of this machine
+    if args.ab_env:
+        var, _, value = args.ab_env.partition("=")
+        arms: dict[str, list[dict]] = {"A": [], "B": []}
+        for n in range(args.rounds):
+            for arm, extra in (("A", {}), ("B", {var: value})) if n % 2 == 0 else (("B", {var: value}), ("A", {})):
+                print(f"round {n + 1}/{args.rounds}, arm {arm} {extra or '(as served)'}", flush=True)
+                arms[arm].append(serve_and_measure(args, model, tree, extra))
+        body = {"ab": {"A": "the server as `serve start` runs it", "B": f"the same with {args.ab_env}",
+                       "order": "A B, B A, ... (alternating pairs)"},
+                "pooled": {arm: pooled(runs) for arm, runs in arms.items()}, "runs": arms, **common,
+                "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()}, "load_wait": quiet}
+        summary = {arm: p50_ms(body["pooled"][arm]) for arm in arms}
+        print(json.dumps({"p50_ms": summary,
+                          "idle_percent": {arm: [round(r["idle"]["percent_of_one_core"], 2) for r in runs]
+                                           for arm, runs in arms.items()}}, indent=1))
+    else:
+        body = serve_and_measure(args, model, tree, {})
+        body.update(common, load_average_1_5_15={"before": load_before, "after": os.getloadavg()}, load_wait=quiet)
+        print(json.dumps({"p50_ms": p50_ms(body["results"]),
+                          "first_sft_step_s": round(body["first_sft_step"]["wall_s"], 2),
+                          "idle_percent": round(body["idle"]["percent_of_one_core"], 2)}, indent=1))
     print(f"receipt: {write_receipt(f'request-path-{args.label}', body)}")
 
 

@@ -14,7 +14,8 @@ own create_model time.
 After each start the first SFT step (a new rank-8 LoRA, forward_backward of 8 x 64 tokens + optim_step),
 whose compilation a warm start should skip, is timed against --steady further steps.
 --rlcli-tree runs another checkout's `rlcli serve start` (e.g. the commit before a change); the receipt
-records its commit.
+records its commit. --compare-tree OTHER alternates warm starts of both checkouts on the same home (A B, B A,
+...), so a loaded machine's drift falls on both ("warm" and "warm_compare" in the receipt).
 
 What "cold" means here, honestly: new model files, a new state folder and database, and fresh
 processes that import SkyRL and jax and compile everything again. Since rlcli keeps jax's persistent
@@ -71,7 +72,8 @@ def first_steps(url: str, model: Path, steady: int) -> dict:
     import tinker
 
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
-    client = tinker.ServiceClient(base_url=url).create_lora_training_client(base_model=str(model), rank=8, seed=0)
+    service = tinker.ServiceClient(base_url=url)
+    client = service.create_lora_training_client(base_model=str(model), rank=8, seed=0)
     batch, adam = sft_batch(8, 64, vocab), tinker.AdamParams(learning_rate=1e-4)
     times = []
     for _ in range(1 + steady):
@@ -81,6 +83,9 @@ def first_steps(url: str, model: Path, steady: int) -> dict:
         fb.result()
         optim.result()
         times.append(time.perf_counter() - start)
+    for holder in (getattr(service, "_session_holder", None), getattr(service, "_rest_holder", None)):
+        if holder is not None:  # stop its heartbeat and telemetry: this server stops next
+            holder.close()
     return {"first_step_s": times[0], "steady_step_s": times[1:]}
 
 
@@ -112,20 +117,37 @@ def timed_start(model: Path, home: Path, tree: Path, steady: int = 3, timeout: f
     create = next((s for kind, s in engine_timings(text) if kind == "create_model"), None)
     cache = home / "cache" / "jax"  # where rlcli keeps jax's compiled programs (absent on a tree without it)
     steps["jax_cache_entries_after"] = len(list(cache.iterdir())) if cache.is_dir() else None
+    warmed = re.search(r"warmed (\d+) recorded batch shapes and optim_step in ([\d.]+) s", text)
     return {"health_s": health_s, "engine_loop_s": engine_loop_at(text, wall), "ready_s": ready_s,
+            "phases_s": phases_at(text, wall), "warmup_s": float(warmed.group(2)) if warmed else None,
             "engine_create_model_s": create, "command": " ".join(cmd).replace(str(model.parent), "MODELS"), **steps}
 
 
-_ENGINE_UP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})[^\n]{0,80}?Starting background engine")
+_STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})[^\n]{0,80}?"
+# Where a start spends its time, by the first log line of each phase (SkyRL's and uvicorn's, which carry a time):
+PHASES = {
+    "api_imported": "Started server process",  # the API process imported SkyRL's API and the extensions
+    "engine_spawned": "Started background engine with PID",  # the API's lifespan started its engine command
+    "engine_loading_model": "Using local model",  # the engine has its imports and extensions; weights next
+    "engine_model_built": "Initialized base model",  # weights loaded, LoRA tables and optimizer built
+    "engine_loop": "Starting background engine",  # warm-up (rlcli_warmup) done; the loop serves from here
+}
+
+
+def phases_at(log_text: str, wall_start: float) -> dict[str, float]:
+    """Seconds from the start command to each phase's first log line (local time), for the phases found."""
+    found = {}
+    for name, words in PHASES.items():
+        hit = re.search(_STAMP + re.escape(words), log_text)
+        if hit:
+            stamp = dt.datetime.strptime(hit.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(hit.group(2)) / 1000
+            found[name] = round(stamp - wall_start, 3)
+    return found
 
 
 def engine_loop_at(log_text: str, wall_start: float) -> float | None:
     """Seconds from the start command to the engine's `Starting background engine...` log line (local time)."""
-    found = _ENGINE_UP.search(log_text)
-    if not found:
-        return None
-    stamp = dt.datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(found.group(2)) / 1000
-    return stamp - wall_start
+    return phases_at(log_text, wall_start).get("engine_loop")
 
 
 def build_model(size: str, folder: Path, seed: int) -> tuple[float, str]:
@@ -156,6 +178,9 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None,
                         help="start every round on this model folder instead of building a new one (saves the build)")
     parser.add_argument("--rlcli-tree", type=Path, default=REPO, help="the rlcli checkout whose server starts")
+    parser.add_argument("--compare-tree", type=Path, default=None,
+                        help="A/B: after each cold start, alternate --warm pairs of warm starts of --rlcli-tree and "
+                             "of this checkout (e.g. the commit before a change) on the same home and cache")
     parser.add_argument("--label", default="", help="added to the receipt's name (e.g. before, after)")
     parser.add_argument("--max-load", type=float, default=2.5, help="wait for this 1-minute load average first")
     parser.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most")
@@ -176,33 +201,49 @@ def main() -> None:
                 build_s, build_cmd = build_model(args.size, model, args.seed + r)
             tree = args.rlcli_tree.resolve()
             cold = timed_start(model, home, tree, args.steady)
-            warm = [timed_start(model, home, tree, args.steady) for _ in range(args.warm)]
-            rounds.append({"model_build_s": build_s, "model_build_command": build_cmd, "cold": cold, "warm": warm})
+            other = args.compare_tree.resolve() if args.compare_tree else None
+            warm, warm_compare = [], []
+            for w in range(args.warm):
+                pair = ((tree, warm), (other, warm_compare)) if w % 2 == 0 else ((other, warm_compare), (tree, warm))
+                for which, into in pair:
+                    if which is not None:
+                        into.append(timed_start(model, home, which, args.steady))
+            rounds.append({"model_build_s": build_s, "model_build_command": build_cmd, "cold": cold, "warm": warm,
+                           **({"warm_compare": warm_compare} if other else {})})
             warm_text = ", ".join(f"{w['ready_s']:.1f}s" for w in warm)
+            if other:
+                warm_text += " (compare tree: " + ", ".join(f"{w['ready_s']:.1f}s" for w in warm_compare) + ")"
             print(f"round {r + 1}: build {build_s:.1f}s, cold ready {cold['ready_s']:.1f}s, warm ready {warm_text}",
                   flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results = {}
-    for kind in ("cold", "warm"):
+    for kind in ("cold", "warm", *(("warm_compare",) if args.compare_tree else ())):
         starts = [x for r in rounds for x in ([r[kind]] if kind == "cold" else r[kind])]
         for s in starts:
             if s.get("steady_step_s"):
                 s["first_over_steady"] = s["first_step_s"] / statistics.median(s["steady_step_s"])
                 # A warm-up at start moves time from the first step into the start: this sum shows both.
                 s["ready_plus_first_step_s"] = s["ready_s"] + s["first_step_s"]
-        keys = ("health_s", "engine_loop_s", "ready_s", "engine_create_model_s", "first_step_s", "first_over_steady",
-                "ready_plus_first_step_s")
+        keys = ("health_s", "engine_loop_s", "ready_s", "warmup_s", "engine_create_model_s", "first_step_s",
+                "first_over_steady", "ready_plus_first_step_s")
         results[kind] = {key: summary([s[key] for s in starts if s.get(key) is not None])
                          for key in keys if any(s.get(key) is not None for s in starts)}
+        results[kind]["phases_s"] = {name: summary([s["phases_s"][name] for s in starts if name in s["phases_s"]])
+                                     for name in PHASES if any(name in s["phases_s"] for s in starts)}
     body = {"label": args.label, "rlcli_tree_commit": tree_commit(args.rlcli_tree),
             "versions": {**versions("tinker", "tinker-cookbook"), "server": server_versions()},
-            "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "rlcli_tree"},
+            "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                       if k not in ("rlcli_tree", "compare_tree")},
+            **({"compare_tree_commit": tree_commit(args.compare_tree)} if args.compare_tree else {}),
             "jax_compilation_cache_dir_without_rlcli": jax_cache_setting(),
             "meaning_of_cold": __doc__.split("What \"cold\" means here, honestly: ")[1].strip(),
             "rounds": rounds, "results": results,
             "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()}, "load_wait": quiet}
-    print(json.dumps({k: {m: round(v["median"], 2) for m, v in r.items()} for k, r in results.items()}))
+    def medians(part: dict) -> dict:
+        return {m: round(v["median"], 2) if "median" in v else medians(v) for m, v in part.items()}
+
+    print(json.dumps(medians(results)))
     print(f"receipt: {write_receipt('server-start', body)}")
 
 

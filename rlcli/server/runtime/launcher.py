@@ -62,8 +62,8 @@ def _load_extensions(role: str) -> None:
 def run_api(argv: list[str]) -> None:
     import skyrl_shims
 
+    _load_extensions("api")  # before the shims: rlcli_lazy_torch must act before anything imports SkyRL's API
     skyrl_shims.apply_api_shims()
-    _load_extensions("api")
 
     import uvicorn
     from skyrl.tinker import api
