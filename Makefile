@@ -129,8 +129,6 @@ bench: venv server-venv model
 	$(BIN)/python benchmarks/request_path.py --label 32slots --max-lora-adapters 32
 	$(BIN)/python benchmarks/request_path.py --label default-slots
 	$(BIN)/python benchmarks/request_path.py --size large --label 32slots --max-lora-adapters 32 --reps 10
-	$(BIN)/python benchmarks/request_path.py --label sqlite-ab --ab-env RLCLI_SQLITE_INLINE=1 --rounds 4
-	$(BIN)/python benchmarks/db_path.py --reps 300 --rounds 6
 	$(BIN)/python benchmarks/faults.py --timeouts 5,15,60
 	$(BIN)/python benchmarks/report.py
 

@@ -17,8 +17,8 @@ The receipt keeps every raw timing, p50/p95 of each, the load average before and
 of the rlcli tree whose server ran.
 
 A/B in one run: --ab-env VAR=VALUE alternates --rounds pairs of servers, A as `serve start` runs it and B with
-VAR=VALUE in the server's environment (A B, B A, ...), and pools each arm's reps, e.g. rlcli_sqlite off in B:
-    .venv/bin/python benchmarks/request_path.py --label sqlite-ab --ab-env RLCLI_SQLITE_INLINE=1 --rounds 4
+VAR=VALUE in the server's environment (A B, B A, ...), and pools each arm's reps:
+    .venv/bin/python benchmarks/request_path.py --label NAME-ab --ab-env NAME=VALUE --rounds 4
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ def main() -> None:
     parser.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most")
     parser.add_argument("--ab-env", default=None, metavar="VAR=VALUE",
                         help="A/B: alternate servers without (A) and with (B) this variable in the server's "
-                             "environment, --rounds pairs, e.g. RLCLI_SQLITE_INLINE=1 (rlcli_sqlite on in B)")
+                             "environment, --rounds pairs")
     parser.add_argument("--rounds", type=int, default=2, help="A/B pairs with --ab-env")
     args = parser.parse_args()
 

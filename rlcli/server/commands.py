@@ -22,8 +22,8 @@ from rlcli.server.server_venv import Backend
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 LAUNCHER = RUNTIME_DIR / "launcher.py"
 MAX_LOG_BYTES = 20 * 2**20
-SERVER_EXTENSIONS = ",".join(["rlcli_lazy_torch", "rlcli_losses", "rlcli_slots", "rlcli_wake", "rlcli_sqlite",
-                              "rlcli_lora", "rlcli_samplers", "rlcli_warmup"])
+SERVER_EXTENSIONS = ",".join(["rlcli_lazy_torch", "rlcli_losses", "rlcli_slots", "rlcli_wake", "rlcli_lora",
+                              "rlcli_samplers", "rlcli_warmup"])
 SNAPSHOTS_ENV = "RLCLI_SAMPLER_SNAPSHOTS"
 
 
@@ -232,7 +232,6 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
     # runtime/rlcli_losses.py: fused gspo for the jax backend and GET /api/v1/rlcli/capabilities;
     # runtime/rlcli_slots.py: a new model never inherits gradients left in its LoRA slot.
     # runtime/rlcli_wake.py: API and engine wake each other instead of polling on 100 ms / 50 ms timers.
-    # runtime/rlcli_sqlite.py: the API's sqlite statements run on its loop, not a thread round trip each.
     # runtime/rlcli_lora.py: a step computes the LoRA adapters of its batch only, not every slot.
     # runtime/rlcli_samplers.py: sampling a saved checkpoint never replaces a training model's weights, and
     # the RL loops' unnamed per-step sampler snapshots are deleted beyond the newest few per model.

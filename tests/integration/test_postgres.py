@@ -25,7 +25,6 @@ def test_tenants_on_postgres(postgres, tmp_path_factory, embedded_model, monkeyp
     env = dict(os.environ, RLCLI_HOME=str(home))
     keys = {name: run_rlcli("tenant", "add", name, env=env, check=True, timeout=60).stdout.strip()
             for name in ("alice", "bob")}
-    monkeypatch.setenv("RLCLI_SQLITE_INLINE", "1")  # asked for, rlcli_sqlite must still leave Postgres alone
     with private_server(embedded_model, "--tenants", "--slots", "2", "--database-url", postgres, home=home,
                         venv=shared_server_venv(), timeout=900) as srv:
         password = postgres.split(":")[2].split("@")[0]
@@ -36,8 +35,6 @@ def test_tenants_on_postgres(postgres, tmp_path_factory, embedded_model, monkeyp
         client, path = _alice_trains(srv, keys["alice"], monkeypatch)
         api = srv.url + "/api/v1"
         assert call(f"{api}/get_info", "POST", {"model_id": client.model_id}, key=keys["bob"])[0] == 404
-        db_path = call(f"{api}/rlcli/capabilities", key=keys["alice"])[1]["rlcli_sqlite"]  # Postgres: SkyRL's path
-        assert db_path["db_path"] == "stock" and "postgresql" in db_path["why"], db_path
         assert call(f"{api}/training_runs", key=keys["bob"])[1]["training_runs"] == []
         runs = call(f"{api}/training_runs", key=keys["alice"])[1]["training_runs"]
         assert [r["training_run_id"] for r in runs] == [client.model_id]

@@ -36,7 +36,7 @@ print("shims ok")
 """
 
 # In this order (see the module's docstring); "shims" is CHECK above, the others are runtime/<name>.py.
-ORDER = ["rlcli_lazy_torch", "rlcli_slots", "rlcli_wake", "rlcli_sqlite", "rlcli_warmup", "rlcli_fair",
+ORDER = ["rlcli_lazy_torch", "rlcli_slots", "rlcli_wake", "rlcli_warmup", "rlcli_fair",
          "rlcli_samplers", "shims", "rlcli_lora"]
 DRIVER = """
 import contextlib, io, json, runpy, sys, traceback
@@ -91,12 +91,6 @@ def test_lazy_torch_extension_defers_torch_in_the_api(checks):
     """runtime/rlcli_lazy_torch.py: SkyRL's API imports without loading torch, torch loads on first use. First in
     ORDER: the check needs a process that has not imported torch yet."""
     assert passed(checks, "rlcli_lazy_torch", "torch loads on first use"), checks["rlcli_lazy_torch"]["out"][-2000:]
-
-
-def test_sqlite_extension_targets_the_pinned_skyrl(checks):
-    """runtime/rlcli_sqlite.py hands the API's async engine an inline sqlite connection; fail here if SkyRL or
-    SQLAlchemy move the hooks, or if inline statements, errors or a lock wait go wrong on a real database."""
-    assert passed(checks, "rlcli_sqlite", "lock wait checked"), checks["rlcli_sqlite"]["out"][-2000:]
 
 
 def test_per_sequence_lora_matches_the_stock_ragged_dot_path(checks):
