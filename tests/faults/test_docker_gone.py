@@ -60,6 +60,7 @@ class PrivateDockerd:
                 time.sleep(2)
 
     def _start(self) -> None:
+        self._forget_dead_containerd()
         cmd = ["dockerd", "--data-root", str(self.root / "data"), "--exec-root", str(self.root / "exec"),
                "--pidfile", str(self.root / "pid"), "-H", self.host, f"--bridge={self.bridge}", "--iptables=false",
                "--ip6tables=false", "--ip-forward=false", "--ip-masq=false"]
@@ -72,6 +73,19 @@ class PrivateDockerd:
                 tail = (self.root / "dockerd.log").read_text(errors="replace")[-400:]
                 raise RuntimeError(f"the private dockerd did not start: {tail}")
             time.sleep(0.3)
+
+    def _forget_dead_containerd(self) -> None:
+        """The killed daemon's containerd dies with it but stays a zombie until init reaps it, and dockerd counts
+        a zombie in containerd.pid as a live containerd: it then waits ~15 s for that one's socket and gives up.
+        Where init reaps late (a container's init), remove the dead one's pid file so dockerd starts its own."""
+        pidfile = self.root / "exec" / "containerd" / "containerd.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, ValueError, IndexError):
+            return  # no pid file, or that process is gone: dockerd starts a containerd itself
+        if state == "Z":
+            pidfile.unlink(missing_ok=True)
 
     def answers(self) -> bool:
         return subprocess.run(["docker", "-H", self.host, "version"], capture_output=True).returncode == 0
