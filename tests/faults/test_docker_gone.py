@@ -149,6 +149,11 @@ def dockerd():
     if address is None:
         pytest.skip(f"every candidate subnet for a private bridge is in use here: {BRIDGE_NETS}")
     try:
+        # Its data root (the base image, ~7,000 files) in memory where a tmpfs can be mounted: the load is quicker
+        # and clean_up's umount frees it at once, where deleting those files from a disk took 6-15 s.
+        (root / "data").mkdir(mode=0o700)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1g,mode=0700", "tmpfs", str(root / "data")],
+                       capture_output=True)
         made = subprocess.run(["ip", "link", "add", "name", bridge, "type", "bridge"], capture_output=True, text=True)
         if made.returncode != 0:
             pytest.skip(f"cannot make a bridge for a private dockerd: {made.stderr.strip()}")
