@@ -2,7 +2,8 @@
 
 One dedicated real server for this module (the session server runs without tenants), and a second one
 with SkyRL's state in the tests' own Postgres (`--database-url`) for the key, isolation, listing, quota and
-revoke tests. Tenants: alice (at most 2 models), bob (at most 1 model) and carol (no limit, for the
+revoke tests, and for where that state goes (the database test; it was test_postgres.py with a server of
+its own). Tenants: alice (at most 2 models), bob (at most 1 model) and carol (no limit, for the
 notebook), added with `rlcli tenant add` in the server's home.
 """
 
@@ -11,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -229,6 +232,33 @@ def test_isolation_between_tenants(shared, monkeypatch):
     assert status == 200 and info["model_id"] == model_id
     status, ckpts, _ = call(f"{api}/training_runs/{model_id}/checkpoints", key=alice)
     assert status == 200 and "t0" in json.dumps(ckpts)
+
+
+def test_on_postgres_the_state_is_there_and_the_password_nowhere(shared, request):
+    """`serve start --database-url`: SkyRL's state goes to Postgres (the sqlite file is never made, a fresh
+    connection finds alice's model), and the password is on no command line and in no doctor output."""
+    if request.node.callspec.params.get("shared") != "postgres":
+        pytest.skip("the database test of the Postgres server")
+    srv, keys = shared
+    database = request.getfixturevalue("postgres")
+    password = database.split(":")[2].split("@")[0]
+    cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in os.listdir("/proc") if pid.isdigit()
+                and Path(f"/proc/{pid}/cmdline").exists()]
+    assert not any(password.encode() in c for c in cmdlines), "the database password is on a command line"
+    assert not (srv.home / "servers" / "default" / "tinker.db").exists()  # sqlite unused
+    api = srv.url + "/api/v1"
+    assert call(f"{api}/training_runs", key=keys["bob"])[1]["training_runs"] == []
+    runs = call(f"{api}/training_runs", key=keys["alice"])[1]["training_runs"]
+    assert len(runs) == 1, "test_isolation_between_tenants leaves alice one model"
+    model_id = runs[0]["training_run_id"]
+    doctor = run_rlcli("doctor", env=dict(srv.env, TINKER_API_KEY=keys["alice"]), timeout=120)
+    assert "ok    database" in doctor.stdout and password not in doctor.stdout, doctor.stdout
+    code = ("import sys, sqlalchemy; e = sqlalchemy.create_engine(sys.argv[1]); c = e.connect(); "
+            "print(c.execute(sqlalchemy.text('select model_id from models')).fetchall())")
+    rows = subprocess.run([str(shared_server_venv() / "bin" / "python"), "-c", code,
+                           database.replace("postgresql://", "postgresql+psycopg2://")],
+                          capture_output=True, text=True, timeout=60)
+    assert model_id in rows.stdout, rows.stdout + rows.stderr
 
 
 def test_weight_decay_refused_and_quota_answers_429(shared, monkeypatch):
