@@ -21,7 +21,15 @@ from pathlib import Path
 import pytest
 
 from rlcli.server import private, process
-from tests.conftest import REPO, RLCLI, install_embedded_model, run_rlcli, shared_compile_cache, shared_server_venv
+from tests.conftest import (
+    REPO,
+    RLCLI,
+    install_embedded_model,
+    prestarts_done,
+    run_rlcli,
+    shared_compile_cache,
+    shared_server_venv,
+)
 
 FIXTURES = REPO / "tests" / "fixtures"
 SL_DATA = FIXTURES / "sl_small.jsonl"  # 24 chats: batch 2 gives 12 steps per epoch
@@ -62,8 +70,12 @@ def _start_fault_server(factory) -> None:
     srv = FaultServer(shared_compile_cache(factory.mktemp("rlcli-fault-home")), "")
     errors: list[BaseException] = []
 
+    after = prestarts_done()
+
     def start() -> None:
         try:
+            if after is not None:
+                after.wait()
             srv.model = install_embedded_model()
             srv.start()
         except BaseException as e:  # raised in the fixture, in the first test that asks for this server
@@ -74,6 +86,7 @@ def _start_fault_server(factory) -> None:
     _prestarted["fault_server"] = (srv, thread, errors)
 
 
+@pytest.hookimpl(trylast=True)  # after tests/conftest.py's: it starts once the session servers are up
 def pytest_collection_finish(session) -> None:
     """Start the fault server in the background when a selected test uses it, as tests/conftest.py does the
     session's servers: its ~20 s start overlaps the tests before its module."""
