@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,30 +62,107 @@ def shared_compile_cache(home: Path) -> Path:
     return home
 
 
-@pytest.fixture(scope="session")
-def embedded_model() -> str:
+def install_embedded_model() -> str:
     env = dict(os.environ, RLCLI_HOME=str(shared_model_home()))
     proc = run_rlcli("model", "install", env=env, check=True, timeout=120)
     return proc.stdout.splitlines()[0].strip()
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory, embedded_model) -> Iterator[PrivateServer]:
-    """A real SkyRL server (jax backend, CPU, embedded model), started once, stopped at the end."""
+def embedded_model() -> str:
+    return install_embedded_model()
+
+
+class Prestarted:
+    """A session server started in a thread as soon as collection shows a test will use it, so that its start
+    (~20 s) runs alongside collection and the tests before its first user; its fixture waits for it."""
+
+    def __init__(self, factory, name: str, *flags: str, timeout: float, after: threading.Event | None = None):
+        self.server: PrivateServer | None = None
+        self.error: BaseException | None = None
+        self._ready, self._stop = threading.Event(), threading.Event()
+        home = shared_compile_cache(factory.mktemp(name))
+        self._thread = threading.Thread(target=self._run, args=(home, flags, timeout, after), daemon=True)
+        self._thread.start()
+
+    def _run(self, home: Path, flags: tuple[str, ...], timeout: float, after: threading.Event | None) -> None:
+        try:
+            if after is not None:  # starts one at a time: two at once on 2 cores take as long as one after another
+                after.wait()
+            with private_server(install_embedded_model(), *flags, home=home, venv=shared_server_venv(),
+                                timeout=timeout) as srv:
+                self.server = srv
+                self._ready.set()
+                self._stop.wait()
+        except BaseException as e:  # raised in the fixture, in the test that asked for this server
+            self.error = e
+        finally:
+            self._ready.set()
+
+    def get(self) -> PrivateServer:
+        self._ready.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.server is not None
+        return self.server
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=300)
+
+
+# A handful of LoRA slots keeps the engine's memory down: 7 usable (SkyRL's table of 8, slot 0 reserved).
+SESSION_SERVERS = {"server": ("rlcli-home", "--slots", "7"),
+                   "stock_server": ("rlcli-stock-home", "--no-extensions", "--backend-config",
+                                    '{"max_lora_adapters": 3}')}
+_prestarted: dict[str, Prestarted] = {}
+
+
+def pytest_collection_finish(session) -> None:
+    """Start the session servers the selected tests use, in the background (see Prestarted)."""
+    if not (shared_server_venv() / "bin" / "python").exists() or session.config.option.collectonly:
+        return  # the fixture says what is missing
+    used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    after = None
+    for fixture, (home, *flags) in SESSION_SERVERS.items():
+        if fixture in used:
+            _prestarted[fixture] = Prestarted(session.config._tmp_path_factory, home, *flags, timeout=900,
+                                              after=after)
+            after = _prestarted[fixture]._ready
+
+
+def prestarts_done() -> threading.Event | None:
+    """Set once the last session server started in the background is up (or failed): a module's own
+    background start waits for it (see Prestarted)."""
+    return next(reversed(_prestarted.values()))._ready if _prestarted else None
+
+
+def pytest_sessionfinish(session) -> None:
+    while _prestarted:
+        _prestarted.popitem()[1].stop()
+
+
+def _session_server(fixture: str, tmp_path_factory) -> Iterator[PrivateServer]:
     venv = shared_server_venv()
     if not (venv / "bin" / "python").exists():
         pytest.fail(f"no server venv at {venv}: run `make server-venv` first (`make test` does)")
-    # A handful of LoRA slots keeps the engine's memory down: 7 usable (SkyRL's table of 8, slot 0 reserved).
-    home = shared_compile_cache(tmp_path_factory.mktemp("rlcli-home"))
-    with private_server(embedded_model, "--slots", "7", home=home, venv=venv, timeout=900) as srv:
-        yield srv
+    if fixture not in _prestarted:  # a test collected some other way: start it now
+        home, *flags = SESSION_SERVERS[fixture]
+        _prestarted[fixture] = Prestarted(tmp_path_factory, home, *flags, timeout=900)
+    try:
+        yield _prestarted[fixture].get()
+    finally:
+        _prestarted.pop(fixture).stop()
 
 
 @pytest.fixture(scope="session")
-def stock_server(tmp_path_factory, embedded_model):
+def server(tmp_path_factory) -> Iterator[PrivateServer]:
+    """A real SkyRL server (jax backend, CPU, embedded model), started once, stopped at the end."""
+    yield from _session_server("server", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def stock_server(tmp_path_factory):
     """A second real server started with --no-extensions: stock SkyRL behaviour. Yields (url, env)."""
-    with private_server(embedded_model, "--no-extensions", "--backend-config", '{"max_lora_adapters": 3}',
-                        home=shared_compile_cache(tmp_path_factory.mktemp("rlcli-stock-home")),
-                        venv=shared_server_venv(),
-                        timeout=600) as srv:
+    for srv in _session_server("stock_server", tmp_path_factory):
         yield srv.url, srv.env

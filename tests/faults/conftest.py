@@ -14,13 +14,22 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from rlcli.server import private, process
-from tests.conftest import REPO, RLCLI, run_rlcli, shared_compile_cache, shared_server_venv
+from tests.conftest import (
+    REPO,
+    RLCLI,
+    install_embedded_model,
+    prestarts_done,
+    run_rlcli,
+    shared_compile_cache,
+    shared_server_venv,
+)
 
 FIXTURES = REPO / "tests" / "fixtures"
 SL_DATA = FIXTURES / "sl_small.jsonl"  # 24 chats: batch 2 gives 12 steps per epoch
@@ -54,11 +63,55 @@ class FaultServer:
         return pids
 
 
+_prestarted: dict[str, tuple[FaultServer, threading.Thread, list]] = {}
+
+
+def _start_fault_server(factory) -> None:
+    srv = FaultServer(shared_compile_cache(factory.mktemp("rlcli-fault-home")), "")
+    errors: list[BaseException] = []
+
+    after = prestarts_done()
+
+    def start() -> None:
+        try:
+            if after is not None:
+                after.wait()
+            srv.model = install_embedded_model()
+            srv.start()
+        except BaseException as e:  # raised in the fixture, in the first test that asks for this server
+            errors.append(e)
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    _prestarted["fault_server"] = (srv, thread, errors)
+
+
+@pytest.hookimpl(trylast=True)  # after tests/conftest.py's: it starts once the session servers are up
+def pytest_collection_finish(session) -> None:
+    """Start the fault server in the background when a selected test uses it, as tests/conftest.py does the
+    session's servers: its ~20 s start overlaps the tests before its module."""
+    if session.config.option.collectonly or not (shared_server_venv() / "bin" / "python").exists():
+        return
+    if any("fault_server" in getattr(item, "fixturenames", ()) for item in session.items):
+        _start_fault_server(session.config._tmp_path_factory)
+
+
+def pytest_sessionfinish(session) -> None:
+    if "fault_server" in _prestarted:  # its module never ran (deselected by -x, say)
+        srv, thread, _ = _prestarted.pop("fault_server")
+        thread.join(timeout=900)
+        srv.stop()
+
+
 @pytest.fixture(scope="module")
-def fault_server(tmp_path_factory, embedded_model):
-    srv = FaultServer(shared_compile_cache(tmp_path_factory.mktemp("rlcli-fault-home")), embedded_model)
-    srv.start()
+def fault_server(tmp_path_factory):
+    if "fault_server" not in _prestarted:
+        _start_fault_server(tmp_path_factory)
+    srv, thread, errors = _prestarted.pop("fault_server")
     try:
+        thread.join(timeout=900)
+        if errors:
+            raise errors[0]
         yield srv
     finally:
         srv.stop()

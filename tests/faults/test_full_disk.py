@@ -8,8 +8,10 @@ permitted), then frees it and shows the command (or the resumed run) completes.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
+import threading
 import time
 
 import pytest
@@ -83,30 +85,66 @@ def test_a_full_run_folder_stops_training_and_the_run_resumes(server, small_fs):
     assert [r["step"] for r in step_rows(folder)] == list(range(12))
 
 
-def test_the_servers_checkpoint_folder_full_stops_training_and_the_run_resumes(embedded_model, tmp_path):
+@pytest.fixture(scope="module", autouse=True)
+def ckpt_server(request, embedded_model, tmp_path_factory):
+    """The private server of the last test, whose checkpoints go to a 32 MiB tmpfs: started in a thread when
+    the module starts (if that test is selected), so that its ~20 s start runs alongside the tests before it.
+    Yields a function that waits for it and returns (server, disk), or skips when no tmpfs can be mounted."""
+    if not any("ckpt_server" in inspect.signature(item.function).parameters for item in request.session.items
+               if getattr(item, "function", None) is not None):
+        yield None
+        return
+    box: dict = {}
+    ready, stop = threading.Event(), threading.Event()
+
+    def run() -> None:
+        try:
+            with (tmpfs(tmp_path_factory.mktemp("ckpt") / "ckpt-fs", "32m") as disk,
+                  private_server(embedded_model, "--slots", "2", "--checkpoints-base", str(disk),
+                                 venv=shared_server_venv()) as srv):
+                box["value"] = (srv, disk)
+                ready.set()
+                stop.wait()
+        except BaseException as e:  # a skip (no tmpfs) or a failed start: raised in the test that asks
+            box["error"] = e
+        finally:
+            ready.set()
+
+    def get():
+        ready.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    yield get
+    stop.set()
+    thread.join(timeout=300)
+
+
+def test_the_servers_checkpoint_folder_full_stops_training_and_the_run_resumes(ckpt_server, tmp_path):
     """A private server keeps its checkpoints on a 32 MiB tmpfs (one SL checkpoint of the embedded model, state
     and sampler weights, takes ~4 MiB); it is filled after the first save, so the next save fails on the server."""
-    with (tmpfs(tmp_path / "ckpt-fs", "32m") as disk,
-          private_server(embedded_model, "--slots", "2", "--checkpoints-base", str(disk),
-                         venv=shared_server_venv()) as srv):
-        folder, env = tmp_path / "run", dict(srv.env, TINKER_API_KEY="tml-f")
-        args = ["train", "sl", "--dataset", str(SL_DATA), "--batch-size", "2", "--max-steps", "8", "--save-every",
-                "2", "--base-url", srv.url, "--log-path", str(folder)]
-        proc = trainer(*args, env=env)
-        wait_for(lambda: last_checkpoint(folder, "state_path") is not None, 600, proc, "the first checkpoint")
-        filler = fill(disk)
-        _, err = proc.communicate(timeout=300)
-        line, saved = last_line(err), [json.loads(r)["name"] for r in (folder / "checkpoints.jsonl").read_text()
-                                       .splitlines()]
-        record("server's checkpoint folder full during train sl", rc=proc.returncode, line=line)
-        assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
-        failed = re.match(r"rlcli: error: the server could not save checkpoint (\w+) \(.*No space left on device\); "
-                          r"nothing was recorded for it and the last good checkpoint is (\w+): free space", line)
-        assert failed and f"--log-path {folder} --resume" in line, err[-3000:]
-        assert failed.group(1) not in saved and failed.group(2) == saved[-1]  # the failed save left no record
-        filler.unlink()
-        done = run_rlcli(*args, "--resume", env=env, timeout=900)
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert f"from checkpoint {saved[-1]}" in done.stderr
-        assert [r["step"] for r in step_rows(folder)] == list(range(8))
-        assert json.loads((folder / "checkpoints.jsonl").read_text().splitlines()[-1])["name"] == "final"
+    srv, disk = ckpt_server()
+    folder, env = tmp_path / "run", dict(srv.env, TINKER_API_KEY="tml-f")
+    args = ["train", "sl", "--dataset", str(SL_DATA), "--batch-size", "2", "--max-steps", "8", "--save-every",
+            "2", "--base-url", srv.url, "--log-path", str(folder)]
+    proc = trainer(*args, env=env)
+    wait_for(lambda: last_checkpoint(folder, "state_path") is not None, 600, proc, "the first checkpoint")
+    filler = fill(disk)
+    _, err = proc.communicate(timeout=300)
+    line, saved = last_line(err), [json.loads(r)["name"] for r in (folder / "checkpoints.jsonl").read_text()
+                                   .splitlines()]
+    record("server's checkpoint folder full during train sl", rc=proc.returncode, line=line)
+    assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
+    failed = re.match(r"rlcli: error: the server could not save checkpoint (\w+) \(.*No space left on device\); "
+                      r"nothing was recorded for it and the last good checkpoint is (\w+): free space", line)
+    assert failed and f"--log-path {folder} --resume" in line, err[-3000:]
+    assert failed.group(1) not in saved and failed.group(2) == saved[-1]  # the failed save left no record
+    filler.unlink()
+    done = run_rlcli(*args, "--resume", env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"from checkpoint {saved[-1]}" in done.stderr
+    assert [r["step"] for r in step_rows(folder)] == list(range(8))
+    assert json.loads((folder / "checkpoints.jsonl").read_text().splitlines()[-1])["name"] == "final"

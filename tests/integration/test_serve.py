@@ -158,14 +158,26 @@ def test_logs_prints_and_follows(server):
     assert proc.returncode == 0 and len(proc.stdout.strip().splitlines()) == 5
     import subprocess
     import sys
+    import threading
 
     follower = subprocess.Popen([sys.executable, "-m", "rlcli.cli", "serve", "logs", "-f", "-n", "0"],
                                 env=server.env, stdout=subprocess.PIPE, text=True)
-    try:
-        time.sleep(1.5)
-        run_rlcli("serve", "status", env=server.env)  # its healthz request lands in the log
-        time.sleep(1.5)
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in follower.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:  # until a status request's healthz line is followed (the first may come before it follows)
+        deadline = time.monotonic() + 60
+        while not any("/api/v1/healthz" in line for line in lines) and time.monotonic() < deadline:
+            run_rlcli("serve", "status", env=server.env)  # its healthz request lands in the log
+            time.sleep(0.3)
     finally:
         follower.kill()
-    followed = follower.communicate()[0]
+    follower.wait()
+    reader.join(timeout=10)
+    followed = "".join(lines)
     assert "/api/v1/healthz" in followed, followed[-2000:]

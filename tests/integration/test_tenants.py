@@ -2,17 +2,22 @@
 
 One dedicated real server for this module (the session server runs without tenants), and a second one
 with SkyRL's state in the tests' own Postgres (`--database-url`) for the key, isolation, listing, quota and
-revoke tests. Tenants: alice (at most 2 models), bob (at most 1 model) and carol (no limit, for the
+revoke tests, and for where that state goes (the database test; it was test_postgres.py with a server of
+its own). Tenants: alice (at most 2 models), bob (at most 1 model) and carol (no limit, for the
 notebook), added with `rlcli tenant add` in the server's home.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import subprocess
+import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -40,22 +45,73 @@ def call(url: str, method: str = "GET", payload: dict | None = None, key: str | 
         return e.code, answer, e.headers
 
 
+class TenantServer:
+    """A --tenants server with alice, bob and carol, started in a thread: the Postgres one starts while the
+    sqlite one's tests run (each start is ~20 s); `get` waits for it, `stop` stops it."""
+
+    def __init__(self, home: Path, model: str, database: list[str]):
+        self.result: tuple | None = None
+        self.error: BaseException | None = None
+        self._ready, self._stop = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(home, model, database), daemon=True)
+        self._thread.start()
+
+    def _run(self, home: Path, model: str, database: list[str]) -> None:
+        try:
+            keys = {}
+            for name, quota in (("alice", "2"), ("bob", "1"), ("carol", None)):
+                env = dict(os.environ, RLCLI_HOME=str(home))
+                limit = ["--max-models", quota] if quota else []
+                proc = run_rlcli("tenant", "add", name, *limit, env=env, check=True, timeout=60)
+                keys[name] = proc.stdout.strip()
+            assert (home / "tenants.json").stat().st_mode & 0o077 == 0
+            assert all(k.startswith("tml-") and k not in (home / "tenants.json").read_text() for k in keys.values())
+            with private_server(model, "--tenants", "--slots", "3", *database, home=home,
+                                venv=shared_server_venv(), timeout=900) as srv:
+                self.result = (srv, keys)
+                self._ready.set()
+                self._stop.wait()
+        except BaseException as e:  # raised by get(), in the fixture
+            self.error = e
+        finally:
+            self._ready.set()
+
+    def get(self) -> tuple:
+        self._ready.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=300)
+
+
+@pytest.fixture(scope="module")
+def postgres_tenants(request, tmp_path_factory, embedded_model):
+    """The Postgres server, started (by `shared`) as soon as the sqlite one is ready, rather than after its
+    tests; skipped (saying why) where there is no Postgres."""
+    server = TenantServer(tmp_path_factory.mktemp("rlcli-tenants-home"), embedded_model,
+                          ["--database-url", request.getfixturevalue("postgres")])
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def shared(request, tmp_path_factory, embedded_model):
     """One server per database: SkyRL's default sqlite, then the tests' own Postgres (conftest.py)."""
-    database = ["--database-url", request.getfixturevalue("postgres")] if request.param == "postgres" else []
-    home = tmp_path_factory.mktemp("rlcli-tenants-home")
-    keys = {}
-    for name, quota in (("alice", "2"), ("bob", "1"), ("carol", None)):
-        env = dict(os.environ, RLCLI_HOME=str(home))
-        limit = ["--max-models", quota] if quota else []
-        proc = run_rlcli("tenant", "add", name, *limit, env=env, check=True, timeout=60)
-        keys[name] = proc.stdout.strip()
-    assert (home / "tenants.json").stat().st_mode & 0o077 == 0
-    assert all(k.startswith("tml-") and k not in (home / "tenants.json").read_text() for k in keys.values())
-    with private_server(embedded_model, "--tenants", "--slots", "3", *database, home=home,
-                        venv=shared_server_venv(), timeout=900) as srv:
-        yield srv, keys
+    if request.param == "sqlite":
+        server = TenantServer(tmp_path_factory.mktemp("rlcli-tenants-home"), embedded_model, [])
+        try:
+            ready = server.get()
+            # Then the Postgres one, while the sqlite tests run (two starts at once gain nothing on 2 cores).
+            with contextlib.suppress(pytest.skip.Exception):  # no Postgres: its tests skip when they get there
+                request.getfixturevalue("postgres_tenants")
+            yield ready
+        finally:
+            server.stop()
+    else:
+        yield request.getfixturevalue("postgres_tenants").get()
 
 
 def sqlite_only(request) -> None:
@@ -229,6 +285,33 @@ def test_isolation_between_tenants(shared, monkeypatch):
     assert status == 200 and info["model_id"] == model_id
     status, ckpts, _ = call(f"{api}/training_runs/{model_id}/checkpoints", key=alice)
     assert status == 200 and "t0" in json.dumps(ckpts)
+
+
+def test_on_postgres_the_state_is_there_and_the_password_nowhere(shared, request):
+    """`serve start --database-url`: SkyRL's state goes to Postgres (the sqlite file is never made, a fresh
+    connection finds alice's model), and the password is on no command line and in no doctor output."""
+    if request.node.callspec.params.get("shared") != "postgres":
+        pytest.skip("the database test of the Postgres server")
+    srv, keys = shared
+    database = request.getfixturevalue("postgres")
+    password = database.split(":")[2].split("@")[0]
+    cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in os.listdir("/proc") if pid.isdigit()
+                and Path(f"/proc/{pid}/cmdline").exists()]
+    assert not any(password.encode() in c for c in cmdlines), "the database password is on a command line"
+    assert not (srv.home / "servers" / "default" / "tinker.db").exists()  # sqlite unused
+    api = srv.url + "/api/v1"
+    assert call(f"{api}/training_runs", key=keys["bob"])[1]["training_runs"] == []
+    runs = call(f"{api}/training_runs", key=keys["alice"])[1]["training_runs"]
+    assert len(runs) == 1, "test_isolation_between_tenants leaves alice one model"
+    model_id = runs[0]["training_run_id"]
+    doctor = run_rlcli("doctor", env=dict(srv.env, TINKER_API_KEY=keys["alice"]), timeout=120)
+    assert "ok    database" in doctor.stdout and password not in doctor.stdout, doctor.stdout
+    code = ("import sys, sqlalchemy; e = sqlalchemy.create_engine(sys.argv[1]); c = e.connect(); "
+            "print(c.execute(sqlalchemy.text('select model_id from models')).fetchall())")
+    rows = subprocess.run([str(shared_server_venv() / "bin" / "python"), "-c", code,
+                           database.replace("postgresql://", "postgresql+psycopg2://")],
+                          capture_output=True, text=True, timeout=60)
+    assert model_id in rows.stdout, rows.stdout + rows.stderr
 
 
 def test_weight_decay_refused_and_quota_answers_429(shared, monkeypatch):

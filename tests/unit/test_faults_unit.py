@@ -36,7 +36,7 @@ def health_server():
     Health.answering = True
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
     srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits a poll
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
 

@@ -116,7 +116,7 @@ def fake_server():
             pass
 
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits a poll
     yield f"http://127.0.0.1:{httpd.server_address[1]}", answers
     httpd.shutdown()
     httpd.server_close()

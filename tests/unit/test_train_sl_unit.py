@@ -287,7 +287,7 @@ class _FakeServer(http.server.BaseHTTPRequestHandler):
 
 def test_unload_models_counts_unknown_models_as_freed():
     server = http.server.HTTPServer(("127.0.0.1", 0), _FakeServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits a poll
     try:
         url = f"http://127.0.0.1:{server.server_port}"
         assert client.unload_models(url, ["model_a", "gone", "broken"]) == ["broken"]
