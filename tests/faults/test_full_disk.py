@@ -1,6 +1,7 @@
 """A full disk fails the command with one line and leaves nothing half-written under a final name.
 
-The disk is the one under the output (export, import), the run folder, or the server's own checkpoint folder.
+The disk is the one under the output (export, import), the run folder, or the server's own checkpoint folder
+(a checkpoint save, and the unnamed per-step sampler snapshots RL loops save: runtime/rlcli_samplers.py).
 
 Each test fills a real 4 MiB tmpfs to the last byte (tests/faults/conftest.py: skipped where mounting is not
 permitted), then frees it and shows the command (or the resumed run) completes.
@@ -16,11 +17,13 @@ import time
 
 import pytest
 
+from rlcli.client import unload_models
 from rlcli.server.private import private_server
 from rlcli.train.folder import last_checkpoint
 from tests.conftest import REPO, run_rlcli, shared_server_venv
 from tests.faults.conftest import SL_DATA, fill, step_rows, tmpfs, trainer, wait_for
 from tests.faults.test_server_dies import last_line, record
+from tests.integration.test_sampler_snapshots import SNAPSHOT, _sample, _snapshots, _step
 
 pytestmark = [pytest.mark.server, pytest.mark.faults]
 
@@ -87,8 +90,9 @@ def test_a_full_run_folder_stops_training_and_the_run_resumes(server, small_fs):
 
 @pytest.fixture(scope="module", autouse=True)
 def ckpt_server(request, embedded_model, tmp_path_factory):
-    """The private server of the last test, whose checkpoints go to a 32 MiB tmpfs: started in a thread when
-    the module starts (if that test is selected), so that its ~20 s start runs alongside the tests before it.
+    """The private server of the last two tests (2 snapshots kept), whose checkpoints go to a 32 MiB tmpfs:
+    started in a thread when the module starts (if a test that uses it is selected), so that its ~20 s start
+    runs alongside the tests before it.
     Yields a function that waits for it and returns (server, disk), or skips when no tmpfs can be mounted."""
     if not any("ckpt_server" in inspect.signature(item.function).parameters for item in request.session.items
                if getattr(item, "function", None) is not None):
@@ -100,7 +104,8 @@ def ckpt_server(request, embedded_model, tmp_path_factory):
     def run() -> None:
         try:
             with (tmpfs(tmp_path_factory.mktemp("ckpt") / "ckpt-fs", "32m") as disk,
-                  private_server(embedded_model, "--slots", "2", "--checkpoints-base", str(disk),
+                  private_server(embedded_model, "--slots", "2", "--sampler-snapshots", "2",
+                                 "--checkpoints-base", str(disk),
                                  venv=shared_server_venv()) as srv):
                 box["value"] = (srv, disk)
                 ready.set()
@@ -148,3 +153,37 @@ def test_the_servers_checkpoint_folder_full_stops_training_and_the_run_resumes(c
     assert f"from checkpoint {saved[-1]}" in done.stderr
     assert [r["step"] for r in step_rows(folder)] == list(range(8))
     assert json.loads((folder / "checkpoints.jsonl").read_text().splitlines()[-1])["name"] == "final"
+
+
+def test_a_full_checkpoint_folder_still_takes_the_next_snapshot(ckpt_server, monkeypatch):
+    """At K (2) unnamed snapshots kept, the oldest goes before the next is written, so that save succeeds on a
+    disk full to the last byte; below K a failed save leaves no partial file and no probe."""
+    import tinker
+
+    srv, disk = ckpt_server()
+    monkeypatch.setenv("TINKER_API_KEY", "tml-f")
+    service = tinker.ServiceClient(base_url=srv.url)
+    first = service.create_lora_training_client(base_model=srv.model, rank=32, seed=0)
+    second = service.create_lora_training_client(base_model=srv.model, rank=32, seed=1)
+    folder, other = (disk / c.model_id / "sampler_weights" for c in (first, second))
+    fillers = []
+    try:
+        for _ in range(2):
+            _step(first)
+            first.save_weights_and_get_sampling_client()
+        kept = _snapshots(folder)
+        fillers.append(fill(disk))
+        _step(first)
+        _sample(first.save_weights_and_get_sampling_client())  # room made: the oldest went first
+        assert len(_snapshots(folder)) == 2 and _snapshots(folder)[0] == kept[1], _snapshots(folder)
+
+        (disk / "more").mkdir()
+        fillers.append(fill(disk / "more"))  # full to the last byte again (the first filler stays)
+        with pytest.raises(Exception, match="No space left"):
+            second.save_weights_and_get_sampling_client()  # nothing kept yet, so no room to make: it fails
+        left = [p.name for p in other.iterdir()] if other.exists() else []
+        assert not any(SNAPSHOT.match(name) for name in left), left  # no partial file, no probe
+    finally:
+        for filler in fillers:
+            filler.unlink()
+        assert unload_models(srv.url, [first.model_id, second.model_id]) == []
