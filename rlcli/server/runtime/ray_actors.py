@@ -38,9 +38,11 @@ EXTENSIONS_ENV = "RLCLI_SERVER_EXTENSIONS"
 FORWARDED_ENV = ("RLCLI_SAMPLER_SNAPSHOTS",)  # settings the extensions read (and compare, through VERSION)
 REPORT = "rlcli-ray-actors.json"  # in the server's folder (the API's and the engine's working directory)
 MARK = "_rlcli_loads_extensions"
-# Loaded in the actors too (every process loads the same list) but acting in the engine only: what they change
-# is the engine's request loop (wake) or needs the engine's own passes (warmup records and replays shapes).
-ENGINE_ONLY = {"rlcli_wake": "the request path is the engine's: API and engine wake each other as without Ray",
+# Loaded in the actors too (every process loads the same list) but acting in the engine or the API only: what
+# they change is the API's start (lazy torch), the engine's request loop (wake) or needs the engine's own passes
+# (warmup records and replays shapes).
+ENGINE_ONLY = {"rlcli_lazy_torch": "acts in the API process only (its torch import), not in the engine or actors",
+               "rlcli_wake": "the request path is the engine's: API and engine wake each other as without Ray",
                "rlcli_warmup": "batch shapes are neither recorded nor replayed on Ray (the actors run the passes)"}
 _state: dict = {"loaded": None}
 
