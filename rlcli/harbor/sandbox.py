@@ -88,7 +88,7 @@ def sweep(client: Any) -> int:
     Live owners' containers are left alone: another rlcli run on this machine may be using them.
     """
     host, removed = socket.gethostname(), 0
-    for container in client.containers.list(all=True, filters={"label": LABEL}):
+    for container in client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True):
         owner_host, _, pid = container.labels.get(OWNER, "").rpartition(":")
         if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
             _remove(container)
@@ -100,10 +100,13 @@ def remove_mine(client: Any) -> int:
     """Remove every sandbox this process started (the last line of defence after Ctrl-C or a crash).
 
     With the daemon gone there is nothing to ask: its containers carry auto-remove, which the daemon
-    honours when it starts again (it does not restore containers), so none outlives the outage.
+    honours when it starts again (it does not restore containers), so none outlives the outage. A daemon just
+    back may still be removing them: one listed and gone before the SDK inspects it is skipped (ignore_removed),
+    where it used to end a finished run with a 404.
     """
     try:
-        mine = client.containers.list(all=True, filters={"label": f"{OWNER}={owner_id()}"})
+        mine = client.containers.list(all=True, filters={"label": f"{OWNER}={owner_id()}"},
+                                      ignore_removed=True)
     except Exception as e:
         if is_gone(e):
             return 0

@@ -369,3 +369,36 @@ def test_train_harbor_stops_after_the_step_in_which_docker_was_lost(monkeypatch,
     with pytest.raises(daemon.DockerGone, match="did not come back within 0.2s"):
         progress.log_metrics({"progress/batch": 1}, step=1)
     assert "step 2/2" in progress.stream.getvalue()  # the step's line is printed first
+
+
+def test_a_sandbox_removed_between_list_and_inspect_is_skipped():
+    """A daemon just back from an outage removes its auto-remove containers while a finished run sweeps its own:
+    one listed and gone before the docker SDK inspects it used to end the run with a 404 (No such container).
+    The real SDK collection runs here over a stand-in of the daemon's HTTP API."""
+    import docker
+    from docker.models.containers import ContainerCollection
+
+    from rlcli.harbor import sandbox
+
+    owner = f"{sandbox.OWNER}={sandbox.owner_id()}"
+
+    class Api:
+        removed: list[str] = []
+
+        def containers(self, all=False, filters=None, **_):
+            assert all and filters == {"label": owner}, filters
+            return [{"Id": "gone"}, {"Id": "here"}]
+
+        def inspect_container(self, container_id):
+            if container_id == "gone":
+                raise docker.errors.NotFound("No such container: gone")
+            return {"Id": container_id, "Config": {"Labels": {}}}
+
+        def remove_container(self, container_id, **_):
+            self.removed.append(container_id)
+
+    class Client:
+        api = Api()
+
+    Client.containers = ContainerCollection(client=Client)
+    assert sandbox.remove_mine(Client) == 1 and Api.removed == ["here"]
