@@ -12,6 +12,7 @@ import asyncio
 import os
 import sys
 import time
+import weakref
 
 from rlcli.errors import RlcliError
 
@@ -46,6 +47,33 @@ def is_gone(error: BaseException) -> bool:
         return True
     return isinstance(error, docker.errors.DockerException) and not isinstance(error, docker.errors.APIError) \
         and any(key in str(error) for key in ("Connection refused", "No such file or directory", "Connection aborted"))
+
+
+_QUIET_LOOPS: weakref.WeakSet = weakref.WeakSet()
+
+
+def quiet_lost_rollouts() -> None:
+    """Drop asyncio's "Task exception was never retrieved" report, a traceback, for DockerGone only.
+
+    The cookbook gives up on a rollout it retried or skipped without awaiting the task that still runs it; when
+    the daemon stays away that task ends later with DockerGone, which the run's one line already reports. Every
+    other unretrieved exception is reported as before. Called from inside the running loop (SandboxPool.open).
+    """
+    loop = asyncio.get_running_loop()
+    if loop in _QUIET_LOOPS:
+        return
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        if isinstance(context.get("exception"), DockerGone) and "never retrieved" in context.get("message", ""):
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+    _QUIET_LOOPS.add(loop)
 
 
 def gone_error(what: str = "") -> DockerGone:

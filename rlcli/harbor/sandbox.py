@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.errors import RlcliError
-from rlcli.harbor.daemon import DockerGone, SandboxError, docker_where, gone_error, is_gone
+from rlcli.harbor.daemon import DockerGone, SandboxError, docker_where, gone_error, is_gone, quiet_lost_rollouts
 from rlcli.harbor.images import LABEL, TASK_LABEL, ensure_image
 from rlcli.harbor.tasks import Limits, Task
 
@@ -361,6 +361,7 @@ class SandboxPool:
         self._slots: asyncio.Semaphore | None = None  # made inside the running event loop
 
     async def open(self, task: Task, lifetime_s: float) -> Sandbox:
+        quiet_lost_rollouts()
         try:
             return await self._open(task, lifetime_s)
         except DockerGone:

@@ -402,3 +402,29 @@ def test_a_sandbox_removed_between_list_and_inspect_is_skipped():
 
     Client.containers = ContainerCollection(client=Client)
     assert sandbox.remove_mine(Client) == 1 and Api.removed == ["here"]
+
+
+def test_an_unawaited_rollout_lost_to_docker_prints_no_traceback(caplog):
+    """The cookbook stops waiting for a rollout it retried; when that task later ends with DockerGone the run's one
+    line already says so, and asyncio's "never retrieved" traceback is dropped. Any other exception still shows."""
+    import asyncio
+    import gc
+
+    from rlcli.harbor.daemon import DockerGone, quiet_lost_rollouts
+
+    async def fail(error: Exception) -> None:
+        raise error
+
+    async def main() -> None:
+        quiet_lost_rollouts()
+        quiet_lost_rollouts()  # once per loop, however often a pool opens a sandbox
+        for error in (DockerGone("the Docker daemon at unix:///x stopped answering"), ValueError("a real bug")):
+            task = asyncio.get_running_loop().create_task(fail(error))
+            await asyncio.sleep(0)
+            del task
+            gc.collect()
+
+    with caplog.at_level("ERROR", logger="asyncio"):
+        asyncio.run(main())
+    reported = [r.getMessage() + repr(getattr(r, "exc_info", None)) for r in caplog.records]
+    assert len(reported) == 1 and "a real bug" in reported[0], reported
