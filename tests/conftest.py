@@ -12,8 +12,10 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,68 +75,74 @@ def embedded_model() -> str:
     return install_embedded_model()
 
 
-class Prestarted:
-    """A session server started in a thread as soon as collection shows a test will use it, so that its start
-    (~20 s) runs alongside collection and the tests before its first user; its fixture waits for it."""
+class Background:
+    """A context manager entered in a thread and held open: a server whose ~20 s start runs alongside the tests
+    before its first user. `get` waits for what it yields (or raises what it raised, in the test that asked),
+    `stop` leaves it. `after`: an event to wait for first (two starts at once on 2 cores take as long as two in
+    a row, and slow the tests running meanwhile)."""
 
-    def __init__(self, factory, name: str, *flags: str, timeout: float, after: threading.Event | None = None):
-        self.server: PrivateServer | None = None
+    def __init__(self, enter: Callable[[], ContextManager[Any]], after: threading.Event | None = None):
+        self.value: Any = None
         self.error: BaseException | None = None
-        self._ready, self._stop = threading.Event(), threading.Event()
-        home = shared_compile_cache(factory.mktemp(name))
-        self._thread = threading.Thread(target=self._run, args=(home, flags, timeout, after), daemon=True)
+        self.ready, self._stop = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(enter, after), daemon=True)
         self._thread.start()
 
-    def _run(self, home: Path, flags: tuple[str, ...], timeout: float, after: threading.Event | None) -> None:
+    def _run(self, enter: Callable[[], ContextManager[Any]], after: threading.Event | None) -> None:
         try:
-            if after is not None:  # starts one at a time: two at once on 2 cores take as long as one after another
+            if after is not None:
                 after.wait()
-            with private_server(install_embedded_model(), *flags, home=home, venv=shared_server_venv(),
-                                timeout=timeout) as srv:
-                self.server = srv
-                self._ready.set()
+            with enter() as value:
+                self.value = value
+                self.ready.set()
                 self._stop.wait()
-        except BaseException as e:  # raised in the fixture, in the test that asked for this server
+        except BaseException as e:  # raised by get(), in the test that asked for it
             self.error = e
         finally:
-            self._ready.set()
+            self.ready.set()
 
-    def get(self) -> PrivateServer:
-        self._ready.wait()
+    def get(self) -> Any:
+        self.ready.wait()
         if self.error is not None:
             raise self.error
-        assert self.server is not None
-        return self.server
+        return self.value
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=300)
 
 
+def prestart(factory, name: str, *flags: str, timeout: float, after: threading.Event | None = None) -> Background:
+    """A session server started in the background as soon as collection shows a test will use it."""
+    home = shared_compile_cache(factory.mktemp(name))
+    return Background(lambda: private_server(install_embedded_model(), *flags, home=home, venv=shared_server_venv(),
+                                             timeout=timeout), after)
+
+
 # A handful of LoRA slots keeps the engine's memory down: 7 usable (SkyRL's table of 8, slot 0 reserved).
 SESSION_SERVERS = {"server": ("rlcli-home", "--slots", "7"),
                    "stock_server": ("rlcli-stock-home", "--no-extensions", "--backend-config",
                                     '{"max_lora_adapters": 3}')}
-_prestarted: dict[str, Prestarted] = {}
+_prestarted: dict[str, Background] = {}
 
 
 def pytest_collection_finish(session) -> None:
-    """Start the session servers the selected tests use, in the background (see Prestarted)."""
+    """Start the session servers the selected tests use, in the background (see Background)."""
     if not (shared_server_venv() / "bin" / "python").exists() or session.config.option.collectonly:
         return  # the fixture says what is missing
     used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
     after = None
     for fixture, (home, *flags) in SESSION_SERVERS.items():
         if fixture in used:
-            _prestarted[fixture] = Prestarted(session.config._tmp_path_factory, home, *flags, timeout=900,
-                                              after=after)
-            after = _prestarted[fixture]._ready
+            _prestarted[fixture] = prestart(session.config._tmp_path_factory, home, *flags, timeout=900,
+                                            after=after)
+            after = _prestarted[fixture].ready
 
 
 def prestarts_done() -> threading.Event | None:
     """Set once the last session server started in the background is up (or failed): a module's own
-    background start waits for it (see Prestarted)."""
-    return next(reversed(_prestarted.values()))._ready if _prestarted else None
+    background start waits for it (see Background)."""
+    return next(reversed(_prestarted.values())).ready if _prestarted else None
 
 
 def pytest_sessionfinish(session) -> None:
@@ -148,7 +156,7 @@ def _session_server(fixture: str, tmp_path_factory) -> Iterator[PrivateServer]:
         pytest.fail(f"no server venv at {venv}: run `make server-venv` first (`make test` does)")
     if fixture not in _prestarted:  # a test collected some other way: start it now
         home, *flags = SESSION_SERVERS[fixture]
-        _prestarted[fixture] = Prestarted(tmp_path_factory, home, *flags, timeout=900)
+        _prestarted[fixture] = prestart(tmp_path_factory, home, *flags, timeout=900)
     try:
         yield _prestarted[fixture].get()
     finally:

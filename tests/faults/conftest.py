@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from rlcli.server import private, process
 from tests.conftest import (
     REPO,
     RLCLI,
+    Background,
     install_embedded_model,
     prestarts_done,
     run_rlcli,
@@ -63,27 +63,22 @@ class FaultServer:
         return pids
 
 
-_prestarted: dict[str, tuple[FaultServer, threading.Thread, list]] = {}
+_prestarted: dict[str, Background] = {}
 
 
 def _start_fault_server(factory) -> None:
     srv = FaultServer(shared_compile_cache(factory.mktemp("rlcli-fault-home")), "")
-    errors: list[BaseException] = []
 
-    after = prestarts_done()
-
-    def start() -> None:
+    @contextlib.contextmanager
+    def running():
+        srv.model = install_embedded_model()
         try:
-            if after is not None:
-                after.wait()
-            srv.model = install_embedded_model()
             srv.start()
-        except BaseException as e:  # raised in the fixture, in the first test that asks for this server
-            errors.append(e)
+            yield srv
+        finally:
+            srv.stop()
 
-    thread = threading.Thread(target=start, daemon=True)
-    thread.start()
-    _prestarted["fault_server"] = (srv, thread, errors)
+    _prestarted["fault_server"] = Background(running, after=prestarts_done())
 
 
 @pytest.hookimpl(trylast=True)  # after tests/conftest.py's: it starts once the session servers are up
@@ -98,23 +93,18 @@ def pytest_collection_finish(session) -> None:
 
 def pytest_sessionfinish(session) -> None:
     if "fault_server" in _prestarted:  # its module never ran (deselected by -x, say)
-        srv, thread, _ = _prestarted.pop("fault_server")
-        thread.join(timeout=900)
-        srv.stop()
+        _prestarted.pop("fault_server").stop()
 
 
 @pytest.fixture(scope="module")
 def fault_server(tmp_path_factory):
     if "fault_server" not in _prestarted:
         _start_fault_server(tmp_path_factory)
-    srv, thread, errors = _prestarted.pop("fault_server")
+    server = _prestarted.pop("fault_server")
     try:
-        thread.join(timeout=900)
-        if errors:
-            raise errors[0]
-        yield srv
+        yield server.get()
     finally:
-        srv.stop()
+        server.stop()
 
 
 def trainer(*args: str, env: dict) -> subprocess.Popen:

@@ -9,10 +9,10 @@ permitted), then frees it and shows the command (or the resumed run) completes.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import re
-import threading
 import time
 
 import pytest
@@ -20,7 +20,7 @@ import pytest
 from rlcli.client import unload_models
 from rlcli.server.private import private_server
 from rlcli.train.folder import last_checkpoint
-from tests.conftest import REPO, run_rlcli, shared_server_venv
+from tests.conftest import REPO, Background, run_rlcli, shared_server_venv
 from tests.faults.conftest import SL_DATA, fill, step_rows, tmpfs, trainer, wait_for
 from tests.faults.test_server_dies import last_line, record
 from tests.integration.test_sampler_snapshots import SNAPSHOT, _sample, _snapshots, _step
@@ -98,35 +98,17 @@ def ckpt_server(request, embedded_model, tmp_path_factory):
                if getattr(item, "function", None) is not None):
         yield None
         return
-    box: dict = {}
-    ready, stop = threading.Event(), threading.Event()
 
-    def run() -> None:
-        try:
-            with (tmpfs(tmp_path_factory.mktemp("ckpt") / "ckpt-fs", "32m") as disk,
-                  private_server(embedded_model, "--slots", "2", "--sampler-snapshots", "2",
-                                 "--checkpoints-base", str(disk),
-                                 venv=shared_server_venv()) as srv):
-                box["value"] = (srv, disk)
-                ready.set()
-                stop.wait()
-        except BaseException as e:  # a skip (no tmpfs) or a failed start: raised in the test that asks
-            box["error"] = e
-        finally:
-            ready.set()
+    @contextlib.contextmanager
+    def tmpfs_server():
+        with (tmpfs(tmp_path_factory.mktemp("ckpt") / "ckpt-fs", "32m") as disk,
+              private_server(embedded_model, "--slots", "2", "--sampler-snapshots", "2",
+                             "--checkpoints-base", str(disk), venv=shared_server_venv()) as srv):
+            yield srv, disk
 
-    def get():
-        ready.wait()
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    yield get
-    stop.set()
-    thread.join(timeout=300)
-
+    server = Background(tmpfs_server)  # a skip (no tmpfs) or a failed start is raised in the test that asks
+    yield server.get
+    server.stop()
 
 def test_the_servers_checkpoint_folder_full_stops_training_and_the_run_resumes(ckpt_server, tmp_path):
     """A private server keeps its checkpoints on a 32 MiB tmpfs (one SL checkpoint of the embedded model, state

@@ -23,7 +23,7 @@ import pytest
 
 from rlcli.client import CAPABILITIES_ROUTE
 from rlcli.server.private import private_server
-from tests.conftest import run_rlcli, shared_server_venv
+from tests.conftest import Background, run_rlcli, shared_server_venv
 
 pytestmark = pytest.mark.server
 
@@ -45,54 +45,33 @@ def call(url: str, method: str = "GET", payload: dict | None = None, key: str | 
         return e.code, answer, e.headers
 
 
-class TenantServer:
-    """A --tenants server with alice, bob and carol, started in a thread: the Postgres one starts while the
-    sqlite one's tests run (each start is ~20 s); `get` waits for it, `stop` stops it."""
+@contextlib.contextmanager
+def tenant_server(home: Path, model: str, database: list[str]):
+    """A --tenants server with alice, bob and carol; yields (server, their keys)."""
+    keys = {}
+    for name, quota in (("alice", "2"), ("bob", "1"), ("carol", None)):
+        env = dict(os.environ, RLCLI_HOME=str(home))
+        limit = ["--max-models", quota] if quota else []
+        proc = run_rlcli("tenant", "add", name, *limit, env=env, check=True, timeout=60)
+        keys[name] = proc.stdout.strip()
+    assert (home / "tenants.json").stat().st_mode & 0o077 == 0
+    assert all(k.startswith("tml-") and k not in (home / "tenants.json").read_text() for k in keys.values())
+    with private_server(model, "--tenants", "--slots", "3", *database, home=home, venv=shared_server_venv(),
+                        timeout=900) as srv:
+        yield srv, keys
 
-    def __init__(self, home: Path, model: str, database: list[str]):
-        self.result: tuple | None = None
-        self.error: BaseException | None = None
-        self._ready, self._stop = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(home, model, database), daemon=True)
-        self._thread.start()
 
-    def _run(self, home: Path, model: str, database: list[str]) -> None:
-        try:
-            keys = {}
-            for name, quota in (("alice", "2"), ("bob", "1"), ("carol", None)):
-                env = dict(os.environ, RLCLI_HOME=str(home))
-                limit = ["--max-models", quota] if quota else []
-                proc = run_rlcli("tenant", "add", name, *limit, env=env, check=True, timeout=60)
-                keys[name] = proc.stdout.strip()
-            assert (home / "tenants.json").stat().st_mode & 0o077 == 0
-            assert all(k.startswith("tml-") and k not in (home / "tenants.json").read_text() for k in keys.values())
-            with private_server(model, "--tenants", "--slots", "3", *database, home=home,
-                                venv=shared_server_venv(), timeout=900) as srv:
-                self.result = (srv, keys)
-                self._ready.set()
-                self._stop.wait()
-        except BaseException as e:  # raised by get(), in the fixture
-            self.error = e
-        finally:
-            self._ready.set()
-
-    def get(self) -> tuple:
-        self._ready.wait()
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=300)
+def tenant_server_in_background(home: Path, model: str, database: list[str]) -> Background:
+    """Started in a thread: the Postgres one starts while the sqlite one's tests run (each start is ~20 s)."""
+    return Background(lambda: tenant_server(home, model, database))
 
 
 @pytest.fixture(scope="module")
 def postgres_tenants(request, tmp_path_factory, embedded_model):
     """The Postgres server, started (by `shared`) as soon as the sqlite one is ready, rather than after its
     tests; skipped (saying why) where there is no Postgres."""
-    server = TenantServer(tmp_path_factory.mktemp("rlcli-tenants-home"), embedded_model,
-                          ["--database-url", request.getfixturevalue("postgres")])
+    server = tenant_server_in_background(tmp_path_factory.mktemp("rlcli-tenants-home"), embedded_model,
+                                         ["--database-url", request.getfixturevalue("postgres")])
     yield server
     server.stop()
 
@@ -101,7 +80,7 @@ def postgres_tenants(request, tmp_path_factory, embedded_model):
 def shared(request, tmp_path_factory, embedded_model):
     """One server per database: SkyRL's default sqlite, then the tests' own Postgres (conftest.py)."""
     if request.param == "sqlite":
-        server = TenantServer(tmp_path_factory.mktemp("rlcli-tenants-home"), embedded_model, [])
+        server = tenant_server_in_background(tmp_path_factory.mktemp("rlcli-tenants-home"), embedded_model, [])
         try:
             ready = server.get()
             # Then the Postgres one, while the sqlite tests run (two starts at once gain nothing on 2 cores).
@@ -164,7 +143,6 @@ def _alice_trains(srv, key: str, monkeypatch):
 def test_two_tenants_train_and_sample_at_once(shared, request):
     """alice and bob, each through a stock tinker client with its own key, at the same time."""
     sqlite_only(request)
-    import threading
 
     import tinker
 
