@@ -13,6 +13,13 @@ RLCLI := $(BIN)/rlcli
 PORT ?= 8000
 STAMP := $(VENV)/.rlcli-installed
 PYTEST_ARGS ?=
+# make test runs whole test files on parallel workers (pytest-xdist), one per core up to 4: a file's tests share
+# its module servers, so a file never splits. The heavy server files come first (--no-loadscope-reorder keeps
+# the collection order, faults and integration before unit), so no slow file is left for the end. A worker
+# with its servers peaks near 6 GB, so memory caps them too. TEST_WORKERS=1: one worker.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); m=$$(awk '/MemTotal/ {print int($$2 / 6e6)}' \
+	/proc/meminfo 2>/dev/null || echo 1); n=$$(( n < m ? n : m )); echo $$(( n < 1 ? 1 : n < 4 ? n : 4 )))
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 URL = http://127.0.0.1:$(PORT)
 # The demo pipeline: logged OpenAI traffic -> rlcli import -> rlcli train sl (stdin, nothing left in /tmp).
 SL_DEMO = $(RLCLI) import rlcli/data/demo/demo-traces.openai.jsonl -f openai \
@@ -95,13 +102,13 @@ rl: venv server-venv model
 	@status=0; $(RL_DEMO) --max-steps 12 || status=$$?; $(RLCLI) serve stop; exit $$status
 
 test: venv server-venv-ray model base-image
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not server and not slow" tests/unit $(PYTEST_ARGS)
 
 test-server: venv server-venv-ray model base-image
-	$(BIN)/python -m pytest -q -m server $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m server $(XDIST) $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check rlcli scripts tests benchmarks

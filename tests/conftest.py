@@ -126,14 +126,22 @@ SESSION_SERVERS = {"server": ("rlcli-home", "--slots", "7"),
 _prestarted: dict[str, Background] = {}
 
 
+def xdist_worker() -> bool:
+    """Whether this session is one of `make test`'s parallel workers (pytest-xdist). A worker collects every test
+    but runs only the files it is handed, so it starts ahead only what nearly every file needs."""
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
 def pytest_collection_finish(session) -> None:
-    """Start the session servers the selected tests use, in the background (see Background)."""
+    """Start the session servers the selected tests use, in the background (see Background). On a parallel
+    worker only the main one: the stock server starts when a file of this worker first asks for it (the cores
+    are busy with the other worker's tests; a start nobody uses would only slow them)."""
     if not (shared_server_venv() / "bin" / "python").exists() or session.config.option.collectonly:
         return  # the fixture says what is missing
     used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
     after = None
     for fixture, (home, *flags) in SESSION_SERVERS.items():
-        if fixture in used:
+        if fixture in used and not (xdist_worker() and fixture != "server"):
             _prestarted[fixture] = prestart(session.config._tmp_path_factory, home, *flags, timeout=900,
                                             after=after)
             after = _prestarted[fixture].ready

@@ -29,6 +29,7 @@ from tests.conftest import (
     run_rlcli,
     shared_compile_cache,
     shared_server_venv,
+    xdist_worker,
 )
 
 FIXTURES = REPO / "tests" / "fixtures"
@@ -86,6 +87,8 @@ def pytest_collection_finish(session) -> None:
     """Start the fault server in the background when a selected test uses it, as tests/conftest.py does the
     session's servers: its ~20 s start overlaps the tests before its module."""
     if session.config.option.collectonly or not (shared_server_venv() / "bin" / "python").exists():
+        return
+    if xdist_worker():  # this worker may never be handed the file that uses it: start it on first use
         return
     if any("fault_server" in getattr(item, "fixturenames", ()) for item in session.items):
         _start_fault_server(session.config._tmp_path_factory)
