@@ -55,10 +55,13 @@ def shared_compile_cache(home: Path) -> Path:
     """Give a test server's `home` jax's compilation cache shared by every test session (under the shared model
     home): a warm `make test` loads the programs earlier sessions compiled instead of compiling each new shape
     again (seconds each on 2 cores). jax keys an entry by the program, its jax/XLA versions and the device, so
-    sessions of different rlcli trees share it safely. Tests of the cache itself start servers with homes of
-    their own. Returns `home`."""
+    sessions of different rlcli trees share it safely. Every test server uses it (two jax processes and Ray
+    actors too; parallel workers' servers at once: jax writes an entry in place, and a torn read is a warning
+    and a compile, docs/decisions.md), except the test of the cache itself (test_serve.py), whose home keeps a
+    cache of its own. Returns `home`."""
     cache = shared_model_home() / "cache" / "jax-tests"
     cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
     (home / "cache").mkdir(parents=True, exist_ok=True, mode=0o700)
     (home / "cache" / "jax").symlink_to(cache, target_is_directory=True)
     return home

@@ -20,7 +20,7 @@ import pytest
 from rlcli.client import unload_models
 from rlcli.server.private import private_server
 from rlcli.train.folder import last_checkpoint
-from tests.conftest import REPO, Background, run_rlcli, shared_server_venv
+from tests.conftest import REPO, Background, run_rlcli, shared_compile_cache, shared_server_venv
 from tests.faults.conftest import SL_DATA, fill, step_rows, tmpfs, trainer, wait_for
 from tests.faults.test_server_dies import last_line, record
 from tests.integration.test_sampler_snapshots import SNAPSHOT, _sample, _snapshots, _step
@@ -103,7 +103,8 @@ def ckpt_server(request, embedded_model, tmp_path_factory):
     def tmpfs_server():
         with (tmpfs(tmp_path_factory.mktemp("ckpt") / "ckpt-fs", "32m") as disk,
               private_server(embedded_model, "--slots", "2", "--sampler-snapshots", "2",
-                             "--checkpoints-base", str(disk), venv=shared_server_venv()) as srv):
+                             "--checkpoints-base", str(disk), venv=shared_server_venv(),
+                             home=shared_compile_cache(tmp_path_factory.mktemp("rlcli-ckpt-home"))) as srv):
             yield srv, disk
 
     server = Background(tmpfs_server)  # a skip (no tmpfs) or a failed start is raised in the test that asks

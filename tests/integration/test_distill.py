@@ -27,7 +27,7 @@ from rlcli.demo import DEMO_CHATS
 from rlcli.server.private import private_server
 from rlcli.train import hooks, metrics
 from rlcli.train.folder import MODELS_FILE
-from tests.conftest import run_rlcli, shared_server_venv
+from tests.conftest import run_rlcli, shared_compile_cache, shared_server_venv
 from tests.integration.test_fused_gspo import clean_client, current_logprobs
 
 pytestmark = pytest.mark.server
@@ -225,7 +225,8 @@ def test_an_rl_run_exported_merged_teaches_a_base_student_from_a_second_server(s
     run_rlcli("export", rows(rl / "checkpoints.jsonl")[-1]["sampler_path"], "--format", "merged", "-o", str(merged),
               "--base-url", server.url, env=server.env, timeout=300, check=True)
     print(f"train rl and export: {time.monotonic() - start:.0f}s")
-    with private_server(merged, "--slots", "1", venv=shared_server_venv()) as teacher:
+    with private_server(merged, "--slots", "1", venv=shared_server_venv(),
+                        home=shared_compile_cache(tmp_path / "teacher-home")) as teacher:
         print(f"teacher server started in {teacher.start_s:.0f}s")
         proc = distill(server.env, server.url, tmp_path / "student", "--prompts", "arithmetic", "--max-operand", "9",
                        "--teacher-url", teacher.url, *TINY, "--batch-size", "4", "--max-steps", "8", "--lr", "5e-3",

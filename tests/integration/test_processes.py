@@ -22,7 +22,7 @@ from rlcli.client import unload_model
 from rlcli.server.private import RLCLI, free_port, private_env, private_server
 from rlcli.server.process import group_members, read_state, wait_ready
 from rlcli.train.losses import served_losses
-from tests.conftest import REPO, run_rlcli, shared_server_venv
+from tests.conftest import REPO, run_rlcli, shared_compile_cache, shared_server_venv
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -34,7 +34,7 @@ ADAM = dict(learning_rate=2e-2)
 def two_processes(embedded_model, tmp_path_factory):
     # The session server's --slots, so both tables have the same shape.
     with private_server(embedded_model, "--processes", "2", "--slots", "7", venv=shared_server_venv(),
-                        home=tmp_path_factory.mktemp("rlcli-2proc-home"), timeout=900) as srv:
+                        home=shared_compile_cache(tmp_path_factory.mktemp("rlcli-2proc-home")), timeout=900) as srv:
         yield srv
 
 
@@ -127,7 +127,7 @@ def test_a_worker_started_by_hand_joins_a_coordinator_on_loopback(embedded_model
     A's address would be: the worker reaches it there and the coordination service listens there only, not on
     every interface (SkyRL's own call would bind [::]). The gloo collectives still use the address this
     machine's hostname resolves to: jax 0.12 builds them with no host or interface (docs/decisions.md)."""
-    home = tmp_path / "home"
+    home = shared_compile_cache(tmp_path / "home")
     env = private_env(home, shared_server_venv())
     port = free_port()
     coordinator = f"127.0.0.2:{port}"

@@ -25,7 +25,7 @@ from rlcli.server.commands import RUNTIME_DIR
 from rlcli.server.private import free_port, private_server
 from rlcli.server.server_venv import has_extra
 from rlcli.train.losses import gspo_reference, install_loss_route, plan_loss, served_losses
-from tests.conftest import run_rlcli, shared_server_venv
+from tests.conftest import run_rlcli, shared_compile_cache, shared_server_venv
 from tests.integration.test_fused_gspo import (
     CLIP,
     clean_client,
@@ -88,7 +88,8 @@ def ray_server(ray_head, embedded_model, tmp_path_factory):
     """One private server on the Ray head for every test here (its start is most of their time)."""
     with private_server(embedded_model, "--processes", "2", "--ray-address", ray_head, "--slots", "3",
                         "--sampler-snapshots", "1",  # the actors must get it: it is part of rlcli_samplers' version
-                        venv=shared_server_venv(), home=tmp_path_factory.mktemp("rlcli-ray-home")) as srv:
+                        venv=shared_server_venv(),
+                        home=shared_compile_cache(tmp_path_factory.mktemp("rlcli-ray-home"))) as srv:
         yield srv
 
 

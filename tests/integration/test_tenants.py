@@ -23,7 +23,7 @@ import pytest
 
 from rlcli.client import CAPABILITIES_ROUTE
 from rlcli.server.private import private_server
-from tests.conftest import Background, run_rlcli, shared_server_venv
+from tests.conftest import Background, run_rlcli, shared_compile_cache, shared_server_venv
 
 pytestmark = pytest.mark.server
 
@@ -63,7 +63,7 @@ def tenant_server(home: Path, model: str, database: list[str]):
 
 def tenant_server_in_background(home: Path, model: str, database: list[str]) -> Background:
     """Started in a thread: the Postgres one starts while the sqlite one's tests run (each start is ~20 s)."""
-    return Background(lambda: tenant_server(home, model, database))
+    return Background(lambda: tenant_server(shared_compile_cache(home), model, database))
 
 
 @pytest.fixture(scope="module")
