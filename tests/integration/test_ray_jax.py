@@ -62,15 +62,24 @@ def ray_head(tmp_path_factory):
         _end_head(str(temp))
 
 
-def _end_head(temp: str) -> None:
-    """ray start's daemons keep the process group start_new_session gave them (found by their --temp-dir)."""
+def _head_groups(temp: str) -> set[int]:
     out = subprocess.run(["ps", "-ww", "-eo", "pgid,args"], capture_output=True, text=True).stdout
-    groups = {int(line.split()[0]) for line in out.splitlines()[1:] if temp in line}
+    return {int(line.split()[0]) for line in out.splitlines()[1:] if temp in line}
+
+
+def _end_head(temp: str) -> None:
+    """ray start's daemons keep the process group start_new_session gave them (found by their --temp-dir):
+    SIGTERM, up to 3 s for them to go, then SIGKILL whatever is left."""
+    groups = _head_groups(temp)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pgid in groups:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, sig)
-        time.sleep(3)
+        deadline = time.monotonic() + 3
+        while (groups := _head_groups(temp)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not groups:
+            return
 
 
 def test_ray_actor_hook_targets_the_pinned_skyrl_and_ray():
@@ -217,7 +226,7 @@ def test_stopping_the_server_leaves_no_actor(ray_server):
     assert proc.returncode == 0, proc.stderr
     deadline = time.monotonic() + 90  # Ray ends a driver's actors when the driver (the engine) is gone
     while _ray_actors() and time.monotonic() < deadline:
-        time.sleep(2)
+        time.sleep(0.5)
     assert _ray_actors() == []
 
 
