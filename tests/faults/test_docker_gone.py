@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from rlcli.harbor.images import LABEL
+from rlcli.harbor.sandbox import OWNER
 from tests.faults.conftest import trainer, wait_for
 from tests.faults.test_server_dies import last_line, record
 
@@ -123,10 +125,20 @@ class PrivateDockerd:
             subprocess.run(["umount", "-l", mount], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def rlcli_containers(self) -> list[str]:
-        out = subprocess.run(["docker", "-H", self.host, "ps", "-a", "-q", "--filter", f"label={LABEL}"],
+    def rlcli_containers(self, pid: int | None = None) -> list[str]:
+        """rlcli's containers in this daemon; those of the rlcli process `pid` only, if given."""
+        owner = ["--filter", f"label={OWNER}={socket.gethostname()}:{pid}"] if pid is not None else []
+        out = subprocess.run(["docker", "-H", self.host, "ps", "-a", "-q", "--filter", f"label={LABEL}", *owner],
                              capture_output=True, text=True, check=True).stdout
         return out.split()
+
+    def left_after_restart(self) -> list[str]:
+        """rlcli's containers still here once the daemon, started again, has removed the killed one's: it removes
+        them (auto-remove) as it starts, but asynchronously, seconds later on a busy machine (up to 60 s)."""
+        deadline = time.monotonic() + 60
+        while (left := self.rlcli_containers()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return left
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +208,8 @@ def harbor_run(task: Path, out: Path, dockerd: PrivateDockerd, home: Path, docke
 
 
 def wait_for_sandbox(dockerd: PrivateDockerd, proc: subprocess.Popen) -> None:
-    wait_for(lambda: bool(dockerd.rlcli_containers()), 120, proc, "a sandbox to start")
+    # This run's own: a container an earlier test's killed daemon left for its successor to remove is not one.
+    wait_for(lambda: bool(dockerd.rlcli_containers(proc.pid)), 120, proc, "a sandbox to start")
     time.sleep(1.5)  # the solution's sleep is under way
 
 
@@ -219,7 +232,7 @@ def test_docker_dies_mid_rollout_and_stays_away(dockerd, tmp_path):
     assert "Traceback" not in err, err
     assert "Docker daemon" in line and "did not come back" in line and "--docker-timeout" in line, err
     assert "error: the Docker daemon" in out, out  # the rollout in flight failed with the reason
-    leftover = dockerd.rlcli_containers()  # the daemon is back (restarted above)
+    leftover = dockerd.left_after_restart()  # the daemon is back (restarted above)
     assert leftover == [], f"containers left behind: {leftover}"
     record("docker daemon killed during harbor run", seconds_to_notice=round(noticed, 1),
            docker_timeout_s=TIMEOUT_S, exit_code=proc.returncode,
@@ -248,7 +261,7 @@ def test_docker_back_within_timeout_run_goes_on(dockerd, tmp_path):
     assert "error: the Docker daemon" in rows["a-first"], out  # in flight: failed with its reason
     assert "passed" in rows["b-second"], out  # after the daemon came back: ran as usual
     assert proc.returncode != 0  # one rollout failed
-    assert dockerd.rlcli_containers() == []
+    assert dockerd.left_after_restart() == []
 
 
 # --- train harbor: the same faults while training ------------------------------------------------------
@@ -284,7 +297,7 @@ def test_train_harbor_docker_dies_and_stays_away_then_resumes(dockerd, server, t
     assert proc.returncode != 0 and "Traceback" not in err, err[-3000:]
     assert line.startswith("rlcli: error: the Docker daemon") and "did not come back" in line, err[-3000:]
     assert f"--log-path {folder} --resume" in line, line
-    assert dockerd.rlcli_containers() == []
+    assert dockerd.left_after_restart() == []
     done = train_harbor(task, folder, dockerd, server, 60, "--resume")
     out, err = done.communicate(timeout=600)
     assert done.returncode == 0, err[-3000:]
@@ -308,4 +321,4 @@ def test_train_harbor_docker_back_within_timeout_finishes(dockerd, server, tmp_p
     assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
     assert "answers again" in err, err[-3000:]
     assert len([line for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]) == 1
-    assert dockerd.rlcli_containers() == []
+    assert dockerd.left_after_restart() == []
