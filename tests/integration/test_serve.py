@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import time
@@ -52,12 +53,15 @@ def test_status_reports_running_and_a_second_start_is_refused(server):
 
 
 def test_results_travel_by_ring_not_by_timer(server, monkeypatch):
-    """runtime/rlcli_wake.py: the engine joined the API's doorbell and rings it when a request finishes."""
+    """runtime/rlcli_wake.py: the engine joined the API's doorbell and rings it when a request finishes; the
+    engine's (timing) record for the request is written by a plain handler, one line (rich wraps it at 80)."""
     import tinker
 
     caps = f"{server.url}/api/v1/rlcli/capabilities"
     before = request_json(caps)["rlcli_wake"]
-    assert before["wake"] == "notify" and before["engine_joined"] is True, before
+    assert before["wake"] == "notify" and before["engine_joined"] is True and before["log"] == "plain", before
+    log = server.log
+    offset = log.stat().st_size
     monkeypatch.setenv("TINKER_API_KEY", "tml-test")
     client = tinker.ServiceClient(base_url=server.url).create_lora_training_client(base_model=server.model, rank=4)
     try:
@@ -68,6 +72,15 @@ def test_results_travel_by_ring_not_by_timer(server, monkeypatch):
         assert len(out.loss_fn_outputs[0]["logprobs"].tolist()) == 15
     finally:
         unload_model(server.url, client.model_id)
+    timing = re.compile(r" - INFO - skyrl: \(timing\) process_batch_requests\(forward, n=1\) took [0-9.]+s$", re.M)
+    for _ in range(100):  # the launcher copies the engine's output into the log a moment after it is written
+        with log.open("rb") as f:
+            f.seek(offset)
+            if timing.search(f.read().decode(errors="replace")):
+                break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"no one-line (timing) record for the forward in {log}")
     after = request_json(caps)["rlcli_wake"]
     # create_model and forward (both awaited) completed futures in the engine, which rang the API; the API's
     # commits (the new futures, the unload) rang the engine.

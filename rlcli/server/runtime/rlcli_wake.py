@@ -19,7 +19,9 @@ the environment). The database stays the only channel for data; a ring only says
 - engine -> API: after the engine completes futures (TinkerEngine._complete_futures) the API is rung,
   and its future poller (which replaces poll_futures) reads the awaited futures at once. A new waiter
   (retrieve_future) wakes the poller too, so a result that is already there is not waited for.
-Both processes also commit to SkyRL's sqlite database without an fsync per commit (relax_sqlite_sync).
+Both processes also commit to SkyRL's sqlite database without an fsync per commit (relax_sqlite_sync), and
+log through a plain stream handler instead of rich's (plain_log): the engine writes its `(timing)` line
+between a batch's computation and the completion of its futures, on every request's path.
 A ring is never needed for correctness: a lost one (a full socket buffer means rings are already
 queued) only delays a look to the safety interval, when each side looks anyway: the engine every
 ENGINE_SAFETY_S (its session cleanup runs from the same loop), the API every API_SAFETY_S while
@@ -39,8 +41,10 @@ import socket
 import sys
 
 NAME = "rlcli_wake"
-VERSION = "1.0"
+VERSION = "1.1"
 ENV_ID = "RLCLI_WAKE_ID"
+# "1" keeps SkyRL's rich log handler (the A/B of benchmarks/request_path.py --ab-env, or a taste for it).
+RICH_LOG_ENV = "RLCLI_RICH_LOG"
 # How often each side looks without a ring. Not latency: a ring is what wakes a waiting side. These
 # bound the damage of a lost ring and keep SkyRL's periodic session cleanup running.
 ENGINE_SAFETY_S = 1.0
@@ -54,9 +58,11 @@ TARGETS = [
     ("skyrl.tinker.engine", "TinkerEngine._complete_futures"),
     ("skyrl.tinker.api", "poll_futures"),
     ("skyrl.tinker.api", "wait_for_future"),
+    ("skyrl.utils.log", "RichHandler"),
+    ("skyrl.tinker.engine", "log_timing"),
 ]
 
-_state = {"installed": None, "engine_joined": False, "rings_sent": 0, "rings_heard": 0}
+_state = {"installed": None, "engine_joined": False, "rings_sent": 0, "rings_heard": 0, "log": "rich (stock)"}
 
 
 def log(message: str) -> None:
@@ -149,6 +155,40 @@ def relax_sqlite_sync() -> None:
             cursor.close()
 
     event.listen(Pool, "connect", on_connect)
+
+
+def plain_log(logger_name: str = "skyrl") -> int:
+    """Swap the logger's rich handlers for plain stream handlers (same format, level and stream); return how many.
+
+    SkyRL logs through rich.logging.RichHandler, which lays every record out as a rich Table: 0.8-1.3 ms of CPU
+    a record on this 2-core machine, where a plain handler takes ~0.02 ms. The engine logs one record a batch,
+    its `(timing)` line, after the batch's computation and before it completes the batch's futures (SkyRL's
+    process_batch_requests), so every request waits for it. The text is the same record in SkyRL's own format
+    (LOG_FORMAT), on one line instead of wrapped at 80 columns; exceptions keep their tracebacks (plain ones).
+    """
+    import logging
+
+    logger = logging.getLogger(logger_name)
+    swapped = 0
+    for handler in list(logger.handlers):
+        if type(handler).__name__ != "RichHandler":
+            continue
+        plain = logging.StreamHandler(getattr(getattr(handler, "console", None), "file", None) or sys.stderr)
+        plain.setFormatter(handler.formatter)
+        plain.setLevel(handler.level)
+        logger.removeHandler(handler)
+        logger.addHandler(plain)
+        swapped += 1
+    return swapped
+
+
+def _plain_log_unless_asked() -> None:
+    if os.environ.get(RICH_LOG_ENV) == "1":
+        return
+    import skyrl.utils.log  # noqa: F401  (sets up the "skyrl" logger's handler on import)
+
+    if plain_log():
+        _state["log"] = "plain"
 
 
 # ----------------------------------------------------------------------------------------------- engine
@@ -291,12 +331,14 @@ def describe() -> dict:
     """What the capabilities route says about the request path (API process)."""
     if _state["installed"] != "api":
         return {"wake": "timer (stock SkyRL)"}
-    return {"wake": "notify", "engine_joined": _state["engine_joined"],
+    return {"wake": "notify", "engine_joined": _state["engine_joined"], "log": _state["log"],
             "rings": {"to_engine": _state["rings_sent"], "from_engine": _state["rings_heard"]},
             "safety_look_s": {"engine": ENGINE_SAFETY_S, "api_while_waiting": API_SAFETY_S}}
 
 
 def register(role: str) -> None:
+    if role in ("api", "engine"):
+        _plain_log_unless_asked()
     if role == "api":
         install_api()
         log("API and engine wake each other on new work and finished futures "
