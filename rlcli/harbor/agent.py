@@ -22,7 +22,7 @@ import tinker
 from tinker_cookbook.renderers.base import Message, Renderer, get_text_content
 from tinker_cookbook.rl.types import Env, StepResult
 
-from rlcli.harbor.daemon import DockerGone, gone_error, is_gone
+from rlcli.harbor.daemon import DockerGone, DockerRestarted, gone_error, is_gone
 from rlcli.harbor.phases import begin_step, end_step, finish
 from rlcli.harbor.sandbox import ExecResult, Sandbox, SandboxError, SandboxPool, script_command
 from rlcli.harbor.taskconfig import Step
@@ -264,7 +264,7 @@ class HarborEnv(Env):
         self.record.error = str(error)
         await self.close()
         if isinstance(error, DockerGone) and self.pool.on_gone is not None:
-            await self.pool.on_gone(self.task.name)
+            await self.pool.on_gone(self.task.name, error)
 
     async def close(self) -> None:
         """Remove the container and write the record (once), however the rollout ended."""
@@ -314,6 +314,8 @@ async def run_scripted(task: Task, policy: str, pool: SandboxPool, settings: Age
         finish(record, task, settings.reward_key)
     except SandboxError as e:
         record.error = str(e)
+        if isinstance(e, DockerRestarted) and pool.on_gone is not None:  # said once; the run goes on
+            await pool.on_gone(task.name, e)
     except Exception as e:
         if not is_gone(e):
             raise

@@ -27,6 +27,11 @@ class DockerGone(SandboxError):
     """The Docker daemon itself stopped answering (stopped, crashed, restarted): every sandbox is affected."""
 
 
+class DockerRestarted(DockerGone):
+    """The daemon dropped a command's connection and, asked at once, no longer knew its container: it went away
+    and came back in between (a restart removes every running sandbox). It answers, so nothing is waited for."""
+
+
 # The verdicts of every DockerWatch that gave up in this process. The cookbook's RL loop counts a rollout that
 # raised as failed and trains on without it, so `train harbor` looks here after each step and stops.
 LOST: list[DockerGone] = []
@@ -80,6 +85,11 @@ def gone_error(what: str = "") -> DockerGone:
     return DockerGone(f"the Docker daemon at {docker_where()} stopped answering{what}")
 
 
+def restarted_error(sandbox: str) -> DockerRestarted:
+    return DockerRestarted(f"the Docker daemon at {docker_where()} dropped a command in sandbox {sandbox} and came "
+                           "back without it (it restarted; a restart removes every sandbox)")
+
+
 def daemon_answers(timeout_s: float = 5.0) -> bool:
     """One quick ping on a fresh connection (a short timeout: a frozen daemon counts as gone)."""
     import docker
@@ -111,11 +121,21 @@ class DockerWatch:
     """After a failed rollout: is the daemon there? If not, wait up to timeout_s for it (one waiter for all
     rollouts); back in time, the run goes on (the failed rollouts keep their reason), else it stops."""
 
+    RESTART_NOTICE_S = 30.0  # one line for the rollouts a restart took at once, not one per rollout
+
     def __init__(self, timeout_s: float):
         self.timeout_s, self.lock, self.lost = timeout_s, asyncio.Lock(), ""
+        self.restart_told = -float("inf")
 
-    async def check(self, task: str) -> None:
+    async def check(self, task: str, error: BaseException | None = None) -> None:
+        """After rollout `task` failed (with `error`, where known): wait for a daemon that is away; say so when
+        the daemon went and came back before anyone asked (a restart), since nobody waited for it then."""
         async with self.lock:
+            if isinstance(error, DockerRestarted) and not self.lost \
+                    and time.monotonic() - self.restart_told > self.RESTART_NOTICE_S:
+                self.restart_told = time.monotonic()
+                print(f"the Docker daemon at {docker_where()} restarted during the rollout of {task} (its sandbox "
+                      "went with it); it answers again: going on", file=sys.stderr, flush=True)
             if not self.lost and not await asyncio.to_thread(daemon_answers):
                 print(f"the Docker daemon at {docker_where()} stopped answering (rollout of {task}); waiting up to "
                       f"{self.timeout_s:g}s for it to come back", file=sys.stderr, flush=True)

@@ -22,6 +22,7 @@ import contextlib
 import io
 import os
 import socket
+import sys
 import tarfile
 import threading
 import time
@@ -32,7 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.errors import RlcliError
-from rlcli.harbor.daemon import DockerGone, SandboxError, docker_where, gone_error, is_gone, quiet_lost_rollouts
+from rlcli.harbor.daemon import (
+    DockerGone,
+    SandboxError,
+    docker_where,
+    gone_error,
+    is_gone,
+    quiet_lost_rollouts,
+    restarted_error,
+)
 from rlcli.harbor.images import LABEL, TASK_LABEL, ensure_image
 from rlcli.harbor.tasks import Limits, Task
 
@@ -96,24 +105,37 @@ def sweep(client: Any) -> int:
     return removed
 
 
-def remove_mine(client: Any) -> int:
+def remove_mine(client: Any, settle_s: float = 30.0) -> int:
     """Remove every sandbox this process started (the last line of defence after Ctrl-C or a crash).
 
     With the daemon gone there is nothing to ask: its containers carry auto-remove, which the daemon
     honours when it starts again (it does not restore containers), so none outlives the outage. A daemon just
-    back may still be removing them: one listed and gone before the SDK inspects it is skipped (ignore_removed),
-    where it used to end a finished run with a 404.
+    back may still be removing them, and refuses a second removal while its own is under way: the list is
+    asked for again until none of this process's is left or settle_s has passed; what is still there then is
+    named in one line (nothing left behind silently). One listed and gone before the SDK inspects it is
+    skipped (ignore_removed), where it used to end a finished run with a 404.
     """
-    try:
-        mine = client.containers.list(all=True, filters={"label": f"{OWNER}={owner_id()}"},
-                                      ignore_removed=True)
-    except Exception as e:
-        if is_gone(e):
-            return 0
-        raise
-    for container in mine:
-        _remove(container)
-    return len(mine)
+    seen: set[str] = set()
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            mine = client.containers.list(all=True, filters={"label": f"{OWNER}={owner_id()}"},
+                                          ignore_removed=True)
+        except Exception as e:
+            if is_gone(e):
+                return len(seen)
+            raise
+        if not mine:
+            return len(seen)
+        if time.monotonic() >= deadline:
+            ids = " ".join(c.short_id for c in mine)
+            print(f"rlcli: warning: {len(mine)} sandbox container(s) of this run could not be removed within "
+                  f"{settle_s:g}s: remove them with `docker rm -f {ids}`", file=sys.stderr, flush=True)
+            return len(seen)
+        for container in mine:
+            seen.add(container.id)
+            _remove(container)
+        time.sleep(0.5)
 
 
 def _remove(container: Any) -> None:
@@ -215,7 +237,7 @@ class Sandbox:
         try:
             self.container.reload()
         except docker.errors.NotFound:
-            why = self.killed or "removed, or its lifetime ran out"
+            why = self.killed or "removed, its lifetime ran out, or the Docker daemon restarted"
             raise SandboxError(f"sandbox {self.short_id} is gone ({why})") from None
         except Exception as e:
             if is_gone(e):
@@ -262,8 +284,19 @@ class Sandbox:
                 output.add(out or b"")
                 output.add(err or b"")
             code = api.exec_inspect(exec_id).get("ExitCode")
-        except Exception:  # the stream broke or the exec vanished: say so if the container died with it
-            self.check_alive()
+        except Exception as e:  # the stream broke or the exec vanished: say so if the container died with it
+            dropped = is_gone(e)  # the daemon closed the connection under the command
+            try:
+                self.check_alive()
+            except DockerGone:
+                raise
+            except SandboxError:
+                if dropped and not self.killed:  # gone, yet the daemon answers: it went away and came back
+                    raise restarted_error(self.short_id) from None
+                raise
+            if dropped:
+                raise SandboxError(f"sandbox {self.short_id}: the connection to the Docker daemon broke during a "
+                                   "command (its outcome is unknown)") from None
             raise
         finally:
             for guard in guards:
@@ -354,9 +387,10 @@ class _Capped:
 class SandboxPool:
     """The sandboxes of one run: at most `size` alive at once (--max-sandboxes), each removed after use."""
 
-    def __init__(self, client: Any, size: int, on_gone: Callable[[str], Awaitable[None]] | None = None):
-        """on_gone(task name): called when the daemon is gone as a sandbox starts; returns once it is back
-        (the start is tried once more), raises when it is not."""
+    def __init__(self, client: Any, size: int,
+                 on_gone: Callable[[str, BaseException | None], Awaitable[None]] | None = None):
+        """on_gone(task name, error): called when the daemon is gone as a sandbox starts or a rollout ends with
+        DockerGone; returns once it is back (a start is tried once more), raises when it is not."""
         self.client, self.size, self.on_gone = client, size, on_gone
         self._slots: asyncio.Semaphore | None = None  # made inside the running event loop
 
@@ -364,10 +398,10 @@ class SandboxPool:
         quiet_lost_rollouts()
         try:
             return await self._open(task, lifetime_s)
-        except DockerGone:
+        except DockerGone as e:
             if self.on_gone is None:
                 raise
-            await self.on_gone(task.name)  # nothing ran yet: once the daemon is back, start afresh
+            await self.on_gone(task.name, e)  # nothing ran yet: once the daemon is back, start afresh
             return await self._open(task, lifetime_s)
 
     async def _open(self, task: Task, lifetime_s: float) -> Sandbox:

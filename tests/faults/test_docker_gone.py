@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -140,6 +141,17 @@ class PrivateDockerd:
             time.sleep(0.5)
         return left
 
+    def describe(self, ids: list[str]) -> str:
+        """For a failed assertion: each container's owner, state and age, and the daemon's lines about it."""
+        if not ids:
+            return ""
+        out = subprocess.run(["docker", "-H", self.host, "inspect", "--format",
+                              f'{{{{.Id}}}} owner={{{{index .Config.Labels "{OWNER}"}}}} state={{{{json .State}}}} '
+                              "created={{.Created}}", *ids], capture_output=True, text=True)
+        log = (self.root / "dockerd.log").read_text(errors="replace").splitlines()
+        about = [line for line in log if any(i[:12] in line for i in ids)][-20:]
+        return f"containers left behind:\n{out.stdout}{out.stderr}\ndockerd on them:\n" + "\n".join(about)
+
 
 @pytest.fixture(scope="module")
 def dockerd():
@@ -213,6 +225,36 @@ def wait_for_sandbox(dockerd: PrivateDockerd, proc: subprocess.Popen) -> None:
     time.sleep(1.5)  # the solution's sleep is under way
 
 
+class Stderr:
+    """A background rlcli's stderr, read as it comes (a test waits for a line in it), kept whole for the asserts."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.lines = proc, []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+        self.reader.start()
+
+    def wait_for(self, needle: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not any(needle in line for line in list(self.lines)):
+            if time.monotonic() > deadline or not self.reader.is_alive():
+                raise AssertionError(f"rlcli never said {needle!r}: {self.text(0)[-3000:]}")
+            time.sleep(0.2)
+
+    def text(self, timeout_s: float = 30) -> str:
+        self.reader.join(timeout_s)
+        return "".join(self.lines)
+
+
+def restart_once_noticed(dockerd: PrivateDockerd, stderr: Stderr) -> None:
+    """Kill the daemon, and start it again only once rlcli has said it is gone: however busy the machine, rlcli
+    sees the outage (a daemon back before rlcli looks is the test above)."""
+    dockerd.kill9()
+    try:
+        stderr.wait_for("stopped answering", NOTICE_BOUND_S)
+    finally:
+        dockerd.start()
+
+
 def test_docker_dies_mid_rollout_and_stays_away(dockerd, tmp_path):
     task = sleepy_task(tmp_path / "tasks", "sleepy", 20)
     proc = harbor_run(task, tmp_path / "out", dockerd, tmp_path / "home", TIMEOUT_S)
@@ -233,7 +275,7 @@ def test_docker_dies_mid_rollout_and_stays_away(dockerd, tmp_path):
     assert "Docker daemon" in line and "did not come back" in line and "--docker-timeout" in line, err
     assert "error: the Docker daemon" in out, out  # the rollout in flight failed with the reason
     leftover = dockerd.left_after_restart()  # the daemon is back (restarted above)
-    assert leftover == [], f"containers left behind: {leftover}"
+    assert leftover == [], dockerd.describe(leftover)
     record("docker daemon killed during harbor run", seconds_to_notice=round(noticed, 1),
            docker_timeout_s=TIMEOUT_S, exit_code=proc.returncode,
            message=line.replace(dockerd.host, "unix://<private dockerd>"))
@@ -246,12 +288,12 @@ def test_docker_back_within_timeout_run_goes_on(dockerd, tmp_path):
     env = dict(os.environ, DOCKER_HOST=dockerd.host, RLCLI_HOME=str(tmp_path / "home"))
     proc = trainer("harbor", "run", str(tasks), "--policy", "oracle", "--network", "none", "--output",
                    str(tmp_path / "out"), "--docker-timeout", "120", "--max-sandboxes", "1", env=env)
+    stderr = Stderr(proc)
     try:
         wait_for_sandbox(dockerd, proc)
-        dockerd.kill9()
-        time.sleep(1)  # the rollout notices the daemon gone before it is back
-        dockerd.start()
-        out, err = proc.communicate(timeout=300)
+        restart_once_noticed(dockerd, stderr)
+        proc.wait(timeout=300)
+        out, err = proc.stdout.read(), stderr.text()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -261,7 +303,36 @@ def test_docker_back_within_timeout_run_goes_on(dockerd, tmp_path):
     assert "error: the Docker daemon" in rows["a-first"], out  # in flight: failed with its reason
     assert "passed" in rows["b-second"], out  # after the daemon came back: ran as usual
     assert proc.returncode != 0  # one rollout failed
-    assert dockerd.left_after_restart() == []
+    assert (left := dockerd.left_after_restart()) == [], dockerd.describe(left)
+
+
+def test_docker_restarts_before_rlcli_looks_run_goes_on(dockerd, tmp_path):
+    """The daemon is killed and back before rlcli looks (rlcli is stopped meanwhile, as a busy machine may leave
+    it): the command in flight ends with its container gone, named as such, and the run goes on."""
+    tasks = tmp_path / "tasks"
+    sleepy_task(tasks, "a-first", 20)
+    sleepy_task(tasks, "b-second", 1)
+    env = dict(os.environ, DOCKER_HOST=dockerd.host, RLCLI_HOME=str(tmp_path / "home"))
+    proc = trainer("harbor", "run", str(tasks), "--policy", "oracle", "--network", "none", "--output",
+                   str(tmp_path / "out"), "--docker-timeout", "120", "--max-sandboxes", "1", env=env)
+    try:
+        wait_for_sandbox(dockerd, proc)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            dockerd.kill9()
+            dockerd.start()
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "Traceback" not in err, err
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert "error: " in rows["a-first"] and "the Docker daemon restarted" in rows["a-first"], out
+    assert "passed" in rows["b-second"], out
+    assert proc.returncode != 0  # one rollout failed
+    assert (left := dockerd.left_after_restart()) == [], dockerd.describe(left)
 
 
 # --- train harbor: the same faults while training ------------------------------------------------------
@@ -297,7 +368,7 @@ def test_train_harbor_docker_dies_and_stays_away_then_resumes(dockerd, server, t
     assert proc.returncode != 0 and "Traceback" not in err, err[-3000:]
     assert line.startswith("rlcli: error: the Docker daemon") and "did not come back" in line, err[-3000:]
     assert f"--log-path {folder} --resume" in line, line
-    assert dockerd.left_after_restart() == []
+    assert (left := dockerd.left_after_restart()) == [], dockerd.describe(left)
     done = train_harbor(task, folder, dockerd, server, 60, "--resume")
     out, err = done.communicate(timeout=600)
     assert done.returncode == 0, err[-3000:]
@@ -309,16 +380,16 @@ def test_train_harbor_docker_dies_and_stays_away_then_resumes(dockerd, server, t
 def test_train_harbor_docker_back_within_timeout_finishes(dockerd, server, tmp_path):
     task, folder = sleepy_task(tmp_path / "tasks", "slow-grading", 0, grading_s=10), tmp_path / "run"
     proc = train_harbor(task, folder, dockerd, server, 120)
+    stderr = Stderr(proc)
     try:
         wait_for_sandbox(dockerd, proc)
-        dockerd.kill9()
-        time.sleep(1)  # the rollouts notice the daemon gone before it is back
-        dockerd.start()
-        _, err = proc.communicate(timeout=600)
+        restart_once_noticed(dockerd, stderr)
+        proc.wait(timeout=600)
+        err = stderr.text()
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
     assert "answers again" in err, err[-3000:]
     assert len([line for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]) == 1
-    assert dockerd.left_after_restart() == []
+    assert (left := dockerd.left_after_restart()) == [], dockerd.describe(left)

@@ -387,7 +387,7 @@ def test_a_sandbox_removed_between_list_and_inspect_is_skipped():
 
         def containers(self, all=False, filters=None, **_):
             assert all and filters == {"label": owner}, filters
-            return [{"Id": "gone"}, {"Id": "here"}]
+            return [{"Id": i} for i in ("gone", "here") if i not in self.removed]
 
         def inspect_container(self, container_id):
             if container_id == "gone":
@@ -428,3 +428,136 @@ def test_an_unawaited_rollout_lost_to_docker_prints_no_traceback(caplog):
         asyncio.run(main())
     reported = [r.getMessage() + repr(getattr(r, "exc_info", None)) for r in caplog.records]
     assert len(reported) == 1 and "a real bug" in reported[0], reported
+
+
+def fake_daemon(states: list[list[str]], refuse: int = 0):
+    """A client over the real SDK collection whose daemon lists states[k] at the k-th ask (the last one after)
+    and refuses the first `refuse` removals with 409, as a daemon does while removing a container itself."""
+    import docker
+    from docker.models.containers import ContainerCollection
+
+    class Api:
+        asks, removals = 0, []
+
+        def containers(self, **_):
+            Api.asks += 1
+            return [{"Id": i} for i in states[min(Api.asks, len(states)) - 1]]
+
+        def inspect_container(self, container_id):
+            return {"Id": container_id, "Config": {"Labels": {}}}
+
+        def remove_container(self, container_id, **_):
+            Api.removals.append(container_id)
+            if len(Api.removals) <= refuse:
+                response = type("R", (), {"status_code": 409, "reason": "Conflict"})()
+                raise docker.errors.APIError("removal of container is already in progress", response)
+
+    class Client:
+        api = Api()
+
+    Client.containers = ContainerCollection(client=Client)
+    return Client, Api
+
+
+def test_sandboxes_the_daemon_is_still_removing_are_asked_for_until_gone(capsys):
+    """A daemon back from an outage removes the killed one's containers itself and refuses a second removal
+    (409) meanwhile: the run's last sweep asks again until none of its own is left."""
+    from rlcli.harbor import sandbox
+
+    client, api = fake_daemon([["a1", "b2"], ["a1"], []], refuse=2)
+    assert sandbox.remove_mine(client) == 2
+    assert api.asks == 3 and api.removals == ["a1", "b2", "a1"]
+    assert capsys.readouterr().err == ""
+
+
+def test_a_sandbox_that_cannot_be_removed_is_named(capsys):
+    from rlcli.harbor import sandbox
+
+    client, api = fake_daemon([["stuck1234567"]], refuse=1000)
+    assert sandbox.remove_mine(client, settle_s=1.0) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "could not be removed within 1s" in err and "docker rm -f stuck123456" in err, err
+    assert api.asks >= 2
+
+
+class _Stream:
+    """An exec's output stream whose connection breaks after one chunk."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def __iter__(self):
+        yield b"42\n", None
+        raise self.error
+
+
+def broken_exec_sandbox(error: Exception, after: str):
+    """A Sandbox whose command's stream breaks with `error`; asked afterwards, the daemon says `after`:
+    "running" (the container is there), "gone" (404) or "down" (no answer)."""
+    import docker
+    import requests
+
+    from rlcli.harbor.sandbox import Sandbox
+
+    class Api:
+        def exec_create(self, *_, **__):
+            return {"Id": "e1"}
+
+        def exec_start(self, *_, **__):
+            return _Stream(error)
+
+    class Container:
+        id, short_id, attrs = "c" * 64, "cccccccccccc", {"State": {"Status": "running"}}
+        client = type("Client", (), {"api": Api()})()
+        asks = 0
+
+        def reload(self):
+            Container.asks += 1
+            if Container.asks > 1 and after == "gone":
+                raise docker.errors.NotFound("No such container")
+            if Container.asks > 1 and after == "down":
+                raise requests.exceptions.ConnectionError("('Connection aborted.', ConnectionRefusedError(111))")
+
+    return Sandbox(Container(), "sh", True, "/root")
+
+
+def test_a_command_cut_by_a_daemon_restart_is_told_as_a_restart(monkeypatch):
+    """The daemon drops a command's connection: away still -> DockerGone; already back without the container ->
+    DockerRestarted (a kind of DockerGone, so the run says so and goes on); back with it -> this rollout's own
+    failure. Where the stream broke for another reason, a vanished container is just gone."""
+    import requests
+    import urllib3
+
+    from rlcli.harbor.daemon import DockerGone, DockerRestarted, SandboxError
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/x.sock")
+    dropped = urllib3.exceptions.ProtocolError("Connection broken: IncompleteRead(0 bytes read)")
+    with pytest.raises(DockerRestarted, match="at unix:///run/x.sock dropped a command in sandbox cccccccccccc"):
+        broken_exec_sandbox(dropped, "gone").exec("sleep 10", 30)
+    with pytest.raises(DockerGone) as down:
+        broken_exec_sandbox(requests.exceptions.ChunkedEncodingError("x"), "down").exec("sleep 10", 30)
+    assert not isinstance(down.value, DockerRestarted), down.value
+    with pytest.raises(SandboxError, match="connection to the Docker daemon broke") as blip:
+        broken_exec_sandbox(dropped, "running").exec("sleep 10", 30)
+    assert not isinstance(blip.value, DockerGone)
+    with pytest.raises(SandboxError, match="is gone") as removed:
+        broken_exec_sandbox(ValueError("not a connection error"), "gone").exec("sleep 10", 30)
+    assert not isinstance(removed.value, DockerGone)
+
+
+def test_the_watch_says_once_that_the_daemon_restarted(monkeypatch, capsys):
+    import asyncio
+
+    from rlcli.harbor import daemon
+
+    monkeypatch.setattr(daemon, "daemon_answers", lambda *a: True)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/x.sock")
+    watch = daemon.DockerWatch(5)
+
+    async def rollouts() -> None:  # a group of rollouts, all cut by one restart, and one ordinary failure
+        await asyncio.gather(*(watch.check(f"t{i}", daemon.restarted_error(f"s{i}")) for i in range(3)))
+        await watch.check("u", daemon.SandboxError("sandbox s9 died (exited, exit 1)"))
+
+    asyncio.run(rollouts())
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "restarted during the rollout of t0" in err and "answers again" in err, err
