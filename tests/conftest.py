@@ -7,6 +7,8 @@ built by `make server-venv`) under a private RLCLI_HOME in a temp folder, on a f
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -180,8 +182,32 @@ def server(tmp_path_factory) -> Iterator[PrivateServer]:
     yield from _session_server("server", tmp_path_factory)
 
 
+def server_group(srv: PrivateServer) -> int:
+    """The process group of a running server: its supervisor, API and engine (`serve start` records it)."""
+    return int(json.loads((srv.home / "servers" / "default" / "state.json").read_text())["pgid"])
+
+
 @pytest.fixture(scope="session")
-def stock_server(tmp_path_factory):
-    """A second real server started with --no-extensions: stock SkyRL behaviour. Yields (url, env)."""
+def _stock_server_session(tmp_path_factory) -> Iterator[PrivateServer]:
     for srv in _session_server("stock_server", tmp_path_factory):
-        yield srv.url, srv.env
+        try:
+            yield srv
+        finally:
+            with contextlib.suppress(OSError, ValueError):  # paused by the last test: `serve stop` must be heard
+                os.killpg(server_group(srv), signal.SIGCONT)
+
+
+@pytest.fixture
+def stock_server(_stock_server_session):
+    """A second real server started with --no-extensions: stock SkyRL behaviour. Yields (url, env).
+
+    Started once per session, and paused (SIGSTOP of its process group) between the tests that use it: stock
+    SkyRL looks at its queue on a timer, which cost 6-21% of a core while it idled through the rest of a
+    `make test` worker's files, on 2 cores shared with the tests. It is continued before each test that uses it;
+    nothing of it is touched while stopped, and the client of each test is its own."""
+    group = server_group(_stock_server_session)
+    os.killpg(group, signal.SIGCONT)
+    try:
+        yield _stock_server_session.url, _stock_server_session.env
+    finally:
+        os.killpg(group, signal.SIGSTOP)
