@@ -18,6 +18,24 @@ RECEIPTS = Path(__file__).resolve().parent / "receipts"
 REPO = RECEIPTS.parent.parent
 
 
+# CPU features that change which kernels XLA and torch run. Two 2-core machines both named "AMD EPYC" took 48 and
+# 133 ms (engine p50) for the same forward_backward (request-path receipts of 2026-12-01 06:02 and 13:52): the
+# name alone does not tell machines apart, so receipts also keep family/model and these flags.
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx_vnni", "amx_tile")
+
+
+def cpu_detail() -> dict:
+    """Family/model/stepping, MHz and the vector features of this CPU, from /proc/cpuinfo (Linux; {} elsewhere)."""
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return {}
+    fields = {k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in first.splitlines())}
+    flags = set(fields.get("flags", "").split())
+    return {"family_model_stepping": "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping")),
+            "mhz": fields.get("cpu MHz"), "vector": [f for f in VECTOR_FLAGS if f in flags]}
+
+
 def hardware() -> dict:
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())
@@ -30,8 +48,8 @@ def hardware() -> dict:
         gpu = out.stdout.strip() or None
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "memory_gb": round(mem_kb / 2**20, 1), "gpu": gpu,
-            "platform": platform.platform()}
+    return {"cpu": cpu, "cpu_detail": cpu_detail(), "cpu_count": os.cpu_count(),
+            "memory_gb": round(mem_kb / 2**20, 1), "gpu": gpu, "platform": platform.platform()}
 
 
 def versions(*packages: str) -> dict:

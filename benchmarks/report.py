@@ -104,14 +104,23 @@ def fused_rows(receipts: list[dict]) -> list[str]:
     return sorted(rows)
 
 
+def machine(receipt: dict) -> str:
+    """The CPU as receipts since 2026-12-01 name it (family/model/stepping and vector features); "" before."""
+    detail = receipt.get("hardware", {}).get("cpu_detail") or {}
+    if not detail:
+        return ""
+    return " ".join([detail.get("family_model_stepping", "?"), *detail.get("vector", [])])
+
+
 def request_path_rows(receipts: list[dict]) -> list[str]:
     """The newest request-path receipt of each label (before, after, ...) and model: overhead, SFT step, idle CPU."""
     seen, rows = set(), []
     for r in sorted((r for r in receipts if kind(r).startswith("request-path-")), key=receipt_time, reverse=True):
         label = r.get("label", kind(r).removeprefix("request-path-"))
-        if "results" not in r or (label, r.get("config", {}).get("size", "tiny")) in seen:
+        key = (label, r.get("config", {}).get("size", "tiny"), machine(r))
+        if "results" not in r or key in seen:
             continue  # an --ab-env receipt pools two arms (its figures are quoted where the A/B is discussed)
-        seen.add((label, r.get("config", {}).get("size", "tiny")))
+        seen.add(key)
         res = r["results"]
         parts = [f"{name} {res[name]['wall']['p50'] * 1e3:.0f} ms (overhead {res[name]['overhead']['p50'] * 1e3:.0f})"
                  for name in ("forward", "optim_step", "sample", "forward_backward") if "overhead" in res.get(name, {})]
@@ -120,7 +129,9 @@ def request_path_rows(receipts: list[dict]) -> list[str]:
         table = r.get("config", {}).get("max_lora_adapters")
         slots = f", {table - 1} slots" if table else ""
         size = r.get("config", {}).get("size", "tiny")
-        rows.append(f"| request path, {label} (rlcli {commit}{slots}), {size} model | p50 wall: {'; '.join(parts)}; "
+        cpu = f", CPU {machine(r)}" if machine(r) else ""
+        rows.append(f"| request path, {label} (rlcli {commit}{slots}{cpu}), {size} model | p50 wall: "
+                    f"{'; '.join(parts)}; "
                     f"SFT step 8 x 64 {sft:.0f} ms; idle server {r['idle']['percent_of_one_core']:.1f}% of a core "
                     f"| {_load(r)} | `{r['_file']}` |")
     return rows

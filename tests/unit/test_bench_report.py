@@ -122,3 +122,22 @@ def test_import_rows_take_the_newest_receipt_of_each_log_format(tmp_path):
     otel = next(r for r in rows if "OpenTelemetry traces" in r)
     assert "2.2× faster in-process" in otel and "peak RSS 31 MB" in otel and "1.4× a loop that only copies" in otel
     assert "(CPU time 2.3×, 2.1×)" in otel
+
+
+def test_receipts_tell_cpus_of_one_name_apart(tmp_path, monkeypatch):
+    """Two machines named "AMD EPYC" ran the same step at 48 and 133 ms: receipts keep family/model and the vector
+    features, read from /proc/cpuinfo's first processor."""
+    spec = importlib.util.spec_from_file_location("bench_common", REPO / "benchmarks" / "common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nstepping\t: 1\ncpu MHz\t\t: 2400.000\n"
+                       "flags\t\t: fpu sse4_2 avx avx2 avx512f avx512_bf16\n\nprocessor\t: 1\nflags\t\t: avx2\n")
+    real = common.Path
+
+    def fake_path(name, *rest):
+        return cpuinfo if str(name) == "/proc/cpuinfo" else real(name, *rest)
+
+    monkeypatch.setattr(common, "Path", fake_path)
+    assert common.cpu_detail() == {"family_model_stepping": "25/17/1", "mhz": "2400.000",
+                                   "vector": ["avx2", "avx512f", "avx512_bf16"]}
