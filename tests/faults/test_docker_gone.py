@@ -281,13 +281,18 @@ def test_docker_dies_mid_rollout_and_stays_away(dockerd, tmp_path):
            message=line.replace(dockerd.host, "unix://<private dockerd>"))
 
 
-def test_docker_back_within_timeout_run_goes_on(dockerd, tmp_path):
+def two_task_run(dockerd: PrivateDockerd, tmp_path: Path) -> subprocess.Popen:
+    """`harbor run` of a slow task, then (one sandbox at a time) a quick one, waiting up to 120 s for Docker."""
     tasks = tmp_path / "tasks"
     sleepy_task(tasks, "a-first", 20)
     sleepy_task(tasks, "b-second", 1)
     env = dict(os.environ, DOCKER_HOST=dockerd.host, RLCLI_HOME=str(tmp_path / "home"))
-    proc = trainer("harbor", "run", str(tasks), "--policy", "oracle", "--network", "none", "--output",
+    return trainer("harbor", "run", str(tasks), "--policy", "oracle", "--network", "none", "--output",
                    str(tmp_path / "out"), "--docker-timeout", "120", "--max-sandboxes", "1", env=env)
+
+
+def test_docker_back_within_timeout_run_goes_on(dockerd, tmp_path):
+    proc = two_task_run(dockerd, tmp_path)
     stderr = Stderr(proc)
     try:
         wait_for_sandbox(dockerd, proc)
@@ -309,12 +314,7 @@ def test_docker_back_within_timeout_run_goes_on(dockerd, tmp_path):
 def test_docker_restarts_before_rlcli_looks_run_goes_on(dockerd, tmp_path):
     """The daemon is killed and back before rlcli looks (rlcli is stopped meanwhile, as a busy machine may leave
     it): the command in flight ends with its container gone, named as such, and the run goes on."""
-    tasks = tmp_path / "tasks"
-    sleepy_task(tasks, "a-first", 20)
-    sleepy_task(tasks, "b-second", 1)
-    env = dict(os.environ, DOCKER_HOST=dockerd.host, RLCLI_HOME=str(tmp_path / "home"))
-    proc = trainer("harbor", "run", str(tasks), "--policy", "oracle", "--network", "none", "--output",
-                   str(tmp_path / "out"), "--docker-timeout", "120", "--max-sandboxes", "1", env=env)
+    proc = two_task_run(dockerd, tmp_path)
     try:
         wait_for_sandbox(dockerd, proc)
         os.kill(proc.pid, signal.SIGSTOP)
