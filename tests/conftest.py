@@ -8,7 +8,6 @@ built by `make server-venv`) under a private RLCLI_HOME in a temp folder, on a f
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -23,6 +22,7 @@ import pytest
 
 from rlcli.server.private import PrivateServer, private_server
 from rlcli.server.private import free_port as free_port  # tests/integration import it from here
+from rlcli.server.process import read_state
 
 REPO = Path(__file__).resolve().parent.parent
 RLCLI = [sys.executable, "-m", "rlcli.cli"]
@@ -184,7 +184,10 @@ def server(tmp_path_factory) -> Iterator[PrivateServer]:
 
 def server_group(srv: PrivateServer) -> int:
     """The process group of a running server: its supervisor, API and engine (`serve start` records it)."""
-    return int(json.loads((srv.home / "servers" / "default" / "state.json").read_text())["pgid"])
+    state = read_state(srv.log.parent)
+    if state is None:
+        raise RuntimeError(f"no server state under {srv.log.parent}")
+    return state.pgid
 
 
 @pytest.fixture(scope="session")
