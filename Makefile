@@ -104,8 +104,9 @@ rl: venv server-venv model
 test: venv server-venv-ray model base-image
 	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
+# The fast tier spreads single tests over the same workers: a third of its time is subprocesses and timers.
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not server and not slow" tests/unit $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not server and not slow" -n $(TEST_WORKERS) tests/unit $(PYTEST_ARGS)
 
 test-server: venv server-venv-ray model base-image
 	$(BIN)/python -m pytest -q -m server $(XDIST) $(PYTEST_ARGS)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import sys
 import time
 
-from rlcli.client import server_base_model, unload_model
+from rlcli.client import unload_model
 from rlcli.config import ensure_api_key, resolve_base_url
+from rlcli.train.run import resolve_model
 
 DEMO_CHATS = [
     ("What is 2 + 3?", "2 + 3 = 5."),
@@ -51,13 +52,13 @@ def demo(base_url: str | None = None, steps: int = 12, lr: float = 3e-3, rank: i
         rank: LoRA rank
         seed: LoRA initialisation and sampling seed
     """
+    url = resolve_base_url(base_url)
+    ensure_api_key()
+    model = resolve_model(None, url, required=True)  # before the ~5 s of imports below: no server, one line
+    print(f"demo: server {url}, base model {model}", file=sys.stderr)
     import tinker
     from transformers import AutoTokenizer
 
-    url = resolve_base_url(base_url)
-    ensure_api_key()
-    model = server_base_model(url)
-    print(f"demo: server {url}, base model {model}", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(model)
     service = tinker.ServiceClient(base_url=url)
     trainer = service.create_lora_training_client(base_model=model, rank=rank, seed=seed)

@@ -82,16 +82,16 @@ def open_sampler(checkpoint: str | None, model: str | None, base_url: str | None
                  max_tokens: int, temperature: float, seed: int) -> Sampler:
     import logging
 
-    import tinker
-
-    if not debug_enabled():  # tinker logs each failed request itself; the error below says it once
-        logging.getLogger("tinker").setLevel(logging.CRITICAL)
     url = resolve_base_url(base_url)
     ensure_api_key()
     try:
         base = _model_for(url, checkpoint, model)
     except OSError as e:
         raise RlcliError(f"cannot reach the server at {url} ({e}): is it running? (`rlcli serve status`)") from None
+    import tinker  # ~3 s of imports: after the checks above, so a bad path or no server is one line at once
+
+    if not debug_enabled():  # tinker logs each failed request itself; the error below says it once
+        logging.getLogger("tinker").setLevel(logging.CRITICAL)
     tok = load_tokenizer(tokenizer or base)
     params = tinker.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, stop=stop_tokens(tok))
     service = tinker.ServiceClient(base_url=url)

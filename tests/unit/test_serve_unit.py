@@ -299,8 +299,8 @@ def test_help_is_fast_and_imports_nothing_heavy():
     assert "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
 
 
-def test_every_command_has_help():
-    from rlcli.cli import COMMANDS
+def test_every_command_has_help(capsys):
+    from rlcli.cli import COMMANDS, main
 
     def leaves(tree, prefix=()):
         for name, (_, node) in tree.items():
@@ -309,9 +309,12 @@ def test_every_command_has_help():
             else:
                 yield (*prefix, name)
 
+    # In-process (a subprocess each cost ~5 s here); the console entry point itself runs in other tests.
     for path in leaves(COMMANDS):
-        proc = rlcli(*path, "--help")
-        assert proc.returncode == 0 and "usage: rlcli" in proc.stdout, (path, proc.stderr)
+        with pytest.raises(SystemExit) as exit_:
+            main([*path, "--help"])
+        out = capsys.readouterr()
+        assert exit_.value.code == 0 and "usage: rlcli" in out.out, (path, out.err)
 
 
 def test_server_venv_installs_its_lock_with_uv_hash_checked(tmp_path, monkeypatch):
