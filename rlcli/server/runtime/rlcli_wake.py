@@ -18,8 +18,7 @@ the environment). The database stays the only channel for data; a ring only says
   round again at once after an iteration that completed something, where the stock loop slept.
 - engine -> API: after the engine completes futures (TinkerEngine._complete_futures) the API is rung,
   and its future poller (which replaces poll_futures) reads the awaited futures at once. A new waiter
-  (retrieve_future) makes the poller look too, so a result that is already there is not waited for,
-  unless the engine cannot have finished it: no ring was heard since its future was filed (ArrivalLooks).
+  (retrieve_future) wakes the poller too, so a result that is already there is not waited for.
 Both processes also commit to SkyRL's sqlite database without an fsync per commit (relax_sqlite_sync), and
 log through a plain stream handler instead of rich's (plain_log): the engine writes its `(timing)` line
 between a batch's computation and the completion of its futures, on every request's path.
@@ -42,12 +41,10 @@ import socket
 import sys
 
 NAME = "rlcli_wake"
-VERSION = "1.2"
+VERSION = "1.1"
 ENV_ID = "RLCLI_WAKE_ID"
 # "1" keeps SkyRL's rich log handler (the A/B of benchmarks/request_path.py --ab-env, or a taste for it).
 RICH_LOG_ENV = "RLCLI_RICH_LOG"
-# "1": every arriving waiter makes the poller read the database, as in 1.1 (the A/B, or a fallback).
-ALWAYS_LOOK_ENV = "RLCLI_WAKE_ALWAYS_LOOK"
 # How often each side looks without a ring. Not latency: a ring is what wakes a waiting side. These
 # bound the damage of a lost ring and keep SkyRL's periodic session cleanup running.
 ENGINE_SAFETY_S = 1.0
@@ -61,7 +58,6 @@ TARGETS = [
     ("skyrl.tinker.engine", "TinkerEngine._complete_futures"),
     ("skyrl.tinker.api", "poll_futures"),
     ("skyrl.tinker.api", "wait_for_future"),
-    ("skyrl.tinker.api", "create_future"),
     ("skyrl.utils.log", "RichHandler"),
     ("skyrl.tinker.engine", "log_timing"),
 ]
@@ -195,39 +191,6 @@ def _plain_log_unless_asked() -> None:
         _state["log"] = "plain"
 
 
-class ArrivalLooks:
-    """Whether a waiter that just arrived needs a database look now, or the engine's ring will bring its result.
-
-    The engine rings after completing futures, and the API counts the rings it hears. A future filed when
-    `heard` rings had been heard, and awaited while it still is, cannot have been completed: its completion
-    comes after its commit, which comes after filing, and its ring after that. A lost ring is caught by the
-    poller's safety look. Only futures this API filed, newest id first, are remembered: a retried request
-    gets its old id back, which is never newer, so it (like anything not remembered) gets its look.
-    """
-
-    def __init__(self, limit: int = 4096):
-        self.heard = 0
-        self.filed_at: dict[int, int] = {}
-        self.newest = -1
-        self.limit = limit
-        self.skipped = 0
-
-    def filed(self, request_id: int) -> None:
-        if not isinstance(request_id, int) or request_id <= self.newest:
-            return
-        self.newest = request_id
-        self.filed_at[request_id] = self.heard
-        if len(self.filed_at) > self.limit:
-            del self.filed_at[next(iter(self.filed_at))]
-
-    def must_look(self, request_id: int) -> bool:
-        at = self.filed_at.pop(request_id, None)
-        if at is None or at != self.heard:
-            return True
-        self.skipped += 1
-        return False
-
-
 # ----------------------------------------------------------------------------------------------- engine
 
 def install_engine(wake_id: str) -> None:
@@ -283,9 +246,7 @@ def install_api() -> str:
     relax_sqlite_sync()
     wake_id = secrets.token_hex(8)
     bell = Doorbell(wake_id, own="api", peer="engine")
-    wake = {"event": None, "look": True}
-    arrivals = _state["arrivals"] = ArrivalLooks()
-    always_look = os.environ.get(ALWAYS_LOOK_ENV) == "1"
+    wake = {"event": None}
 
     def ring_engine(_session) -> None:
         bell.ring()
@@ -295,11 +256,8 @@ def install_api() -> str:
     event.listen(Session, "after_commit", ring_engine)
 
     def on_readable() -> None:
-        rings = bell.drain()
-        arrivals.heard += len(rings)
-        if ENGINE_HELLO in rings:
+        if ENGINE_HELLO in bell.drain():
             _state["engine_joined"] = True
-        wake["look"] = True
         if wake["event"] is not None:
             wake["event"].set()
 
@@ -311,8 +269,7 @@ def install_api() -> str:
         try:
             while True:
                 wake["event"].clear()
-                if waiters and wake["look"]:
-                    wake["look"] = False
+                if waiters:
                     try:
                         await resolve_finished(api, db_engine, waiters)
                     except asyncio.CancelledError:
@@ -323,32 +280,22 @@ def install_api() -> str:
                 try:
                     await asyncio.wait_for(wake["event"].wait(), timeout)
                 except TimeoutError:
-                    wake["look"] = True
+                    pass
         finally:
             loop.remove_reader(bell.sock.fileno())
 
     original_wait = api.wait_for_future
-    original_create = api.create_future
 
     @functools.wraps(original_wait)
     async def wait_for_future(waiters, request_id, timeout):
         # The waiter is added before the wrapped coroutine first yields, so the poller, woken here,
         # runs after it is in `waiters` and finds a result that is already there.
-        if always_look or arrivals.must_look(request_id):
-            wake["look"] = True
         if wake["event"] is not None:
             wake["event"].set()
         return await original_wait(waiters, request_id, timeout)
 
-    @functools.wraps(original_create)
-    async def create_future(*args, **kwargs):
-        request_id = await original_create(*args, **kwargs)
-        arrivals.filed(request_id)
-        return request_id
-
     api.poll_futures = poll_futures
     api.wait_for_future = wait_for_future
-    api.create_future = create_future
     os.environ[ENV_ID] = wake_id  # the engine process is started by the API and inherits this
     _state["installed"] = "api"
     return wake_id
