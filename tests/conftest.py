@@ -75,6 +75,40 @@ def install_embedded_model() -> str:
     return proc.stdout.splitlines()[0].strip()
 
 
+@pytest.fixture(autouse=True)
+def _close_tinker_sessions() -> Iterator[None]:
+    """Close the sessions of the tinker clients a test made in this process when the test ends.
+
+    A ServiceClient's session keeps a heartbeat on the client's shared event-loop thread; left open, it
+    retries against a server that has stopped, for the rest of the worker's life, drawing its back-off jitter
+    from `random` (Hypothesis then warns that the module changed under its strategies in a later unit test).
+    Clients made by wider fixtures are made before this fixture and stay open for the tests after. Only once
+    tinker is imported (collecting almost any test module imports it): no fixture pays for the import.
+    """
+    tinker = sys.modules.get("tinker")
+    if tinker is None:
+        yield
+        return
+    made: list[Any] = []
+    original = tinker.ServiceClient.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    tinker.ServiceClient.__init__ = init
+    try:
+        yield
+    finally:
+        tinker.ServiceClient.__init__ = original
+        for service in made:
+            for name in ("_session_holder", "_rest_holder"):
+                holder = service.__dict__.get(name)
+                with contextlib.suppress(Exception):  # a client of a server already gone: nothing to keep
+                    if holder is not None:
+                        holder.close()
+
+
 @pytest.fixture(scope="session")
 def embedded_model() -> str:
     return install_embedded_model()
