@@ -7,6 +7,7 @@ import re
 import signal
 import socket
 import time
+import urllib.error
 
 import pytest
 
@@ -60,6 +61,7 @@ def test_results_travel_by_ring_not_by_timer(server, monkeypatch):
     caps = f"{server.url}/api/v1/rlcli/capabilities"
     before = request_json(caps)["rlcli_wake"]
     assert before["wake"] == "notify" and before["engine_joined"] is True and before["log"] == "plain", before
+    assert before["submit"] == "one statement", before
     log = server.log
     offset = log.stat().st_size
     monkeypatch.setenv("TINKER_API_KEY", "tml-test")
@@ -70,6 +72,17 @@ def test_results_travel_by_ring_not_by_timer(server, monkeypatch):
                              loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * 15})
         out = client.forward([datum], "cross_entropy").result()
         assert len(out.loss_fn_outputs[0]["logprobs"].tolist()) == 15
+        # The one-statement submit keeps SkyRL's retry rules: the same (model, seq_id) and body is the same
+        # future, other data under a used seq_id is 409, another seq_id is a new future.
+        step = {"model_id": client.model_id, "adam_params": {"learning_rate": 1e-4}, "seq_id": 1000}
+        route = f"{server.url}/api/v1/optim_step"
+        first = request_json(route, step)["request_id"]
+        assert request_json(route, step)["request_id"] == first
+        with pytest.raises(urllib.error.HTTPError) as reused:
+            request_json(route, {**step, "adam_params": {"learning_rate": 2e-4}})
+        assert reused.value.code == 409, reused.value
+        assert request_json(route, {**step, "seq_id": 1001})["request_id"] not in (first, None)
+        assert request_json(f"{server.url}/api/v1/retrieve_future", {"request_id": first}) is not None
     finally:
         unload_model(server.url, client.model_id)
     timing = re.compile(r" - INFO - skyrl: \(timing\) process_batch_requests\(forward, n=1\) took [0-9.]+s$", re.M)

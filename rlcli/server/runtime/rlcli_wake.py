@@ -19,6 +19,9 @@ the environment). The database stays the only channel for data; a ring only says
 - engine -> API: after the engine completes futures (TinkerEngine._complete_futures) the API is rung,
   and its future poller (which replaces poll_futures) reads the awaited futures at once. A new waiter
   (retrieve_future) wakes the poller too, so a result that is already there is not waited for.
+The API files a new future in one statement (one_statement_submit): SkyRL's create_future looks for a retry
+of the request first, then inserts in a savepoint; here the insert is tried first and skips a (model_id,
+seq_id) pair the table holds already, and only then is the existing row read (same id or 409, as stock).
 Both processes also commit to SkyRL's sqlite database without an fsync per commit (relax_sqlite_sync), and
 log through a plain stream handler instead of rich's (plain_log): the engine writes its `(timing)` line
 between a batch's computation and the completion of its futures, on every request's path.
@@ -41,10 +44,12 @@ import socket
 import sys
 
 NAME = "rlcli_wake"
-VERSION = "1.1"
+VERSION = "1.3"
 ENV_ID = "RLCLI_WAKE_ID"
 # "1" keeps SkyRL's rich log handler (the A/B of benchmarks/request_path.py --ab-env, or a taste for it).
 RICH_LOG_ENV = "RLCLI_RICH_LOG"
+# "1" keeps SkyRL's own create_future (select, then insert in a savepoint): the A/B, or a database we do not know.
+STOCK_SUBMIT_ENV = "RLCLI_STOCK_SUBMIT"
 # How often each side looks without a ring. Not latency: a ring is what wakes a waiting side. These
 # bound the damage of a lost ring and keep SkyRL's periodic session cleanup running.
 ENGINE_SAFETY_S = 1.0
@@ -60,9 +65,11 @@ TARGETS = [
     ("skyrl.tinker.api", "wait_for_future"),
     ("skyrl.utils.log", "RichHandler"),
     ("skyrl.tinker.engine", "log_timing"),
+    ("skyrl.tinker.api", "create_future"),
 ]
 
-_state = {"installed": None, "engine_joined": False, "rings_sent": 0, "rings_heard": 0, "log": "rich (stock)"}
+_state = {"installed": None, "engine_joined": False, "rings_sent": 0, "rings_heard": 0, "log": "rich (stock)",
+          "submit": "stock"}
 
 
 def log(message: str) -> None:
@@ -131,7 +138,11 @@ def check_targets(role: str = "both") -> None:
                        "wait_for_future" in api.retrieve_future.__code__.co_names}
         found.update(by_name)
         found.update({f"skyrl.tinker.api.{name}": hasattr(api, name)
-                      for name in ("FutureDB", "TERMINAL_STATUSES", "AsyncSession", "select")})
+                      for name in ("FutureDB", "TERMINAL_STATUSES", "AsyncSession", "select", "HTTPException",
+                                   "RequestStatus")})
+        # Every route files its future through the module global (so rebinding it reaches them all).
+        found["api.forward_backward calling create_future by name"] = (
+            "create_future" in api.forward_backward.__code__.co_names)
     import pins  # a sibling in runtime/: the launcher's folder is on sys.path
 
     pins.require(NAME, found)
@@ -296,9 +307,56 @@ def install_api() -> str:
 
     api.poll_futures = poll_futures
     api.wait_for_future = wait_for_future
+    if os.environ.get(STOCK_SUBMIT_ENV) != "1":
+        api.create_future = one_statement_submit(api)
+        _state["submit"] = "one statement"
     os.environ[ENV_ID] = wake_id  # the engine process is started by the API and inherits this
     _state["installed"] = "api"
     return wake_id
+
+
+def one_statement_submit(api):
+    """SkyRL's create_future with the insert first: one statement where stock runs three, same outcomes.
+
+    Stock (skyrl.tinker.api.create_future) selects the row of the request's (model_id, seq_id) to find an SDK
+    retry, then inserts in a savepoint (a lost insert race rolls back only that row; callers may have staged
+    other writes, e.g. save_weights' pending checkpoint) and flushes the ORM object for its id. Here, on sqlite
+    and PostgreSQL, `INSERT ... ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING request_id` files it: a new
+    request (the usual case) costs that one statement, no error and so no savepoint is needed, the race is the
+    database's. Only when it files nothing does the row already there decide, as stock: the same request type
+    and data is a retry and gets that row's id, anything else is 409. A request without seq_id (or model) is
+    never a duplicate (SQL's NULLs are distinct), as stock. Another database keeps SkyRL's function.
+    """
+    from datetime import UTC, datetime
+
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    stock = api.create_future
+    table = api.FutureDB.__table__
+    inserts = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
+    pending = api.RequestStatus.PENDING
+
+    @functools.wraps(stock)
+    async def create_future(session, request_type, model_id, request_data, seq_id=None):
+        insert = inserts.get(getattr(getattr(session.bind, "dialect", None), "name", None))
+        if insert is None:
+            return await stock(session, request_type, model_id, request_data, seq_id)
+        data = request_data.model_dump(mode="json")
+        statement = insert(table).values(request_type=request_type, model_id=model_id, seq_id=seq_id,
+                                         request_data=data, status=pending, created_at=datetime.now(UTC))
+        statement = statement.on_conflict_do_nothing(index_elements=["model_id", "seq_id"])
+        filed = (await session.exec(statement.returning(table.c.request_id))).scalar()
+        if filed is not None:
+            return filed
+        row = (await session.exec(api.select(table.c.request_id, table.c.request_type, table.c.request_data)
+                                     .where(table.c.model_id == model_id, table.c.seq_id == seq_id))).first()
+        if row is None:  # cannot happen (rows are never deleted); stock's own path says what is wrong
+            return await stock(session, request_type, model_id, request_data, seq_id)
+        if row.request_type != request_type or row.request_data != data:
+            raise api.HTTPException(status_code=409, detail="Training request sequence number was reused")
+        return row.request_id
+
+    return create_future
 
 
 async def resolve_finished(api, db_engine, waiters: dict) -> None:
@@ -332,6 +390,7 @@ def describe() -> dict:
     if _state["installed"] != "api":
         return {"wake": "timer (stock SkyRL)"}
     return {"wake": "notify", "engine_joined": _state["engine_joined"], "log": _state["log"],
+            "submit": _state["submit"],
             "rings": {"to_engine": _state["rings_sent"], "from_engine": _state["rings_heard"]},
             "safety_look_s": {"engine": ENGINE_SAFETY_S, "api_while_waiting": API_SAFETY_S}}
 
@@ -352,6 +411,67 @@ def register(role: str) -> None:
         log("engine waits for the API's ring instead of sleeping 100 ms between looks")
 
 
+def check_submit() -> str:
+    """one_statement_submit against SkyRL's create_future on a scratch sqlite database: for a new request, an SDK
+    retry, a reused seq_id, requests without seq_id and a write staged before a retry, both must give the same
+    outcome and leave the same rows (ids and times aside)."""
+    import asyncio
+    import tempfile
+
+    from skyrl.tinker import api, types
+    from skyrl.tinker.db_models import ModelDB, SQLModel
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    fast = one_statement_submit(api)
+    adam = types.AdamParams(learning_rate=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0)
+    step, other = types.OptimStepInput(adam_params=adam), types.OptimStepInput(adam_params=adam.model_copy(
+        update={"learning_rate": 2e-3}))
+    optim = types.RequestType.OPTIM_STEP
+
+    async def file(engine, create, model, data, seq, stage=None):
+        async with api.AsyncSession(engine) as session:
+            if stage is not None:
+                session.add(stage)
+            try:
+                request_id = await create(session, optim, model, data, seq)
+            except api.HTTPException as e:
+                await session.commit()
+                return f"HTTP {e.status_code}"
+            await session.commit()
+            return request_id
+
+    async def run(create, folder):
+        engine = create_async_engine(f"sqlite+aiosqlite:///{folder}/db.sqlite")
+        async with engine.begin() as connection:
+            await connection.run_sync(SQLModel.metadata.create_all)
+        first = await file(engine, create, "m", step, 1)
+        outcomes = [first == 1,
+                    await file(engine, create, "m", step, 1) == first,  # an SDK retry: the same future
+                    await file(engine, create, "m", other, 1),  # the same seq_id, other data: refused
+                    await file(engine, create, "m2", step, 1),  # another model's seq_id 1 is its own
+                    await file(engine, create, "m", step, None), await file(engine, create, "m", step, None),
+                    await file(engine, create, "m", step, 1, stage=ModelDB(
+                        model_id="staged", base_model="b", lora_config={}, status="ready", request_id=0,
+                        session_id="s"))]
+        async with api.AsyncSession(engine) as session:
+            futures = (await session.exec(api.select(api.FutureDB).order_by(api.FutureDB.request_id))).all()
+            rows = [(f.request_id, f.request_type, f.model_id, f.seq_id, f.request_data, f.status, f.result_data)
+                    for f in futures]
+            staged = (await session.exec(api.select(ModelDB.model_id))).all()
+        await engine.dispose()
+        return outcomes, rows, staged
+
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        expected, got = asyncio.run(run(api.create_future, a)), asyncio.run(run(fast, b))
+    if got != expected:
+        raise SystemExit(f"{NAME}: one_statement_submit differs from SkyRL's create_future:\n"
+                         f"  stock {expected}\n  rlcli {got}")
+    if expected[0][2] != "HTTP 409" or expected[2] != ["staged"]:
+        raise SystemExit(f"{NAME}: SkyRL's create_future changed its outcomes: {expected}")
+    return "submit in one statement matches SkyRL's create_future (new, retry, 409, no seq_id, staged write)"
+
+
 if __name__ == "__main__":
     check_targets()
     print(f"{NAME} {VERSION}: " + ", ".join(f"{m}.{a}" for m, a in TARGETS) + " present")
+    print(f"{NAME} {VERSION}: " + check_submit())
