@@ -28,3 +28,36 @@ def test_one_worker_per_core_at_most_four_and_the_count_can_be_set():
     assert 1 <= workers <= min(4, os.cpu_count() or 1)
     args = pytest_line("TEST_WORKERS=1", "PYTEST_ARGS=-k x")
     assert args[args.index("-n") + 1] == "1" and args[-2:] == ["-k", "x"]
+
+
+def _files_requesting(fixture: str) -> set[str]:
+    """The test files with a test or fixture function that takes `fixture` as a parameter (read with ast)."""
+    import ast
+
+    found = set()
+    for path in sorted((REPO / "tests").glob("*/test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and fixture in {a.arg for a in node.args.args}:
+                found.add(path.relative_to(REPO).as_posix())
+    return found
+
+
+def test_the_files_using_the_stock_server_go_to_one_worker():
+    """tests/conftest.py's scheduler: every file whose tests take the stock server is one unit (one worker, one
+    stock server start); any other file is its own unit, as --dist loadfile makes it."""
+    from tests.conftest import pytest_xdist_make_scheduler
+
+    class Config:
+        def getvalue(self, name):
+            return {"dist": "loadfile", "tx": ["2*popen"]}[name]
+
+    scheduler = pytest_xdist_make_scheduler(Config(), None)
+    stock = _files_requesting("stock_server")
+    assert len(stock) >= 2, stock  # otherwise there is nothing to group
+    units = {f: scheduler._split_scope(f"{f}::test_x") for f in
+             sorted(p.relative_to(REPO).as_posix() for p in (REPO / "tests").glob("*/test_*.py"))}
+    assert {units[f] for f in stock} == {"uses stock_server"}
+    assert all(unit == f for f, unit in units.items() if f not in stock)
+    # Naming the fixture in text (as this file does) is not using it.
+    assert units["tests/integration/test_fused_gspo.py"] == "uses stock_server"
+    assert units["tests/unit/test_make_test.py"] == "tests/unit/test_make_test.py"
