@@ -350,7 +350,7 @@ def one_statement_submit(api):
             return filed
         row = (await session.exec(api.select(table.c.request_id, table.c.request_type, table.c.request_data)
                                      .where(table.c.model_id == model_id, table.c.seq_id == seq_id))).first()
-        if row is None:  # cannot happen (rows are never deleted); stock's own path says what is wrong
+        if row is None:  # cannot happen (rows are never deleted); if it does, SkyRL's own function decides
             return await stock(session, request_type, model_id, request_data, seq_id)
         if row.request_type != request_type or row.request_data != data:
             raise api.HTTPException(status_code=409, detail="Training request sequence number was reused")
