@@ -106,8 +106,10 @@ def server_versions(venv: Path | None = None) -> dict:
         return {"server_python": str(python), "error": str(e)}
 
 
-def start_command(model: Path | str, port: int, max_lora_adapters: int = 4) -> list[str]:
-    return private.start_command(model, port, "--backend-config", json.dumps({"max_lora_adapters": max_lora_adapters}))
+def start_command(model: Path | str, port: int, max_lora_adapters: int = 4, processes: int = 1) -> list[str]:
+    more = ("--processes", str(processes)) if processes > 1 else ()
+    return private.start_command(model, port, "--backend-config", json.dumps({"max_lora_adapters": max_lora_adapters}),
+                                 *more)
 
 
 def bench_server(model: Path | str, max_lora_adapters: int = 4,

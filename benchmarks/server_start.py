@@ -13,6 +13,7 @@ own create_model time.
 
 After each start the first SFT step (a new rank-8 LoRA, forward_backward of 8 x 64 tokens + optim_step),
 whose compilation a warm start should skip, is timed against --steady further steps.
+--processes N starts a multi-process jax server (its start includes the workers joining).
 --rlcli-tree runs another checkout's `rlcli serve start` (e.g. the commit before a change); the receipt
 records its commit. --compare-tree OTHER alternates warm starts of both checkouts on the same home (A B, B A,
 ...), so a loaded machine's drift falls on both ("warm" and "warm_compare" in the receipt).
@@ -89,11 +90,11 @@ def first_steps(url: str, model: Path, steady: int) -> dict:
     return {"first_step_s": times[0], "steady_step_s": times[1:]}
 
 
-def timed_start(model: Path, home: Path, tree: Path, steady: int = 3, timeout: float = 900) -> dict:
+def timed_start(model: Path, home: Path, tree: Path, steady: int = 3, timeout: float = 900, processes: int = 1) -> dict:
     """One `rlcli serve start` of tree: seconds to /healthz and to ready, the first steps, `rlcli serve stop`."""
     env, port = private_env(home), free_port()
     env["PYTHONPATH"] = str(tree)  # and cwd=tree: `python -m` puts its working folder first on sys.path
-    cmd = start_command(model, port)
+    cmd = start_command(model, port, processes=processes)
     log = home / "servers" / "default" / "server.log"
     offset = log.stat().st_size if log.exists() else 0
     wall, start = time.time(), time.perf_counter()
@@ -181,6 +182,8 @@ def main() -> None:
     parser.add_argument("--compare-tree", type=Path, default=None,
                         help="A/B: after each cold start, alternate --warm pairs of warm starts of --rlcli-tree and "
                              "of this checkout (e.g. the commit before a change) on the same home and cache")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="jax processes of the server (`serve start --processes N`, all on this machine)")
     parser.add_argument("--label", default="", help="added to the receipt's name (e.g. before, after)")
     parser.add_argument("--max-load", type=float, default=2.5, help="wait for this 1-minute load average first")
     parser.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most")
@@ -200,14 +203,14 @@ def main() -> None:
             else:
                 build_s, build_cmd = build_model(args.size, model, args.seed + r)
             tree = args.rlcli_tree.resolve()
-            cold = timed_start(model, home, tree, args.steady)
+            cold = timed_start(model, home, tree, args.steady, processes=args.processes)
             other = args.compare_tree.resolve() if args.compare_tree else None
             warm, warm_compare = [], []
             for w in range(args.warm):
                 pair = ((tree, warm), (other, warm_compare)) if w % 2 == 0 else ((other, warm_compare), (tree, warm))
                 for which, into in pair:
                     if which is not None:
-                        into.append(timed_start(model, home, which, args.steady))
+                        into.append(timed_start(model, home, which, args.steady, processes=args.processes))
             rounds.append({"model_build_s": build_s, "model_build_command": build_cmd, "cold": cold, "warm": warm,
                            **({"warm_compare": warm_compare} if other else {})})
             warm_text = ", ".join(f"{w['ready_s']:.1f}s" for w in warm)

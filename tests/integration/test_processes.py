@@ -119,6 +119,60 @@ def test_a_dead_worker_stops_the_server_and_stop_leaves_nothing(two_processes):
     assert group_members(state.pgid) == []
 
 
+# Two jax processes on CPU run one program over both devices and print the persistent-cache hits each had
+# (jax's monitoring events); with "patched", process 1 writes its entries as rlcli's workers do.
+_SHARED_PROGRAM = """
+import sys
+sys.path.insert(0, sys.argv[4])
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+import distributed
+
+hits = []
+jax.monitoring.register_event_listener(
+    lambda event, **_: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None)
+pid = int(sys.argv[1])
+jax.distributed.initialize(coordinator_address="127.0.0.1:" + sys.argv[2], num_processes=2, process_id=pid)
+if sys.argv[3] == "patched" and pid == 1:
+    distributed.cache_worker_programs()
+sharding = NamedSharding(Mesh(np.array(jax.devices()), ("x",)), PartitionSpec("x"))
+x = jax.make_array_from_callback((4,), sharding, lambda index: np.arange(4.0)[index])
+print(f"process {pid} result {float(jax.jit(lambda a: (a * 2.5 + 1).sum())(x))} hits {len(hits)}", flush=True)
+jax.distributed.shutdown()
+"""
+
+
+def _shared_program(cache: Path, mode: str) -> str:
+    """Run the 2-process script above on `cache`; both processes' output lines."""
+    python = str(shared_server_venv() / "bin" / "python")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    runtime, port = str(REPO / "rlcli" / "server" / "runtime"), str(free_port())
+    procs = [subprocess.Popen([python, "-c", _SHARED_PROGRAM, str(pid), port, mode, runtime], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for pid in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-2000:]
+    return "".join(out for out, _ in outs)
+
+
+def test_a_worker_writes_its_own_compilation_cache_entries(tmp_path):
+    """jax writes the persistent cache from process 0 only, and a worker's key for the same program is not
+    process 0's: a worker compiled every program at every start (most of a 2-process start's model building
+    and first step). rlcli's worker writes its own entries, and the next start loads them."""
+    first = _shared_program(tmp_path, "stock")
+    assert "process 0 result 19.0 hits 0" in first and "process 1 result 19.0 hits 0" in first, first
+    written = set(tmp_path.iterdir())
+    assert written  # process 0 wrote the program
+    second = _shared_program(tmp_path, "patched")
+    assert "process 0 result 19.0 hits 1" in second, second
+    assert "process 1 result 19.0 hits 0" in second, second  # process 0's entry is not the worker's
+    assert set(tmp_path.iterdir()) > written  # the worker wrote one of its own
+    third = _shared_program(tmp_path, "patched")
+    assert "process 0 result 19.0 hits 1" in third and "process 1 result 19.0 hits 1" in third, third
+
+
 def test_a_worker_started_by_hand_joins_a_coordinator_on_loopback(embedded_model, tmp_path):
     """The other-machine form, on one machine: the server runs process 0 only; `rlcli serve worker` joins it;
     the server becomes ready through both; after `serve stop` the worker ends with one closing line.

@@ -154,3 +154,29 @@ def test_a_preload_whose_supervisor_is_gone_does_not_linger(tmp_path):
     if alive:
         os.kill(pid, 9)
     assert not alive, "the orphaned preload kept waiting for an engine command nobody will send"
+
+
+def test_a_worker_joins_as_soon_as_the_coordinators_port_opens_and_gives_up_after_its_timeout():
+    import socket
+    import threading
+    import time
+
+    distributed = _load("distributed")
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # a free port, nothing listening yet
+    assert distributed.wait_for_port(f"127.0.0.1:{port}", timeout_s=0.3) is None
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    opened = threading.Timer(0.4, lambda: (listener.bind(("127.0.0.1", port)), listener.listen(1)))
+    opened.start()
+    try:
+        start = time.monotonic()
+        waited = distributed.wait_for_port(f"127.0.0.1:{port}", timeout_s=10)
+        assert waited is not None and 0.3 < waited < 5, waited  # it waited for the port, then went on at once
+        assert time.monotonic() - start < 5
+    finally:
+        opened.join()
+        listener.close()

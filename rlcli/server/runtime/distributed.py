@@ -12,6 +12,13 @@ itself, earlier than SkyRL would, for three reasons:
   the extensions, in every process alike.
 - SkyRL's call binds the coordination service to every interface ([::]:PORT); rlcli binds it to the host
   the user named (loopback unless told otherwise) and notices a lost process within HEARTBEAT_S.
+- A process that asks to join before process 0 has started the coordination service is not refused: jax's
+  client retries with a growing back-off, and the join completes only at its next retry, up to ~30 s after
+  the coordinator came up (measured: docs/decisions.md). So a worker first waits for the coordinator's port
+  to take a TCP connection, looking every 50 ms, and joins then; a local worker imports SkyRL's jax backend
+  before that, while process 0 imports the same.
+- jax writes its persistent compilation cache from process 0 only, and a worker's keys are its own: a worker
+  compiled every program at every start. rlcli's workers write their own entries (cache_worker_programs).
 - Every process must trace the same programs (they meet in the collectives): each process publishes the
   extensions it loaded in the runtime's key-value store, and the coordinator and each worker compare
   theirs with it before anything is served. A mismatch stops the server at start, loudly.
@@ -24,11 +31,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
+import time
 
 HEARTBEAT_S = 30  # a process silent this long is declared dead by the coordination service
 INIT_TIMEOUT_S = 300  # how long a process waits for all the others to join
 AGREE_TIMEOUT_MS = 300_000
+PORT_POLL_S = 0.05  # how often a worker looks whether the coordinator's port is open yet
 MARK_ENV = "RLCLI_DISTRIBUTED"  # set once rlcli's launcher brought the runtime up in this process
 
 
@@ -49,10 +59,32 @@ def settings_from_engine_argv(argv: list[str]) -> tuple[str, int] | None:
     return config["coordinator_address"], int(config.get("num_processes") or 1)
 
 
+def wait_for_port(address: str, timeout_s: float) -> float | None:
+    """Seconds until HOST:PORT took a TCP connection (closed at once), or None if it did not within timeout_s."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")  # [::1]:PORT
+    start = time.monotonic()
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            return time.monotonic() - start
+        except OSError:
+            if time.monotonic() - start >= timeout_s:
+                return None
+            time.sleep(PORT_POLL_S)
+
+
 def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
     """Join (or, as process 0, start) the distributed runtime; SkyRL's own later call becomes a no-op."""
     import jax
 
+    if process_id != 0:  # join once the coordinator listens, not at jax's next back-off retry (module docstring)
+        waited = wait_for_port(coordinator, INIT_TIMEOUT_S)
+        if waited is None:
+            raise SystemExit(f"[rlcli distributed] process {process_id}: nothing answered at {coordinator} within "
+                             f"{INIT_TIMEOUT_S} s; start the server (process 0) first, or check the address")
+        if waited >= 1.0:
+            log(f"process {process_id}: the coordinator at {coordinator} answered after {waited:.1f} s")
     log(f"process {process_id} of {num_processes} joining coordinator {coordinator} "
         f"(jax {jax.__version__}, cpu collectives: {jax.config.jax_cpu_collectives_implementation or 'default'})")
     original = jax.distributed.initialize
@@ -66,9 +98,43 @@ def initialize(coordinator: str, num_processes: int, process_id: int) -> None:
                                f"SkyRL asked for {coordinator_address} with {num_processes}")
 
     jax.distributed.initialize = already_initialized
+    if process_id != 0:
+        cache_worker_programs()
     pad_samples_to_mesh()
     os.environ[MARK_ENV] = f"{process_id}/{num_processes}"
     log(f"process {jax.process_index()} ready: {jax.process_count()} processes, {jax.device_count()} devices")
+
+
+def cache_worker_programs() -> None:
+    """Let this worker write its compiled programs to jax's persistent compilation cache, as process 0 does.
+
+    jax writes cache entries from process 0 only (against write contention on shared filesystems) and lets every
+    process read them. But a worker's cache keys are not process 0's, even for the same program over the same
+    devices (docs/decisions.md): a worker never found an entry and compiled every program at every start, while
+    process 0 waited for it in the next collective. Here a worker writes its own entries.
+    """
+    import pins
+    from jax._src import compilation_cache, compiler, config
+
+    pins.require("rlcli distributed (jax)", {
+        "jax._src.compiler._cache_write": getattr(compiler, "_cache_write", None),
+        "jax._src.compilation_cache.put_executable_and_time":
+            getattr(compilation_cache, "put_executable_and_time", None),
+    })
+    if getattr(compiler._cache_write, "rlcli", False):
+        return
+
+    def cache_write(cache_key, compile_time_secs, module_name, backend, executable):
+        if compile_time_secs < config.persistent_cache_min_compile_time_secs.value:
+            return
+        try:
+            compilation_cache.put_executable_and_time(cache_key, module_name, executable, backend,
+                                                      int(compile_time_secs))
+        except Exception as ex:  # as in jax: an entry that cannot be written costs a compile later, nothing more
+            log(f"cache entry for {module_name!r} not written: {type(ex).__name__}: {ex}")
+
+    cache_write.rlcli = True
+    compiler._cache_write = cache_write
 
 
 def broadcast_delete_model() -> None:
@@ -155,12 +221,14 @@ def run_worker(coordinator: str, num_processes: int, process_id: int, load_exten
     if process_id < 1 or process_id >= num_processes:
         raise SystemExit(f"--process-id must be 1..{num_processes - 1} (0 is the coordinator, the engine)")
     os.environ.pop("RLCLI_WARMUP_FILE", None)  # the coordinator records shapes; a worker only follows
+    # SkyRL's jax backend (transformers, peft and torch with it: ~20 s of CPU on a 2-core machine) is imported
+    # before joining, while process 0 imports the same: after the join, process 0 would wait for it idle.
+    from skyrl.backends import jax as jax_backend
+
     initialize(coordinator, num_processes, process_id)
     # Extensions read the engine's flags; a worker learns the real ones from the coordinator later.
     config = json.dumps({"coordinator_address": coordinator, "num_processes": num_processes})
     sys.argv = [sys.argv[0], "engine", "--backend", "jax", "--base-model", "worker", "--backend-config", config]
     load_extensions("engine")
     agree(process_id, num_processes, os.environ.get("RLCLI_SERVER_EXTENSIONS", ""))
-    from skyrl.backends import jax as jax_backend
-
     jax_backend.run_worker(coordinator, num_processes, process_id)
