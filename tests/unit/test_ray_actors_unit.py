@@ -60,3 +60,52 @@ def test_gspo_is_fused_on_ray_only_where_the_launcher_prepared_the_actors(monkey
     assert "Ray actors" in losses.jax_fused_blocker({"use_ray": True, "num_processes": 2})  # SkyRL started by hand
     monkeypatch.setenv("RLCLI_DISTRIBUTED", "ray")  # what the supervisor tells the API and engine on Ray
     assert losses.jax_fused_blocker({"use_ray": True, "num_processes": 2}) is None
+
+
+class FakeJax:
+    """jax.config's two calls the actors' cache hook makes."""
+
+    def __init__(self, own_cache=None):
+        self.config = type("Config", (), {"jax_compilation_cache_dir": own_cache})()
+        self.updates = {}
+        self.config.update = lambda option, value: self.updates.__setitem__(option, value)
+
+
+def test_actors_compile_into_the_engines_cache_where_they_can(tmp_path, monkeypatch, capsys):
+    actors = runtime("ray_actors")
+    folder = tmp_path / "home" / "cache" / "jax"
+    settings = {"JAX_COMPILATION_CACHE_DIR": str(folder), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    monkeypatch.setenv(actors.CACHE_ENV, json.dumps(settings))
+    jax = FakeJax()
+    actors.use_engines_cache(jax)
+    assert jax.updates == {"jax_compilation_cache_dir": str(folder), "jax_persistent_cache_min_compile_time_secs": 0.0,
+                           "jax_persistent_cache_min_entry_size_bytes": 0}
+    assert folder.is_dir() and oct(folder.stat().st_mode & 0o777) == "0o700"
+
+    node_own = FakeJax(own_cache="/elsewhere")  # the node's own setting wins
+    actors.use_engines_cache(node_own)
+    assert node_own.updates == {}
+
+    (tmp_path / "file").write_text("")  # a home that cannot exist on this node
+    unmakeable = {**settings, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "file" / "x")}
+    monkeypatch.setenv(actors.CACHE_ENV, json.dumps(unmakeable))
+    elsewhere = FakeJax()
+    actors.use_engines_cache(elsewhere)
+    assert elsewhere.updates == {}
+    assert "no jax compilation cache" in capsys.readouterr().err
+
+
+def test_the_engine_forwards_its_cache_settings_to_the_actors(monkeypatch, tmp_path):
+    actors = runtime("ray_actors")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/c")
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    seen = {}
+    fake_ray = type("Ray", (), {"init": staticmethod(lambda runtime_env: seen.update(runtime_env))})
+    backend = type("RayJaxBackend", (), {"__init__": lambda self: None})
+    monkeypatch.setattr(actors, "_targets", lambda: (fake_ray, type("M", (), {"RayJaxBackend": backend})))
+    monkeypatch.setenv(actors.EXTENSIONS_ENV, "rlcli_losses")
+    monkeypatch.chdir(tmp_path)  # connect() clears the actors' report in its working folder
+    actors.connect()
+    assert json.loads(seen["env_vars"][actors.CACHE_ENV]) == {"JAX_COMPILATION_CACHE_DIR": "/c",
+                                                              "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}

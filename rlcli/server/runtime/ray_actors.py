@@ -10,7 +10,7 @@ the live ones). The driver now joins the cluster itself, before SkyRL would, wit
 
 - working_dir = rlcli's runtime folder: Ray ships it to every node and puts it first on the actors' path, so
   the actors import the same extension files as the engine, whatever is installed on the other nodes;
-- env_vars: the extension list (RLCLI_SERVER_EXTENSIONS);
+- env_vars: the extension list (RLCLI_SERVER_EXTENSIONS) and the engine's jax compilation cache settings;
 - worker_process_setup_hook = `ray_actors.setup`: runs in each worker process before it takes work.
 
 The hook cannot load the extensions right away: they run jax code as they load (the fused-gspo self-test) and
@@ -36,6 +36,13 @@ NAME = "rlcli ray actors"
 HERE = Path(__file__).resolve().parent
 EXTENSIONS_ENV = "RLCLI_SERVER_EXTENSIONS"
 FORWARDED_ENV = ("RLCLI_SAMPLER_SNAPSHOTS",)  # settings the extensions read (and compare, through VERSION)
+# The engine's jax compilation cache settings (RLCLI_HOME/cache/jax), for the actors: a Ray node's own
+# environment has none, so every actor compiled every program at every start. Forwarded under rlcli's name and
+# applied by the hook only where that folder can be made (another node may have no such home).
+CACHE_ENV = "RLCLI_ACTOR_JAX_CACHE"
+CACHE_SETTINGS = {"JAX_COMPILATION_CACHE_DIR": ("jax_compilation_cache_dir", str),
+                  "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": ("jax_persistent_cache_min_compile_time_secs", float),
+                  "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": ("jax_persistent_cache_min_entry_size_bytes", int)}
 REPORT = "rlcli-ray-actors.json"  # in the server's folder (the API's and the engine's working directory)
 MARK = "_rlcli_loads_extensions"
 # Loaded in the actors too (every process loads the same list) but acting in the engine or the API only: what
@@ -101,6 +108,9 @@ def connect() -> None:
         return  # --no-extensions: stock SkyRL in the actors too
     ray, ray_jax = _targets()
     env = {EXTENSIONS_ENV: extensions, **{k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}}
+    cache = {k: os.environ[k] for k in CACHE_SETTINGS if os.environ.get(k)}
+    if "JAX_COMPILATION_CACHE_DIR" in cache:
+        env[CACHE_ENV] = json.dumps(cache)
     ray.init(runtime_env={"working_dir": str(HERE), "env_vars": env,
                           "worker_process_setup_hook": f"{Path(__file__).stem}.setup"})
     backend = ray_jax.RayJaxBackend
@@ -177,6 +187,7 @@ def setup() -> None:
     original = jax.distributed.initialize
     if getattr(original, MARK, False):
         return
+    use_engines_cache(jax)
 
     def initialize(coordinator_address=None, num_processes=None, process_id=None, **_ignored):
         jax.distributed.initialize = original  # distributed.initialize calls it, then replaces it for good
@@ -184,6 +195,24 @@ def setup() -> None:
 
     setattr(initialize, MARK, True)
     jax.distributed.initialize = initialize
+
+
+def use_engines_cache(jax) -> None:
+    """Compile into the engine's cache folder (CACHE_ENV) unless this node set a cache of its own."""
+    settings = json.loads(os.environ.get(CACHE_ENV) or "{}")
+    folder = settings.get("JAX_COMPILATION_CACHE_DIR")
+    if not folder or jax.config.jax_compilation_cache_dir:
+        return
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(f"{folder} is not writable")
+    except OSError as e:
+        log(f"actor pid {os.getpid()}: no jax compilation cache ({e}); it compiles every program")
+        return
+    for variable, (option, kind) in CACHE_SETTINGS.items():
+        if variable in settings:
+            jax.config.update(option, kind(settings[variable]))
 
 
 def bring_up(coordinator: str, num_processes: int, process_id: int) -> None:
