@@ -5,7 +5,7 @@ Runs INSIDE the server venv (Python 3.12): standard library, jax and skyrl only.
 SkyRL's jax backend runs process 0 (the engine) as the coordinator: it calls `jax.distributed.initialize`
 in `JaxBackend.__init__` and broadcasts every backend call to the other processes, which run
 `skyrl.backends.jax.run_worker`. rlcli starts both ends through its launcher and brings the runtime up
-itself, earlier than SkyRL would, for three reasons:
+itself, earlier than SkyRL would, for these reasons:
 
 - rlcli's server extensions run jax code when they load (the fused-gspo dispatch self-test, for one), and
   `jax.distributed.initialize` refuses to run after any jax computation: so the runtime comes first, then
@@ -123,6 +123,7 @@ def cache_worker_programs() -> None:
     })
     if getattr(compiler._cache_write, "rlcli", False):
         return
+    failed = []
 
     def cache_write(cache_key, compile_time_secs, module_name, backend, executable):
         if compile_time_secs < config.persistent_cache_min_compile_time_secs.value:
@@ -131,7 +132,9 @@ def cache_worker_programs() -> None:
             compilation_cache.put_executable_and_time(cache_key, module_name, executable, backend,
                                                       int(compile_time_secs))
         except Exception as ex:  # as in jax: an entry that cannot be written costs a compile later, nothing more
-            log(f"cache entry for {module_name!r} not written: {type(ex).__name__}: {ex}")
+            if not failed:  # once: an unwritable folder would fail for every program
+                log(f"cache entries not written (first: {module_name!r}, {type(ex).__name__}: {ex})")
+            failed.append(module_name)
 
     cache_write.rlcli = True
     compiler._cache_write = cache_write
@@ -221,7 +224,7 @@ def run_worker(coordinator: str, num_processes: int, process_id: int, load_exten
     if process_id < 1 or process_id >= num_processes:
         raise SystemExit(f"--process-id must be 1..{num_processes - 1} (0 is the coordinator, the engine)")
     os.environ.pop("RLCLI_WARMUP_FILE", None)  # the coordinator records shapes; a worker only follows
-    # SkyRL's jax backend (transformers, peft and torch with it: ~20 s of CPU on a 2-core machine) is imported
+    # SkyRL's jax backend (transformers, peft and torch with it: ~30 s of CPU on a 2-core machine) is imported
     # before joining, while process 0 imports the same: after the join, process 0 would wait for it idle.
     from skyrl.backends import jax as jax_backend
 
