@@ -26,6 +26,7 @@ Backend = Literal["jax", "fsdp", "megatron"]  # a fixed choice of `rlcli serve s
 BACKENDS: tuple[str, ...] = typing.get_args(Backend)
 REQUIRED_PYTHON = (3, 12)
 MARKER = ".rlcli-complete"
+BYTECODE = "bytecode:1"  # the marker's line once every module of the venv has its bytecode written
 
 
 def pins_file(backend: str) -> Path:
@@ -117,6 +118,8 @@ def ensure_server_venv(backend: Backend = "jax", python: str | None = None, venv
     """Return the server venv's folder, building or updating it from the pins first if needed."""
     path = server_venv_dir(venv)
     if is_complete(path, backend):
+        if not _has_bytecode(path):
+            compile_bytecode(path)  # a venv built before rlcli wrote bytecode: once
         return path
     if not (path / "bin" / "python").exists():
         exe = find_python(python)
@@ -128,6 +131,7 @@ def ensure_server_venv(backend: Backend = "jax", python: str | None = None, venv
     _pip_install(path, pins_file(backend))
     with (path / MARKER).open("a") as f:
         f.write(f"{backend}:{_pins_digest(backend)}\n")
+    compile_bytecode(path)
     return path
 
 
@@ -138,11 +142,46 @@ def ensure_extra(venv: Path, extra: str) -> None:
     _pip_install(venv, pins_file(extra))
     with (venv / MARKER).open("a") as f:
         f.write(f"{extra}:{_pins_digest(extra)}\n")
+    compile_bytecode(venv)
 
 
 def has_extra(venv: Path, extra: str) -> bool:
     """The optional lock is installed in this venv (its marker), or the package is there some other way."""
     return is_complete(venv, extra) or any(venv.glob(f"lib/python3*/site-packages/{extra}-*.dist-info"))
+
+
+def _site_packages(venv: Path) -> list[Path]:
+    return sorted(venv.glob("lib/python3*/site-packages"))
+
+
+def _has_bytecode(venv: Path) -> bool:
+    marker = venv / MARKER
+    # A 'venv' without site-packages of its own (an image's interpreter behind a wrapper) has nothing to compile.
+    return not _site_packages(venv) or (marker.exists() and BYTECODE in marker.read_text().split())
+
+
+def compile_bytecode(venv: Path) -> None:
+    """Write the bytecode of every module in the venv now, so no process of the server compiles source.
+
+    uv installs without bytecode, and where the venv cannot be written or PYTHONDONTWRITEBYTECODE is set
+    (common in containers) Python never caches what it compiles: every process of every server start then
+    compiled SkyRL's imports again, ~25 s of CPU on a 2-core machine (docs/decisions.md). compileall writes
+    regardless of that setting; a file that does not compile (templates, old syntax) is left as it is, as
+    pip leaves it."""
+    sites = _site_packages(venv)
+    if not sites:
+        return
+    if not all(os.access(p, os.W_OK) for p in [venv / MARKER, *sites]):
+        _progress(f"the server venv at {venv} is read-only: its bytecode cannot be written, so every server "
+                  "start compiles its imports (slower starts, nothing else)")
+        return
+    start = time.monotonic()
+    _progress("writing the server venv's bytecode (once per install)")
+    cmd = [str(venv / "bin" / "python"), "-m", "compileall", "-q", "-q", "-j", "0", *map(str, sites)]
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with (venv / MARKER).open("a") as f:
+        f.write(f"{BYTECODE}\n")
+    _progress(f"server venv bytecode written in {time.monotonic() - start:.0f}s")
 
 
 def _progress(message: str) -> None:

@@ -22,6 +22,12 @@ def test_serve_install_builds_exactly_the_lock_and_it_runs(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(venv) and "server venv ready" in proc.stderr
     assert server_venv.is_complete(venv, "jax")
+    # Every module's bytecode is written at install (uv writes none): no server process compiles SkyRL's source.
+    assert "bytecode written" in proc.stderr
+    site = next(venv.glob("lib/python3*/site-packages"))
+    sources = list((site / "skyrl").rglob("*.py"))
+    compiled = {(p.parent.parent, p.name.split(".")[0]) for p in (site / "skyrl").rglob("__pycache__/*.pyc")}
+    assert sources and all((p.parent, p.stem) in compiled for p in sources)
     python = str(venv / "bin" / "python")
     freeze = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
                             check=True).stdout
@@ -35,3 +41,4 @@ def test_serve_install_builds_exactly_the_lock_and_it_runs(tmp_path):
     # A second install finds the venv complete and touches nothing.
     again = run_rlcli("serve", "install", "--venv", str(venv), env=env, timeout=120)
     assert again.returncode == 0 and "building the server venv" not in again.stderr
+    assert "bytecode" not in again.stderr
