@@ -103,6 +103,9 @@ def check_server_venv() -> Check:
     state = process.read_state(config.server_state_dir())
     backend = state.backend if state else "jax"
     if server_venv.is_complete(venv, backend):
+        if not server_venv.has_bytecode(venv):
+            return Check("server-venv", "warn", f"{venv} matches {server_venv.pins_file(backend).name} but has no "
+                         "bytecode, so every server process compiles its imports: `rlcli serve install` writes it")
         return Check("server-venv", "ok", f"{venv} matches {server_venv.pins_file(backend).name}")
     what = "is missing" if not (venv / "bin" / "python").exists() else "is incomplete or from older pins"
     return Check("server-venv", "warn", f"{venv} {what}: `rlcli serve install --backend {backend}` builds it "

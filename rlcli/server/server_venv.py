@@ -118,7 +118,7 @@ def ensure_server_venv(backend: Backend = "jax", python: str | None = None, venv
     """Return the server venv's folder, building or updating it from the pins first if needed."""
     path = server_venv_dir(venv)
     if is_complete(path, backend):
-        if not _has_bytecode(path):
+        if not has_bytecode(path):
             compile_bytecode(path)  # a venv built before rlcli wrote bytecode: once
         return path
     if not (path / "bin" / "python").exists():
@@ -154,7 +154,7 @@ def _site_packages(venv: Path) -> list[Path]:
     return sorted(venv.glob("lib/python3*/site-packages"))
 
 
-def _has_bytecode(venv: Path) -> bool:
+def has_bytecode(venv: Path) -> bool:
     marker = venv / MARKER
     # A 'venv' without site-packages of its own (an image's interpreter behind a wrapper) has nothing to compile.
     return not _site_packages(venv) or (marker.exists() and BYTECODE in marker.read_text().split())

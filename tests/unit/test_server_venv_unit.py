@@ -32,7 +32,7 @@ def _pycs(venv: Path) -> list[str]:
 def test_a_complete_venv_without_bytecode_gets_it_once_even_with_dontwritebytecode(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     venv = _scratch_venv(tmp_path)
-    assert _pycs(venv) == [] and not server_venv._has_bytecode(venv)
+    assert _pycs(venv) == [] and not server_venv.has_bytecode(venv)
     assert server_venv.ensure_server_venv("jax", venv=str(venv)) == venv
     assert _pycs(venv) == ["__init__", "single"]
     assert server_venv.BYTECODE in (venv / server_venv.MARKER).read_text().split()
@@ -49,7 +49,7 @@ def test_an_interpreter_without_site_packages_of_its_own_needs_nothing(tmp_path)
     venv = tmp_path / "image"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
-    assert server_venv._has_bytecode(venv)
+    assert server_venv.has_bytecode(venv)
     server_venv.compile_bytecode(venv)
     assert not (venv / server_venv.MARKER).exists()
 
@@ -61,3 +61,15 @@ def test_a_read_only_venv_is_said_and_left_alone(tmp_path, monkeypatch, capsys):
     server_venv.compile_bytecode(venv)
     assert "read-only" in capsys.readouterr().err
     assert _pycs(venv) == [] and server_venv.BYTECODE not in (venv / server_venv.MARKER).read_text()
+
+
+def test_doctor_warns_about_a_venv_without_bytecode_and_names_the_fix(tmp_path, monkeypatch):
+    from rlcli import doctor
+
+    venv = _scratch_venv(tmp_path)
+    monkeypatch.setenv("RLCLI_SERVER_VENV", str(venv))
+    monkeypatch.setenv("RLCLI_HOME", str(tmp_path / "home"))
+    check = doctor.check_server_venv()
+    assert check.status == "warn" and "no bytecode" in check.detail and "rlcli serve install" in check.detail
+    server_venv.compile_bytecode(venv)
+    assert doctor.check_server_venv().status == "ok"
