@@ -1,6 +1,7 @@
 """The server venv's bytecode: written once at install (and once for a venv built before), whatever
 PYTHONDONTWRITEBYTECODE says, so no server process compiles SkyRL's source at start. Fast: a scratch 'venv'
-whose python is this interpreter and whose site-packages holds two small modules."""
+whose python is this interpreter and whose site-packages holds two small modules
+and one that does not compile."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from rlcli.server import server_venv
 
 
-def _scratch_venv(tmp_path: Path, complete: bool = True) -> Path:
+def _scratch_venv(tmp_path: Path) -> Path:
     venv = tmp_path / "venv"
     site = venv / "lib" / "python3.12" / "site-packages"
     (site / "pkg").mkdir(parents=True)
@@ -19,9 +20,7 @@ def _scratch_venv(tmp_path: Path, complete: bool = True) -> Path:
     (site / "broken.py").write_text("def (:\n")  # a file that does not compile must not stop the others
     (venv / "bin").mkdir()
     (venv / "bin" / "python").symlink_to(sys.executable)
-    if complete:
-        digest = server_venv._pins_digest("jax")
-        (venv / server_venv.MARKER).write_text(f"jax:{digest}\n")
+    (venv / server_venv.MARKER).write_text(f"jax:{server_venv._pins_digest('jax')}\n")  # built from today's pins
     return venv
 
 
