@@ -106,6 +106,10 @@ def check_server_venv() -> Check:
         if not server_venv.has_bytecode(venv):
             return Check("server-venv", "warn", f"{venv} matches {server_venv.pins_file(backend).name} but has no "
                          "bytecode, so every server process compiles its imports: `rlcli serve install` writes it")
+        if not server_venv.has_top_level_names(venv):
+            return Check("server-venv", "warn", f"{venv} matches {server_venv.pins_file(backend).name} but its "
+                         "packages do not declare their import names, so each engine start lists every installed "
+                         "file (~1 s): `rlcli serve install` writes them")
         return Check("server-venv", "ok", f"{venv} matches {server_venv.pins_file(backend).name}")
     what = "is missing" if not (venv / "bin" / "python").exists() else "is incomplete or from older pins"
     return Check("server-venv", "warn", f"{venv} {what}: `rlcli serve install --backend {backend}` builds it "

@@ -27,6 +27,7 @@ BACKENDS: tuple[str, ...] = typing.get_args(Backend)
 REQUIRED_PYTHON = (3, 12)
 MARKER = ".rlcli-complete"
 BYTECODE = "bytecode:1"  # the marker's line once every module of the venv has its bytecode written
+TOP_LEVEL = "top-level:1"  # ... once every distribution in it declares its import names (top_level_names.py)
 
 
 def pins_file(backend: str) -> Path:
@@ -118,8 +119,7 @@ def ensure_server_venv(backend: Backend = "jax", python: str | None = None, venv
     """Return the server venv's folder, building or updating it from the pins first if needed."""
     path = server_venv_dir(venv)
     if is_complete(path, backend):
-        if not has_bytecode(path):
-            compile_bytecode(path)  # a venv built before rlcli wrote bytecode: once
+        finish_install(path, again=False)  # a venv built by an older rlcli: what it lacks, once
         return path
     if not (path / "bin" / "python").exists():
         exe = find_python(python)
@@ -131,7 +131,7 @@ def ensure_server_venv(backend: Backend = "jax", python: str | None = None, venv
     _pip_install(path, pins_file(backend))
     with (path / MARKER).open("a") as f:
         f.write(f"{backend}:{_pins_digest(backend)}\n")
-    compile_bytecode(path)
+    finish_install(path)
     return path
 
 
@@ -142,7 +142,7 @@ def ensure_extra(venv: Path, extra: str) -> None:
     _pip_install(venv, pins_file(extra))
     with (venv / MARKER).open("a") as f:
         f.write(f"{extra}:{_pins_digest(extra)}\n")
-    compile_bytecode(venv)
+    finish_install(venv)
 
 
 def has_extra(venv: Path, extra: str) -> bool:
@@ -154,10 +154,27 @@ def _site_packages(venv: Path) -> list[Path]:
     return sorted(venv.glob("lib/python3*/site-packages"))
 
 
-def has_bytecode(venv: Path) -> bool:
+def _marked(venv: Path, line: str) -> bool:
     marker = venv / MARKER
-    # A 'venv' without site-packages of its own (an image's interpreter behind a wrapper) has nothing to compile.
-    return not _site_packages(venv) or (marker.exists() and BYTECODE in marker.read_text().split())
+    # A 'venv' without site-packages of its own (an image's interpreter behind a wrapper) has nothing to do.
+    return not _site_packages(venv) or (marker.exists() and line in marker.read_text().split())
+
+
+def has_bytecode(venv: Path) -> bool:
+    return _marked(venv, BYTECODE)
+
+
+def has_top_level_names(venv: Path) -> bool:
+    return _marked(venv, TOP_LEVEL)
+
+
+def finish_install(venv: Path, again: bool = True) -> None:
+    """What an install into the venv leaves undone and every server process would otherwise redo at start:
+    the bytecode and the distributions' import names. `again=False`: only what the marker says is missing."""
+    if again or not has_bytecode(venv):
+        compile_bytecode(venv)
+    if again or not has_top_level_names(venv):
+        write_top_level_names(venv)
 
 
 def compile_bytecode(venv: Path) -> None:
@@ -179,9 +196,34 @@ def compile_bytecode(venv: Path) -> None:
     _progress("writing the server venv's bytecode (once per install)")
     cmd = [str(venv / "bin" / "python"), "-m", "compileall", "-q", "-q", "-j", "0", *map(str, sites)]
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with (venv / MARKER).open("a") as f:
-        f.write(f"{BYTECODE}\n")
+    _mark(venv, BYTECODE)
     _progress(f"server venv bytecode written in {time.monotonic() - start:.0f}s")
+
+
+def write_top_level_names(venv: Path) -> None:
+    """Give each distribution in the venv a top_level.txt with the names Python would infer, so that
+    importlib.metadata.packages_distributions() (transformers calls it in every engine and worker) reads one
+    file each instead of stat-ing every installed file: 0.9 s of each engine start on 2 cores, 0.14 s after
+    (runtime/top_level_names.py says why and how; docs/decisions.md)."""
+    sites = _site_packages(venv)
+    if not sites or not all(os.access(p, os.W_OK) for p in [venv / MARKER, *sites]):
+        return  # nothing of its own, or read-only (compile_bytecode has said so): starts are slower, no more
+    script = Path(__file__).resolve().parent / "runtime" / "top_level_names.py"
+    proc = subprocess.run([str(venv / "bin" / "python"), str(script), *map(str, sites)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        _progress(f"could not write the server venv's package names ({tail[0]}): starts are ~1 s slower")
+        return
+    _mark(venv, TOP_LEVEL)
+
+
+def _mark(venv: Path, line: str) -> None:
+    """Add a line to the marker file, once."""
+    marker = venv / MARKER
+    if line not in (marker.read_text().split() if marker.exists() else []):
+        with marker.open("a") as f:
+            f.write(f"{line}\n")
 
 
 def _progress(message: str) -> None:

@@ -15,6 +15,19 @@ from tests.conftest import run_rlcli
 pytestmark = pytest.mark.slow
 
 
+# Run in the server venv: for each distribution whose top_level.txt rlcli wrote (its RECORD line), the names it
+# declares against the standard library's own inference (a private function of Python 3.12's importlib).
+DECLARED_EQUALS_INFERRED = """
+import importlib.metadata as m
+declared, inferred = m._top_level_declared, m._top_level_inferred
+ours = [d for d in m.distributions() if '/top_level.txt,,' in (d.read_text('RECORD') or '')]
+bad = [d.metadata['Name'] for d in ours if sorted(declared(d)) != sorted(inferred(d))]
+left = [d.metadata['Name'] for d in m.distributions() if not declared(d) and list(inferred(d))]
+print('written', len(ours), 'differ' if bad else '', bad, 'undeclared' if left else '', left)
+raise SystemExit(1 if bad or left else 0)
+"""
+
+
 def test_serve_install_builds_exactly_the_lock_and_it_runs(tmp_path):
     venv = tmp_path / "server-venv"
     env = {**os.environ, "RLCLI_HOME": str(tmp_path / "home")}
@@ -29,6 +42,11 @@ def test_serve_install_builds_exactly_the_lock_and_it_runs(tmp_path):
     compiled = {(p.parent.parent, p.name.split(".")[0]) for p in (site / "skyrl").rglob("__pycache__/*.pyc")}
     assert sources and all((p.parent, p.stem) in compiled for p in sources)
     python = str(venv / "bin" / "python")
+    # Every distribution declares its import names, and they are the ones the venv's own Python infers from its
+    # files, so packages_distributions() (transformers, at import) reads them instead of listing every file.
+    names = subprocess.run([python, "-c", DECLARED_EQUALS_INFERRED], capture_output=True, text=True, timeout=120)
+    assert names.returncode == 0 and names.stdout.startswith("written "), names.stdout + names.stderr
+    assert int(names.stdout.split()[1]) > 10 and "differ" not in names.stdout
     freeze = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
                             check=True).stdout
     installed = {locks._norm(line.split("==")[0]): line.split("==")[1] for line in freeze.splitlines()

@@ -70,5 +70,83 @@ def test_doctor_warns_about_a_venv_without_bytecode_and_names_the_fix(tmp_path, 
     monkeypatch.setenv("RLCLI_HOME", str(tmp_path / "home"))
     check = doctor.check_server_venv()
     assert check.status == "warn" and "no bytecode" in check.detail and "rlcli serve install" in check.detail
+    server_venv.finish_install(venv)
+    assert doctor.check_server_venv().status == "ok"
+
+
+def _dist(site: Path, name: str, files: dict[str, str], record_extra: str = "", declared: str | None = None) -> Path:
+    """A distribution as an installer leaves it: its files, and a dist-info with METADATA and RECORD."""
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    if declared is not None:
+        (info / "top_level.txt").write_text(declared)
+    lines = [f"{rel},," for rel in files] + [f"{info.name}/METADATA,,", f"{info.name}/RECORD,,"]
+    (info / "RECORD").write_text("\n".join(lines) + record_extra)  # no newline at the end, as some write it
+    return info
+
+
+def _mapping(site: Path) -> dict:
+    """packages_distributions() as a fresh interpreter that sees only this site-packages computes it."""
+    import json
+    import subprocess
+
+    code = "import importlib.metadata as m, json; print(json.dumps(m.packages_distributions(), sort_keys=True))"
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}).stdout
+    return json.loads(out)
+
+
+def test_package_names_are_written_as_python_infers_them_and_recorded_for_uninstall(tmp_path, capsys):
+    venv = _scratch_venv(tmp_path)
+    site = venv / "lib" / "python3.12" / "site-packages"
+    plain = _dist(site, "plain", {"plainpkg/__init__.py": "", "plainpkg/sub/x.py": "", "plain_mod.py": "",
+                                  "plain.pth": "", "../../bin/plain-tool": ""}, record_extra="\ngone/missing.py,,")
+    declared = _dist(site, "declared", {"declpkg/__init__.py": ""}, declared="declpkg\n")
+    before = _mapping(site)
+    assert before["plainpkg"] == ["plain"] and before["plain_mod"] == ["plain"] and "plain.pth" not in before
+    server_venv.finish_install(venv)
+    # The names this Python infers (3.12 skips a RECORD line whose file is gone, 3.11 keeps it)
+    assert (plain / "top_level.txt").read_text().split() == sorted(k for k, v in before.items() if v == ["plain"])
+    assert (plain / "RECORD").read_text().splitlines()[-1] == f"{plain.name}/top_level.txt,,"
+    assert (declared / "top_level.txt").read_text() == "declpkg\n"  # a declared one is left as it was
+    assert "top_level.txt" not in (declared / "RECORD").read_text()
+    assert _mapping(site) == before  # what transformers gets is unchanged
+    marker = (venv / server_venv.MARKER).read_text().split()
+    assert server_venv.TOP_LEVEL in marker and server_venv.BYTECODE in marker
+    # Written once: a later finish of an older venv finds the marker; a new install writes again, and the
+    # RECORD keeps one line.
+    server_venv.finish_install(venv, again=False)
+    (plain / "top_level.txt").unlink()
+    server_venv.finish_install(venv)
+    assert (plain / "RECORD").read_text().count("top_level.txt") == 1 and (plain / "top_level.txt").exists()
+    assert (venv / server_venv.MARKER).read_text().split().count(server_venv.TOP_LEVEL) == 1
+
+
+def test_a_venv_with_bytecode_but_no_names_gets_only_the_names(tmp_path, capsys):
+    venv = _scratch_venv(tmp_path)
+    site = venv / "lib" / "python3.12" / "site-packages"
+    info = _dist(site, "plain", {"plainpkg/__init__.py": ""})
+    with (venv / server_venv.MARKER).open("a") as f:
+        f.write(f"{server_venv.BYTECODE}\n")  # as the rlcli before this one left it
+    assert server_venv.has_bytecode(venv) and not server_venv.has_top_level_names(venv)
+    server_venv.ensure_server_venv("jax", venv=str(venv))
+    assert (info / "top_level.txt").read_text() == "plainpkg\n" and server_venv.has_top_level_names(venv)
+    assert _pycs(venv) == [] and "bytecode" not in capsys.readouterr().err
+
+
+def test_doctor_warns_about_a_venv_without_package_names(tmp_path, monkeypatch):
+    from rlcli import doctor
+
+    venv = _scratch_venv(tmp_path)
+    _dist(venv / "lib" / "python3.12" / "site-packages", "plain", {"plainpkg/__init__.py": ""})
     server_venv.compile_bytecode(venv)
+    monkeypatch.setenv("RLCLI_SERVER_VENV", str(venv))
+    monkeypatch.setenv("RLCLI_HOME", str(tmp_path / "home"))
+    check = doctor.check_server_venv()
+    assert check.status == "warn" and "import names" in check.detail and "rlcli serve install" in check.detail
+    server_venv.write_top_level_names(venv)
     assert doctor.check_server_venv().status == "ok"

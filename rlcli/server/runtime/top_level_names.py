@@ -1,0 +1,92 @@
+"""Give every installed distribution of a site-packages folder a top_level.txt, holding the import names that
+Python would otherwise work out from its file list at every start.
+
+Runs INSIDE the server venv (Python 3.12), standard library only: `python top_level_names.py SITE_PACKAGES...`.
+rlcli runs it after each install into the server venv (server_venv.write_top_level_names) and prints the count
+it reports.
+
+Why: `importlib.metadata.packages_distributions()`, which transformers calls while it is imported (in the
+engine, in every `--processes` worker and every Ray worker), reads each distribution's top_level.txt, and for a
+distribution without one lists its RECORD and stats every file in it. uv, like most wheel builders other than
+setuptools, leaves that file out: in the pinned jax venv 79 of 156 distributions have none, 21,000 stats and
+0.9 s of every engine start on a 2-core machine.
+
+The file holds exactly the names the standard library infers (the first part of each installed path, or a
+module's name for a top-level file, keeping those without a dot), so the mapping is unchanged;
+a distribution for which nothing is inferred gets no file. Its line is added to the distribution's RECORD, so
+that uninstalling or upgrading the package removes it with the rest.
+
+`python top_level_names.py --check SITE_PACKAGES...` writes nothing: it prints the mapping's time and whether
+every distribution now declares its names.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def inferred_names(dist: importlib.metadata.Distribution) -> list[str]:
+    """The import names the standard library infers for a distribution that declares none."""
+    names = set()
+    for file in dist.files or ():  # on 3.12, only the files that exist (as the standard library lists them)
+        parts = file.parts
+        name = parts[0] if len(parts) > 1 else (inspect.getmodulename(str(file)) or str(file))
+        if "." not in name:
+            names.add(name)
+    return sorted(names)
+
+
+def _declares(dist: importlib.metadata.Distribution) -> bool:
+    return bool((dist.read_text("top_level.txt") or "").split())
+
+
+def write(site: Path) -> int:
+    """Write the missing files under one site-packages folder; return how many were written."""
+    written = 0
+    for dist in importlib.metadata.distributions(path=[str(site)]):
+        info = Path(str(dist._path)) if hasattr(dist, "_path") else None  # a dist-info folder on disk
+        if info is None or info.suffix != ".dist-info" or _declares(dist):
+            continue
+        names = inferred_names(dist)
+        if not names:
+            continue
+        target = info / "top_level.txt"
+        tmp = info / f".top_level.txt.{os.getpid()}"
+        tmp.write_text("".join(f"{n}\n" for n in names))
+        os.replace(tmp, target)
+        record = info / "RECORD"
+        if record.exists():
+            line = f"{info.name}/top_level.txt,,"
+            text = record.read_text()
+            if line not in text.splitlines():
+                with record.open("a") as f:
+                    f.write(("" if text.endswith("\n") or not text else "\n") + line + "\n")
+        written += 1
+    return written
+
+
+def main(argv: list[str]) -> int:
+    check = argv[:1] == ["--check"]
+    sites = [Path(p) for p in argv[1:] if p] if check else [Path(p) for p in argv if p]
+    if not sites:
+        print("usage: top_level_names.py [--check] SITE_PACKAGES...", file=sys.stderr)
+        return 2
+    if check:
+        start = time.perf_counter()
+        importlib.metadata.packages_distributions()
+        took = time.perf_counter() - start
+        missing = [d.metadata["Name"] for s in sites for d in importlib.metadata.distributions(path=[str(s)])
+                   if not _declares(d) and inferred_names(d)]
+        print(f"packages_distributions {took:.3f}s; without top_level.txt: {len(missing)} {sorted(missing)[:10]}")
+        return 1 if missing else 0
+    print(sum(write(site) for site in sites))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
