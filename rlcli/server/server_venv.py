@@ -203,7 +203,7 @@ def compile_bytecode(venv: Path) -> None:
 def write_top_level_names(venv: Path) -> None:
     """Give each distribution in the venv a top_level.txt with the names Python would infer, so that
     importlib.metadata.packages_distributions() (transformers calls it in every engine and worker) reads one
-    file each instead of stat-ing every installed file: 0.9 s of each engine start on 2 cores, 0.14 s after
+    file each instead of stat-ing every installed file: 0.9-1.4 s of each engine start on 2 cores, 0.13 s after
     (runtime/top_level_names.py says why and how; docs/decisions.md)."""
     sites = _site_packages(venv)
     if not sites or not all(os.access(p, os.W_OK) for p in [venv / MARKER, *sites]):

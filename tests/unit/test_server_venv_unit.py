@@ -150,3 +150,16 @@ def test_doctor_warns_about_a_venv_without_package_names(tmp_path, monkeypatch):
     assert check.status == "warn" and "import names" in check.detail and "rlcli serve install" in check.detail
     server_venv.write_top_level_names(venv)
     assert doctor.check_server_venv().status == "ok"
+
+
+def test_a_distribution_that_cannot_be_written_is_named_and_the_others_are_written(tmp_path, capsys):
+    venv = _scratch_venv(tmp_path)
+    site = venv / "lib" / "python3.12" / "site-packages"
+    good = _dist(site, "good", {"goodpkg/__init__.py": ""})
+    bad = _dist(site, "bad", {"badpkg/__init__.py": ""})
+    (bad / "top_level.txt").mkdir()  # a folder where the file goes: that one cannot be written
+    server_venv.write_top_level_names(venv)
+    assert (good / "top_level.txt").read_text() == "goodpkg\n"
+    err = capsys.readouterr().err
+    assert "could not write the server venv's package names" in err and "bad-1.0.dist-info" in err
+    assert not server_venv.has_top_level_names(venv)  # the next start tries again

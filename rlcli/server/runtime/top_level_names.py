@@ -45,29 +45,38 @@ def _declares(dist: importlib.metadata.Distribution) -> bool:
     return bool((dist.read_text("top_level.txt") or "").split())
 
 
-def write(site: Path) -> int:
-    """Write the missing files under one site-packages folder; return how many were written."""
-    written = 0
+def write(site: Path) -> tuple[int, list[str]]:
+    """Write the missing files under one site-packages folder: how many were written, and a line for each
+    distribution that could not be given one (the others are written all the same)."""
+    written, failed = 0, []
     for dist in importlib.metadata.distributions(path=[str(site)]):
         info = Path(str(dist._path)) if hasattr(dist, "_path") else None  # a dist-info folder on disk
-        if info is None or info.suffix != ".dist-info" or _declares(dist):
+        if info is None or info.suffix != ".dist-info":
             continue
-        names = inferred_names(dist)
-        if not names:
-            continue
-        target = info / "top_level.txt"
-        tmp = info / f".top_level.txt.{os.getpid()}"
-        tmp.write_text("".join(f"{n}\n" for n in names))
-        os.replace(tmp, target)
-        record = info / "RECORD"
-        if record.exists():
-            line = f"{info.name}/top_level.txt,,"
-            text = record.read_text()
-            if line not in text.splitlines():
-                with record.open("a") as f:
-                    f.write(("" if text.endswith("\n") or not text else "\n") + line + "\n")
-        written += 1
-    return written
+        try:
+            written += _write_one(dist, info)
+        except (OSError, UnicodeDecodeError) as e:
+            failed.append(f"{info.name}: {e}")
+    return written, failed
+
+
+def _write_one(dist: importlib.metadata.Distribution, info: Path) -> int:
+    if _declares(dist):
+        return 0
+    names = inferred_names(dist)
+    if not names:
+        return 0
+    record = info / "RECORD"  # listed first: a file the RECORD does not name would outlive an uninstall
+    if record.exists():
+        line = f"{info.name}/top_level.txt,,"
+        text = record.read_text()
+        if line not in text.splitlines():
+            with record.open("a") as f:
+                f.write(("" if text.endswith("\n") or not text else "\n") + line + "\n")
+    tmp = info / f".top_level.txt.{os.getpid()}"
+    tmp.write_text("".join(f"{n}\n" for n in names))
+    os.replace(tmp, info / "top_level.txt")
+    return 1
 
 
 def main(argv: list[str]) -> int:
@@ -84,8 +93,14 @@ def main(argv: list[str]) -> int:
                    if not _declares(d) and inferred_names(d)]
         print(f"packages_distributions {took:.3f}s; without top_level.txt: {len(missing)} {sorted(missing)[:10]}")
         return 1 if missing else 0
-    print(sum(write(site) for site in sites))
-    return 0
+    written, failed = 0, []
+    for site in sites:
+        count, errors = write(site)
+        written, failed = written + count, failed + errors
+    print(written)
+    for line in failed:
+        print(f"not written: {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
