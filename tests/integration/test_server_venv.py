@@ -60,3 +60,13 @@ def test_serve_install_builds_exactly_the_lock_and_it_runs(tmp_path):
     again = run_rlcli("serve", "install", "--venv", str(venv), env=env, timeout=120)
     assert again.returncode == 0 and "building the server venv" not in again.stderr
     assert "bytecode" not in again.stderr
+    # The written names go with their package: uninstalling one (with the installer rlcli used) leaves no
+    # dist-info behind, because its RECORD lists the file rlcli added.
+    info = next(p for p in site.glob("*.dist-info") if f"{p.name}/top_level.txt,," in (p / "RECORD").read_text())
+    name = (info / "METADATA").read_text().split("\nName: ", 1)[1].split("\n", 1)[0]
+    tool = server_venv.installer()
+    remove = ([python, "-m", "pip", "uninstall", "-y", name] if tool[0] == "-m"
+              else [tool[0], "pip", "uninstall", "--python", python, name])
+    gone = subprocess.run(remove, capture_output=True, text=True, timeout=120)
+    assert gone.returncode == 0, gone.stderr
+    assert not info.exists(), sorted(p.name for p in info.iterdir())
