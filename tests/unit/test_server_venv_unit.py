@@ -1,7 +1,8 @@
 """The server venv's bytecode: written once at install (and once for a venv built before), whatever
 PYTHONDONTWRITEBYTECODE says, so no server process compiles SkyRL's source at start. Fast: a scratch 'venv'
 whose python is this interpreter and whose site-packages holds two small modules
-and one that does not compile."""
+and one that does not compile. And the packages' import names (top_level.txt): written as Python infers them,
+recorded for uninstall, once, and named where one cannot be written."""
 
 from __future__ import annotations
 
@@ -62,15 +63,19 @@ def test_a_read_only_venv_is_said_and_left_alone(tmp_path, monkeypatch, capsys):
     assert _pycs(venv) == [] and server_venv.BYTECODE not in (venv / server_venv.MARKER).read_text()
 
 
-def test_doctor_warns_about_a_venv_without_bytecode_and_names_the_fix(tmp_path, monkeypatch):
+def test_doctor_warns_about_a_venv_without_bytecode_or_package_names_and_names_the_fix(tmp_path, monkeypatch):
     from rlcli import doctor
 
     venv = _scratch_venv(tmp_path)
+    _dist(venv / "lib" / "python3.12" / "site-packages", "plain", {"plainpkg/__init__.py": ""})
     monkeypatch.setenv("RLCLI_SERVER_VENV", str(venv))
     monkeypatch.setenv("RLCLI_HOME", str(tmp_path / "home"))
     check = doctor.check_server_venv()
     assert check.status == "warn" and "no bytecode" in check.detail and "rlcli serve install" in check.detail
-    server_venv.finish_install(venv)
+    server_venv.compile_bytecode(venv)
+    check = doctor.check_server_venv()
+    assert check.status == "warn" and "import names" in check.detail and "rlcli serve install" in check.detail
+    server_venv.write_top_level_names(venv)
     assert doctor.check_server_venv().status == "ok"
 
 
@@ -136,20 +141,6 @@ def test_a_venv_with_bytecode_but_no_names_gets_only_the_names(tmp_path, capsys)
     server_venv.ensure_server_venv("jax", venv=str(venv))
     assert (info / "top_level.txt").read_text() == "plainpkg\n" and server_venv.has_top_level_names(venv)
     assert _pycs(venv) == [] and "bytecode" not in capsys.readouterr().err
-
-
-def test_doctor_warns_about_a_venv_without_package_names(tmp_path, monkeypatch):
-    from rlcli import doctor
-
-    venv = _scratch_venv(tmp_path)
-    _dist(venv / "lib" / "python3.12" / "site-packages", "plain", {"plainpkg/__init__.py": ""})
-    server_venv.compile_bytecode(venv)
-    monkeypatch.setenv("RLCLI_SERVER_VENV", str(venv))
-    monkeypatch.setenv("RLCLI_HOME", str(tmp_path / "home"))
-    check = doctor.check_server_venv()
-    assert check.status == "warn" and "import names" in check.detail and "rlcli serve install" in check.detail
-    server_venv.write_top_level_names(venv)
-    assert doctor.check_server_venv().status == "ok"
 
 
 def test_a_distribution_that_cannot_be_written_is_named_and_the_others_are_written(tmp_path, capsys):
