@@ -2,14 +2,14 @@
 Python would otherwise work out from its file list at every start.
 
 Runs INSIDE the server venv (Python 3.12), standard library only: `python top_level_names.py SITE_PACKAGES...`.
-rlcli runs it after each install into the server venv (server_venv.write_top_level_names) and prints the count
-it reports.
+rlcli runs it after each install into the server venv (server_venv.write_top_level_names); it prints how many
+files it wrote, and a line on stderr for each distribution it could not write (exit 1).
 
 Why: `importlib.metadata.packages_distributions()`, which transformers calls while it is imported (in the
 engine, in every `--processes` worker and every Ray worker), reads each distribution's top_level.txt, and for a
 distribution without one lists its RECORD and stats every file in it. uv, like most wheel builders other than
-setuptools, leaves that file out: in the pinned jax venv 79 of 156 distributions have none, 21,000 stats and
-0.9 s of every engine start on a 2-core machine.
+setuptools, leaves that file out: in the pinned jax venv 78 of 156 distributions have none, 21,168 stats and
+0.9-1.4 s of every engine start on a 2-core machine (0.13 s with the files).
 
 The file holds exactly the names the standard library infers (the first part of each installed path, or a
 module's name for a top-level file, keeping those without a dot), so the mapping is unchanged;
