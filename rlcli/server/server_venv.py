@@ -188,7 +188,7 @@ def compile_bytecode(venv: Path) -> None:
     sites = _site_packages(venv)
     if not sites:
         return
-    if not all(os.access(p, os.W_OK) for p in [venv / MARKER, *sites]):
+    if not _writable(venv, sites):
         _progress(f"the server venv at {venv} is read-only: its bytecode cannot be written, so every server "
                   "start compiles its imports (slower starts, nothing else)")
         return
@@ -206,7 +206,7 @@ def write_top_level_names(venv: Path) -> None:
     file each instead of stat-ing every installed file: 0.9-1.4 s of each engine start on 2 cores, 0.13 s after
     (runtime/top_level_names.py says why and how; docs/decisions.md)."""
     sites = _site_packages(venv)
-    if not sites or not all(os.access(p, os.W_OK) for p in [venv / MARKER, *sites]):
+    if not sites or not _writable(venv, sites):
         return  # nothing of its own, or read-only (compile_bytecode has said so): starts are slower, no more
     script = Path(__file__).resolve().parent / "runtime" / "top_level_names.py"
     proc = subprocess.run([str(venv / "bin" / "python"), str(script), *map(str, sites)],
@@ -216,6 +216,10 @@ def write_top_level_names(venv: Path) -> None:
         _progress(f"could not write the server venv's package names ({tail[0]}): starts are ~1 s slower")
         return
     _mark(venv, TOP_LEVEL)
+
+
+def _writable(venv: Path, sites: list[Path]) -> bool:
+    return all(os.access(p, os.W_OK) for p in [venv / MARKER, *sites])
 
 
 def _mark(venv: Path, line: str) -> None:

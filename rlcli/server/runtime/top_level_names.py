@@ -66,13 +66,12 @@ def _write_one(dist: importlib.metadata.Distribution, info: Path) -> int:
     names = inferred_names(dist)
     if not names:
         return 0
-    record = info / "RECORD"  # listed first: a file the RECORD does not name would outlive an uninstall
-    if record.exists():
-        line = f"{info.name}/top_level.txt,,"
-        text = record.read_text()
-        if line not in text.splitlines():
-            with record.open("a") as f:
-                f.write(("" if text.endswith("\n") or not text else "\n") + line + "\n")
+    # Names come from the RECORD, so there is one. Listed first: a file it does not name would outlive an uninstall.
+    record, line = info / "RECORD", f"{info.name}/top_level.txt,,"
+    text = record.read_text()
+    if line not in text.splitlines():
+        with record.open("a") as f:
+            f.write(("" if text.endswith("\n") or not text else "\n") + line + "\n")
     tmp = info / f".top_level.txt.{os.getpid()}"
     tmp.write_text("".join(f"{n}\n" for n in names))
     os.replace(tmp, info / "top_level.txt")
