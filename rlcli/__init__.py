@@ -2,7 +2,13 @@
 
 Heavy libraries (tinker, torch, transformers, jax) are imported inside the
 functions that need them, never at import time of this package, so that
-`rlcli --help` stays fast.
+`rlcli --help` stays fast. Importing the package puts one import finder in
+place (rlcli/lean_imports.py): transformers' tokenizer import then skips its
+text-generation code, which no rlcli client process runs.
 """
 
+from rlcli import lean_imports
+
 __version__ = "0.1.0"
+
+lean_imports.install()
