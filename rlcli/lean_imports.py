@@ -8,16 +8,19 @@ single part of a `train sl` run's CPU on the embedded model (docs/decisions.md, 
 transformers' generation import"). auto_factory uses the class in one function only,
 `add_generation_mixin_to_remote_model`, which gives a remote-code model class generation.
 
-`install()` puts a finder first on `sys.meta_path`. When `auto_factory` is first imported, the finder runs
-it with a stand-in for `transformers.generation`, then wraps that one function so that it imports the real
-class when it is called, and gives the module the real class on first attribute access. Anything that
-imports `transformers.generation` itself (a model class, peft, `rlcli export`) gets the real module, as
-before. Where auto_factory no longer reads as it did when this was written (a transformers upgrade), the
-finder leaves it alone. `RLCLI_STOCK_IMPORTS=1` in the environment turns the finder off.
+`install()` puts a finder first on `sys.meta_path`. When `auto_factory` is first imported, the finder runs its
+body while the real `transformers.generation` package (a lazy module) answers `GenerationMixin` with a
+stand-in from its own dict, then wraps that one function so that it imports the real class when it is
+called, and gives the module the real class on first attribute access. The rest of `transformers.generation`
+imports as always (configuration_utils needs its `GenerationConfig`), and anything that imports
+`GenerationMixin` itself (a model class, peft, `rlcli export`) gets the real class. Where auto_factory no
+longer reads as it did when this was written (a transformers upgrade), the finder leaves it alone.
+`RLCLI_STOCK_IMPORTS=1` in the environment turns the finder off.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import os
 import sys
@@ -73,25 +76,46 @@ class _Finder:
         return spec
 
 
+class _NotImported:
+    """What `GenerationMixin` names while auto_factory's body runs. Not a class: a class that tried to inherit
+    from it would fail at once, loudly, rather than silently lack generation."""
+
+    def __repr__(self) -> str:
+        return "<GenerationMixin, not imported (rlcli.lean_imports)>"
+
+
+_STAND_IN = _NotImported()
+
+
 def _with_stand_in(exec_module: Any) -> Any:
     def run(module: types.ModuleType) -> None:
         if f"{GENERATION}.utils" in sys.modules:  # already paid for: nothing to save
             exec_module(module)
             return
-        held = sys.modules.get(GENERATION)
-        stand_in = types.ModuleType(GENERATION)
-        stand_in.GenerationMixin = None  # type: ignore[attr-defined]
-        sys.modules[GENERATION] = stand_in
+        # The real package (a lazy module: importing it loads none of its submodules) answers the one name from
+        # its own dict while the body runs, so its __getattr__ does not import the class; its submodules
+        # (configuration_utils' GenerationConfig) import as always.
+        generation = importlib.import_module(GENERATION)
+        if "GenerationMixin" in vars(generation):
+            exec_module(module)
+            return
+        generation.GenerationMixin = _STAND_IN  # type: ignore[attr-defined]
         try:
             exec_module(module)
         finally:
-            if held is None:
-                sys.modules.pop(GENERATION, None)
-            else:
-                sys.modules[GENERATION] = held
+            del generation.GenerationMixin  # type: ignore[attr-defined]
+            _replace_stand_in(exclude=module)
         _defer(module)
 
     return run
+
+
+def _replace_stand_in(exclude: types.ModuleType) -> None:
+    """Any other module that took the name while auto_factory's body ran (none in the transformers this was
+    written for) gets the real class, so no code outside auto_factory ever meets the stand-in."""
+    for other in list(sys.modules.values()):
+        if other is not exclude and getattr(other, "__dict__", {}).get("GenerationMixin") is _STAND_IN:
+            other.GenerationMixin = _real_mixin()
 
 
 def _real_mixin() -> type:
@@ -101,7 +125,7 @@ def _real_mixin() -> type:
 
 
 def _defer(module: types.ModuleType) -> None:
-    """The stand-in's None out of the module; the real class brought in by its one user, or on access."""
+    """The stand-in out of the module; the real class brought in by its one user, or on access."""
     vars(module).pop("GenerationMixin", None)
     original = getattr(module, WRAPPED)
 

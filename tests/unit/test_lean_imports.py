@@ -72,12 +72,28 @@ print(json.dumps({"loaded": loaded, "ids": ids, "prompt": prompt, "vocab": len(t
 """
 
 
-def probe(stock: bool) -> dict:
+# The other route into auto_factory: peft first (as `rlcli export` imports it), before transformers' config
+# module, then a model class and its weights.
+MODEL_PROBE = r"""
+import json, sys
+import rlcli
+import peft
+import torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+with torch.no_grad():
+    logits = model(torch.tensor([[1, 2, 3, 4, 5]])).logits
+print(json.dumps({"logits": logits[0, -1, :8].tolist(), "generates": hasattr(model, "generate"),
+                  "mro": [c.__name__ for c in type(model).__mro__]}))
+"""
+
+
+def probe(stock: bool, code: str = PROBE) -> dict:
     env = {k: v for k, v in os.environ.items() if k != lean_imports.STOCK_VAR}
     if stock:
         env[lean_imports.STOCK_VAR] = "1"
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(MODEL)], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-c", code, str(MODEL)], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -93,3 +109,11 @@ def test_a_tokenizer_without_generation_code_answers_as_stock():
     assert "GenerationMixin" in lean["remote_mro"]  # the wrapped function still gives a remote class generation
     assert lean["mixin_is_real"] and stock["mixin_is_real"]
     assert lean["finder"] == 0  # used once, then gone from sys.meta_path
+
+
+@pytest.mark.slow
+def test_peft_and_a_model_class_import_first_and_answer_as_stock():
+    """auto_factory reached from peft, before transformers' config module: generation's submodules still
+    import (a stand-in package here broke `rlcli export`), and the model is the stock one."""
+    lean, stock = probe(stock=False, code=MODEL_PROBE), probe(stock=True, code=MODEL_PROBE)
+    assert lean == stock and lean["generates"] and "GenerationMixin" in lean["mro"]
