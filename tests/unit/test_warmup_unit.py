@@ -51,3 +51,63 @@ def test_a_missing_target_stops_the_extension_naming_it():
     pins.require("x", {"here": len, "checked": True})
     with pytest.raises(RuntimeError, match=r"x: this SkyRL lacks gone, fact; it is not the version rlcli pins"):
         pins.require("x", {"here": len, "gone": None, "fact": False})
+
+
+def test_sampling_batch_sizes_are_few_and_never_more_than_double():
+    warmup = _runtime("rlcli_warmup")
+    sizes = {n: warmup.sampling_batch(n) for n in range(1, 200)}
+    assert all(n <= size < 2 * n or size == n for n, size in sizes.items())
+    assert sorted(set(sizes.values())) == [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+    assert all(size <= 1.5 * n for n, size in sizes.items() if n > 8)
+    assert [warmup.sampling_batch(n, fsdp=4) for n in (1, 3, 5, 9, 13)] == [4, 4, 8, 12, 16]
+    assert [warmup.sampling_batch(n, fsdp=3) for n in (1, 5, 9)] == [3, 9, 12]
+
+
+class _Batch:
+    """Stands in for SkyRL's PreparedSampleBatch (a pydantic model): iterates as (name, value), copies with update."""
+
+    def __init__(self, **fields):
+        self.fields = fields
+
+    def __iter__(self):
+        return iter(self.fields.items())
+
+    def __getattr__(self, name):
+        return self.__dict__["fields"][name]
+
+    def model_copy(self, update):
+        return _Batch(**{**self.fields, **update})
+
+
+class _Backend:
+    def __init__(self, cap: int = 0, fsdp: int = 1):
+        self.config = type("Config", (), {"sample_max_num_sequences": cap})()
+        self.mesh = type("Mesh", (), {"shape": {"fsdp": fsdp}})()
+
+    def sample(self, prepared_batch):
+        return prepared_batch  # what SkyRL's sample was given
+
+
+def _sampled(backend: _Backend, count: int) -> _Batch:
+    batch = _Batch(all_model_inputs=[f"prompt{i}" for i in range(count)],
+                   all_sampling_params=[{"seed": i} for i in range(count)],
+                   all_model_ids=["m"] * count, needs_prompt_logprobs=False,
+                   request_batch_slices=[("r", "m", 0, count, False, 0)])
+    return type(backend).sample(backend, batch)
+
+
+def test_a_sampling_batch_is_padded_with_copies_of_its_first_sequence():
+    warmup = _runtime("rlcli_warmup")
+
+    class Impl(_Backend):
+        pass
+
+    warmup.pad_sampling_batches(Impl)
+    warmup.pad_sampling_batches(Impl)  # once only
+    got = _sampled(Impl(), 5)
+    assert got.all_model_inputs == [f"prompt{i}" for i in range(5)] + ["prompt0"] * 3
+    assert got.all_sampling_params[5:] == [{"seed": 0}] * 3 and got.all_model_ids == ["m"] * 8
+    assert got.request_batch_slices == [("r", "m", 0, 5, False, 0)]  # the copies belong to no request
+    assert len(_sampled(Impl(), 4).all_model_inputs) == 4  # already a size: untouched
+    assert len(_sampled(Impl(fsdp=2), 1).all_model_inputs) == 2
+    assert len(_sampled(Impl(cap=3), 5).all_model_inputs) == 5  # the user's cap: SkyRL's own padding

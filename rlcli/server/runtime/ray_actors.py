@@ -50,7 +50,8 @@ MARK = "_rlcli_loads_extensions"
 # (warmup records and replays shapes).
 ENGINE_ONLY = {"rlcli_lazy_torch": "acts in the API process only (its torch import), not in the engine or actors",
                "rlcli_wake": "the request path is the engine's: API and engine wake each other as without Ray",
-               "rlcli_warmup": "batch shapes are neither recorded nor replayed on Ray (the actors run the passes)"}
+               "rlcli_warmup": "batch shapes are neither recorded nor replayed on Ray (the actors run the passes); "
+                               "the actors pad sampling batches to its sizes, as the engine would"}
 _state: dict = {"loaded": None}
 
 

@@ -28,6 +28,16 @@ same arguments and keep their hyperparameters in each model's own optimizer stat
 changes no number: checked bitwise (LoRA weights after two steps, grad norm, learning rate) against a model with
 its own.
 
+And sampling batches are padded to a few sizes. SkyRL's jax backend samples the sequences of every pending
+request in one batch of exactly their number unless `sample_max_num_sequences` is set, and that number is part
+of the traced program: each new count traced, lowered and (when the persistent cache had never seen it)
+compiled the decode loop again, ~1.5 s of tracing and lowering and up to ~6 s of compilation on 2 cores for
+the embedded model; one test file's session (test_train_rl.py) sampled 23 different batches. Unless the user
+set that cap, a sampling call of N sequences now samples N rounded up to 1, 2, 4, 8, 12, 16, 24, 32, 48, ...
+(each step at most 1.5x from 8 on) and to a multiple of the mesh's fsdp axis: the added sequences are copies
+of the first, whose results are dropped. They cost compute (at most 2x below 8 sequences, 1.5x above) and
+never lengthen the decode loop, which runs until every sequence has stopped.
+
 `python rlcli_warmup.py` checks in this venv that the pieces it relies on still exist.
 """
 
@@ -42,7 +52,7 @@ import time
 from pathlib import Path
 
 NAME = "rlcli_warmup"
-VERSION = "1.0"
+VERSION = "1.1"
 ENV_FILE = "RLCLI_WARMUP_FILE"  # set by `rlcli serve start`: where this model's recorded shapes live
 MAX_SHAPES = 4  # replayed at most; the most used first
 BUDGET_S = 5.0  # no new shape is started after this many seconds of warm-up
@@ -68,6 +78,11 @@ def _targets():
     pins.require(NAME, {
         "JaxBackendImpl.forward_backward": getattr(impl, "forward_backward", None),
         "JaxBackendImpl.forward": getattr(impl, "forward", None),
+        "JaxBackendImpl.sample": getattr(impl, "sample", None),
+        "JaxBackendConfig.sample_max_num_sequences":
+            "sample_max_num_sequences" in getattr(jax_backend.JaxBackendConfig, "model_fields", {}),
+        "PreparedSampleBatch.all_* per sequence": {"all_model_inputs", "all_sampling_params", "all_model_ids"}
+            <= set(getattr(types.PreparedSampleBatch, "model_fields", {})),
         "JaxBackendImpl.optim_step": getattr(impl, "optim_step", None),
         "JaxBackendImpl.create_model": getattr(impl, "create_model", None),
         "JaxBackendImpl.delete_model": getattr(impl, "delete_model", None),
@@ -175,6 +190,44 @@ def share_optimizer_transform(impl) -> None:
     impl.create_model = create_model
 
 
+def sampling_batch(total: int, fsdp: int = 1) -> int:
+    """The size a sampling batch of `total` sequences is padded to: 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ...,
+    then up to a multiple of the fsdp axis (every process of the mesh computes the same rows)."""
+    size = 1
+    while size < total:
+        if size < 8:
+            size *= 2
+        elif size & (size - 1) == 0:  # a power of two: 1.5x
+            size = size * 3 // 2
+        else:  # 1.5 times a power of two: the next power
+            size = size * 4 // 3
+    return -(-size // fsdp) * fsdp
+
+
+def pad_sampling_batches(impl) -> None:
+    """Each sampling call without the user's cap samples sampling_batch(its count) sequences: the missing ones
+    are copies of its first (prompt, parameters, seed, model). SkyRL answers each request from its own slice of
+    the batch, so the copies' results go nowhere; being the first sequence again, they stop when it stops, and
+    the decode loop (which runs until every row has stopped) runs no longer than for the real ones."""
+    original = impl.sample
+    if getattr(original, MARK, False):
+        return
+
+    @functools.wraps(original)
+    def sample(self, prepared_batch):
+        total = len(prepared_batch.all_model_inputs)
+        size = sampling_batch(total, self.mesh.shape["fsdp"])
+        if self.config.sample_max_num_sequences > 0 or size == total:  # the user's cap: SkyRL pads to it
+            return original(self, prepared_batch)
+        extra = size - total
+        per_sequence = {name: value + value[:1] * extra for name, value in prepared_batch
+                        if name.startswith("all_") and isinstance(value, list) and len(value) == total}
+        return original(self, prepared_batch.model_copy(update=per_sequence))
+
+    setattr(sample, MARK, True)
+    impl.sample = sample
+
+
 def install(path: Path) -> None:
     impl, engine_class = _targets()
     if getattr(impl.forward_backward, MARK, False):
@@ -212,7 +265,9 @@ def describe() -> dict:
     path = os.environ.get(ENV_FILE)
     shapes = load(Path(path)) if path else {}
     return {"recorded_shapes": len(shapes), "replayed_at_start": min(len(shapes), MAX_SHAPES),
-            "budget_s": BUDGET_S, "optimizer_transform": "shared by every model"}
+            "budget_s": BUDGET_S, "optimizer_transform": "shared by every model",
+            "sampling_batches": "1, 2, 4, 8, 12, 16, 24, 32, ... sequences (copies of the first added) unless "
+                                "sample_max_num_sequences is set"}
 
 
 def register(role: str) -> None:
@@ -221,9 +276,11 @@ def register(role: str) -> None:
     argv = sys.argv[2:] if sys.argv[1:2] == ["engine"] else sys.argv[1:]
     if "--backend" in argv and argv[argv.index("--backend") + 1] != "jax":
         return
+    impl, _ = _targets()
+    pad_sampling_batches(impl)
     path = os.environ.get(ENV_FILE)
     if not path:
-        log(f"no {ENV_FILE}: shapes are neither recorded nor replayed")
+        log(f"no {ENV_FILE}: shapes are neither recorded nor replayed; sampling batches padded to a few sizes")
         return
     install(Path(path))
     known = len(_state["recorded"])
@@ -233,5 +290,8 @@ def register(role: str) -> None:
 
 if __name__ == "__main__":
     _targets()
-    print(f"{NAME} {VERSION}: JaxBackendImpl forward/forward_backward/optim_step/create_model/delete_model, "
-          "TinkerEngine.run and round_up_seq_len present")
+    sizes = [sampling_batch(n) for n in range(1, 50)]
+    assert all(n <= size < 2 * n or n == size for n, size in enumerate(sizes, 1)), sizes
+    assert sorted(set(sizes)) == [1, 2, 4, 8, 12, 16, 24, 32, 48, 64], sorted(set(sizes))
+    print(f"{NAME} {VERSION}: JaxBackendImpl forward/forward_backward/sample/optim_step/create_model/delete_model, "
+          "the sample_max_num_sequences setting, TinkerEngine.run and round_up_seq_len present")
