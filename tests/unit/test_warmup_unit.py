@@ -111,3 +111,15 @@ def test_a_sampling_batch_is_padded_with_copies_of_its_first_sequence():
     assert len(_sampled(Impl(), 4).all_model_inputs) == 4  # already a size: untouched
     assert len(_sampled(Impl(fsdp=2), 1).all_model_inputs) == 2
     assert len(_sampled(Impl(cap=3), 5).all_model_inputs) == 5  # the user's cap: SkyRL's own padding
+
+
+def test_exact_sampling_batches_is_a_different_version_and_says_so(monkeypatch):
+    """RLCLI_EXACT_SAMPLING_BATCHES=1 keeps SkyRL's batches; the processes of one server compare versions, so a
+    worker started without it cannot join an engine started with it."""
+    padded = _runtime("rlcli_warmup")
+    monkeypatch.setenv("RLCLI_EXACT_SAMPLING_BATCHES", "1")
+    exact = _runtime("rlcli_warmup")
+    assert padded.VERSION != exact.VERSION and "exact" in exact.VERSION
+    assert "RLCLI_EXACT_SAMPLING_BATCHES=1" in exact.describe()["sampling_batches"]
+    monkeypatch.delenv("RLCLI_EXACT_SAMPLING_BATCHES")
+    assert "copies of the first" in exact.describe()["sampling_batches"]

@@ -36,7 +36,8 @@ the embedded model; one test file's session (test_train_rl.py) sampled 23 differ
 set that cap, a sampling call of N sequences now samples N rounded up to 1, 2, 4, 8, 12, 16, 24, 32, 48, ...
 (each step at most 1.5x from 8 on) and to a multiple of the mesh's fsdp axis: the added sequences are copies
 of the first, whose results are dropped. They cost compute (at most 2x below 8 sequences, 1.5x above) and
-never lengthen the decode loop, which runs until every sequence has stopped.
+never lengthen the decode loop, which runs until every sequence has stopped. RLCLI_EXACT_SAMPLING_BATCHES=1 in
+`serve start`'s environment keeps SkyRL's batches (benchmarks/sampling_batches.py compares the two).
 
 `python rlcli_warmup.py` checks in this venv that the pieces it relies on still exist.
 """
@@ -52,7 +53,9 @@ import time
 from pathlib import Path
 
 NAME = "rlcli_warmup"
-VERSION = "1.1"
+EXACT_ENV = "RLCLI_EXACT_SAMPLING_BATCHES"  # =1 in `serve start`'s environment: SkyRL's batches, unpadded
+# Compared between the processes of one server: they must all pad sampling batches, or none.
+VERSION = "1.1" + (" exact-sampling-batches" if os.environ.get(EXACT_ENV) == "1" else "")
 ENV_FILE = "RLCLI_WARMUP_FILE"  # set by `rlcli serve start`: where this model's recorded shapes live
 MAX_SHAPES = 4  # replayed at most; the most used first
 BUDGET_S = 5.0  # no new shape is started after this many seconds of warm-up
@@ -266,8 +269,9 @@ def describe() -> dict:
     shapes = load(Path(path)) if path else {}
     return {"recorded_shapes": len(shapes), "replayed_at_start": min(len(shapes), MAX_SHAPES),
             "budget_s": BUDGET_S, "optimizer_transform": "shared by every model",
-            "sampling_batches": "1, 2, 4, 8, 12, 16, 24, 32, ... sequences (copies of the first added) unless "
-                                "sample_max_num_sequences is set"}
+            "sampling_batches": "as SkyRL batches them (RLCLI_EXACT_SAMPLING_BATCHES=1)"
+            if os.environ.get(EXACT_ENV) == "1" else "1, 2, 4, 8, 12, 16, 24, 32, ... sequences (copies of the "
+                                                      "first added) unless sample_max_num_sequences is set"}
 
 
 def register(role: str) -> None:
@@ -277,10 +281,11 @@ def register(role: str) -> None:
     if "--backend" in argv and argv[argv.index("--backend") + 1] != "jax":
         return
     impl, _ = _targets()
-    pad_sampling_batches(impl)
+    if os.environ.get(EXACT_ENV) != "1":
+        pad_sampling_batches(impl)
     path = os.environ.get(ENV_FILE)
     if not path:
-        log(f"no {ENV_FILE}: shapes are neither recorded nor replayed; sampling batches padded to a few sizes")
+        log(f"no {ENV_FILE}: shapes are neither recorded nor replayed")
         return
     install(Path(path))
     known = len(_state["recorded"])
