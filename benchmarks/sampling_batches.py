@@ -19,6 +19,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import fire
 
@@ -46,12 +47,10 @@ def decode_batches(log_text: str) -> list[int]:
 def one_arm(arm: str, model: str) -> dict:
     import tinker
 
-    saved = {k: os.environ.get(k) for k in ("JAX_LOG_COMPILES", *ARMS["exact"])}
-    os.environ.update(JAX_LOG_COMPILES="1", **ARMS[arm])
-    for key in ARMS["exact"]:
-        if key not in ARMS[arm]:
-            os.environ.pop(key, None)
-    try:
+    with mock.patch.dict(os.environ, {"JAX_LOG_COMPILES": "1", **ARMS[arm]}):  # restored as it was on exit
+        for key in ARMS["exact"]:
+            if key not in ARMS[arm]:
+                os.environ.pop(key, None)
         with private_server(model, "--slots", "3") as server:
             service = tinker.ServiceClient(base_url=server.url)
             sampler = service.create_sampling_client(base_model=model)
@@ -70,12 +69,6 @@ def one_arm(arm: str, model: str) -> dict:
                 if holder is not None:
                     holder.close()
             built = decode_batches(server.log.read_text(errors="replace"))
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     return {"first_pass_s": passes[0], "second_pass_s": passes[1], "first_pass_total_s": sum(passes[0]),
             "second_pass_total_s": sum(passes[1]), "decode_programs": len(built), "decode_batch_sizes": built}
 
