@@ -20,6 +20,7 @@ longer reads as it did when this was written (a transformers upgrade), the finde
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.machinery
 import os
@@ -89,14 +90,11 @@ _STAND_IN = _NotImported()
 
 def _with_stand_in(exec_module: Any) -> Any:
     def run(module: types.ModuleType) -> None:
-        if f"{GENERATION}.utils" in sys.modules:  # already paid for: nothing to save
-            exec_module(module)
-            return
         # The real package (a lazy module: importing it loads none of its submodules) answers the one name from
         # its own dict while the body runs, so its __getattr__ does not import the class; its submodules
         # (configuration_utils' GenerationConfig) import as always.
         generation = importlib.import_module(GENERATION)
-        if "GenerationMixin" in vars(generation):
+        if f"{GENERATION}.utils" in sys.modules or "GenerationMixin" in vars(generation):  # already paid for
             exec_module(module)
             return
         generation.GenerationMixin = _STAND_IN  # type: ignore[attr-defined]
@@ -129,12 +127,11 @@ def _defer(module: types.ModuleType) -> None:
     vars(module).pop("GenerationMixin", None)
     original = getattr(module, WRAPPED)
 
+    @functools.wraps(original)
     def add_generation_mixin_to_remote_model(model_class: Any) -> Any:
         module.GenerationMixin = _real_mixin()  # type: ignore[attr-defined]
         return original(model_class)
 
-    add_generation_mixin_to_remote_model.__doc__ = original.__doc__
-    add_generation_mixin_to_remote_model.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(module, WRAPPED, add_generation_mixin_to_remote_model)
 
     def __getattr__(name: str) -> Any:  # PEP 562: `auto_factory.GenerationMixin` from outside still works
