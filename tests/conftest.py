@@ -47,11 +47,55 @@ def shared_model_home() -> Path:
 
 def run_rlcli(*args: str, env: dict | None = None, timeout: float = 900, check: bool = False,
               input: str | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*RLCLI, *args], capture_output=True, text=True, env=env, timeout=timeout,
-                          input=input, cwd=REPO)
+    """`python -m rlcli.cli ARGS` run to its end, as subprocess.run with captured text output. The commands that
+    import the training stack run in a child forked from a process that imported it once (tests/cli_zygote.py),
+    unless RLCLI_TEST_FRESH_PROCESSES=1 or `env` differs in a variable read at import."""
+    env = dict(os.environ if env is None else env)
+    zygote = _zygote_for(args, env)
+    if zygote is not None:
+        proc = zygote.run([*RLCLI, *args], env, str(REPO), input, timeout)
+    else:
+        proc = subprocess.run([*RLCLI, *args], capture_output=True, text=True, env=env, timeout=timeout,
+                              input=input, cwd=REPO)
     if check and proc.returncode != 0:
         raise AssertionError(f"rlcli {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+# The commands whose own process would spend seconds importing torch, transformers, datasets and the cookbook.
+HEAVY_COMMANDS = {"train", "loop", "eval", "sample", "chat", "export", "harbor", "synth", "demo"}
+_zygote: list = []  # this process's zygote, once started (or None where it could not be)
+_zygote_lock = threading.Lock()
+
+
+def _zygote_for(args: tuple[str, ...], env: dict[str, str]):
+    """The zygote to run `rlcli ARGS` in, or None for a fresh process."""
+    from tests import cli_zygote
+
+    if os.environ.get("RLCLI_TEST_FRESH_PROCESSES") == "1" or not args or args[0] not in HEAVY_COMMANDS:
+        return None
+    with _zygote_lock:
+        if not _zygote:
+            try:
+                _zygote.append(cli_zygote.Zygote(str(REPO)))
+            except (OSError, RuntimeError) as e:
+                import warnings
+
+                warnings.warn(f"rlcli commands run in fresh processes: {e}", stacklevel=2)
+                _zygote.append(None)
+            else:
+                import atexit
+
+                atexit.register(_zygote[0].close)
+    zygote = _zygote[0]
+    if zygote is None or not zygote.alive():
+        return None
+    differ = cli_zygote.differing(env, zygote.env)
+    if os.environ.get("RLCLI_TEST_ZYGOTE_LOG"):  # which commands ran where, and why (tests/cli_zygote.py)
+        with open(os.environ["RLCLI_TEST_ZYGOTE_LOG"], "a") as log:
+            where = "fresh " + ",".join(sorted(differ)) if differ else "fork"
+            log.write(f"{os.getpid()} {' '.join(args[:2])}: {where}\n")
+    return None if differ else zygote
 
 
 def shared_compile_cache(home: Path) -> Path:

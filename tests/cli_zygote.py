@@ -1,0 +1,269 @@
+"""A process that imports what every `rlcli` command imports once, then forks one child per command the tests run.
+
+Each `rlcli train|loop|eval|...` a test starts as a fresh `python -m rlcli.cli` spends ~4.5 s of CPU on 2 cores
+importing torch, transformers, datasets, tinker and the cookbook before its first request; `make test` runs
+~100 of them. A child forked from this process starts with those modules loaded and runs the same function
+(`rlcli.cli.main`) with the test's arguments, environment, working folder and stdin, stdout and stderr, and exits
+the way that command's own process would (atexit, thread joins, its exit status). `run_rlcli` in tests/conftest.py
+uses it unless RLCLI_TEST_FRESH_PROCESSES=1, and falls back to a fresh process for any call whose environment
+differs from this process's in a variable a module reads while it is imported (only RLCLI_* settings and the
+tinker client's key and URL may differ).
+
+Protocol (one connection per command, on a Unix socket in a private folder): the test sends one JSON line
+{"argv", "env", "cwd"} with the child's stdin, stdout and stderr descriptors attached (SCM_RIGHTS); this process
+answers {"pid": N} once the child runs and {"status": S} (os.waitstatus_to_exitcode) once it has exited.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import tempfile
+import threading
+
+CLI_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rlcli", "cli.py")
+
+# What a `train`, `eval`, `loop` or `distill` process imports before its first request (lean_imports comes with
+# rlcli). No module here starts a thread or reads a file at import that a command would read differently.
+PRELOAD = (
+    "rlcli.cli", "rlcli.client", "rlcli.train.sl", "rlcli.train.rl", "rlcli.train.sl_data", "rlcli.train.envs",
+    "rlcli.evaluate", "tinker", "tinker_cookbook.renderers", "tinker_cookbook.supervised.data",
+    "tinker_cookbook.supervised.train", "tinker_cookbook.rl.train", "transformers.models.auto.tokenization_auto",
+    "datasets", "torch",
+)
+
+
+def preload() -> None:
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+
+def native_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def serve(path: str) -> dict | None:
+    """Answer commands until the parent goes away. Returns only in a forked child: its request."""
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(16)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    running: dict[int, socket.socket] = {}
+    print("ready", native_threads(), flush=True)
+    while os.getppid() == parent:
+        for _ready in sel.select(timeout=0.02):
+            conn, _ = listener.accept()
+            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            while not msg.endswith(b"\n") and (more := conn.recv(1 << 20)):
+                msg += more
+            request = json.loads(msg)
+            pid = os.fork()
+            if pid == 0:
+                sel.close()
+                listener.close()
+                conn.close()
+                for target, fd in enumerate(fds):
+                    os.dup2(fd, target)
+                    os.close(fd)
+                return request
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            running[pid] = conn
+        while running:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = running.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+                except OSError:
+                    pass
+                conn.close()
+    for pid in running:
+        os.kill(pid, signal.SIGKILL)
+    return None
+
+
+def become(request: dict) -> None:
+    """Turn this forked child into the command's own process: its environment, folder and argv."""
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.argv = [CLI_FILE, *request["args"]]
+    tempfile.tempdir = None  # chosen again from this environment's TMPDIR on first use, as in a fresh process
+    if "numpy" in sys.modules:  # a fresh process seeds numpy's global generator from the OS; so does this one
+        sys.modules["numpy"].random.seed()
+
+
+def main() -> None:
+    preload()
+    assert threading.active_count() == 1
+    # The preloaded objects move to the collector's permanent generation: a child's collections (and its exit)
+    # then neither walk nor write them, so their pages stay shared instead of being copied into every child.
+    gc.freeze()
+    request = serve(sys.argv[1])
+    if request is None:
+        return
+    become(request)
+    from rlcli.cli import entry
+
+    entry()
+
+
+if __name__ == "__main__":
+    main()
+
+
+# --- the test's side -------------------------------------------------------------------------------------------
+
+# Read by a command at run time, not while a module is imported: these may differ from the zygote's environment.
+CALL_TIME_VARS = ("TINKER_API_KEY", "TINKER_BASE_URL", "TMPDIR")  # tempfile's choice is reset in the child
+IMPORT_TIME_RLCLI_VARS = ("RLCLI_STOCK_IMPORTS",)
+
+
+def differing(env: dict[str, str], base: dict[str, str]) -> set[str]:
+    """The variables a command with environment `env` would see differently in a child of a zygote started with
+    `base` than in a fresh process: those that differ and may be read while a module is imported. pytest's own
+    (PYTEST_CURRENT_TEST changes with every test) are read by no command."""
+    differ = {k for k in env.keys() | base.keys() if env.get(k) != base.get(k)}
+    return {k for k in differ if not ((k.startswith("RLCLI_") and k not in IMPORT_TIME_RLCLI_VARS)
+                                      or k in CALL_TIME_VARS or k.startswith("PYTEST_"))}
+
+
+def forkable(env: dict[str, str], base: dict[str, str]) -> bool:
+    return not differing(env, base)
+
+
+class Zygote:
+    """The test process's handle on one zygote: started with this process's environment, working folder `cwd`."""
+
+    def __init__(self, cwd: str):
+        import subprocess
+        import tempfile
+
+        self.folder = tempfile.mkdtemp(prefix="rlcli-zygote-")  # mode 0700: nobody else reaches the socket
+        self.socket = os.path.join(self.folder, "socket")
+        self.env = dict(os.environ)
+        self.log = open(os.path.join(self.folder, "log"), "w+b")
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.cli_zygote", self.socket], cwd=cwd,
+                                     env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=self.log)
+        line = self.proc.stdout.readline().decode().split()
+        if line[:1] != ["ready"]:
+            self.close()
+            raise RuntimeError(f"the rlcli zygote did not start: {self.tail()}")
+        self.threads_at_fork = int(line[1])
+        if self.tail() != "no output":  # a fresh process would have printed it to the command's stderr
+            self.close()
+            raise RuntimeError("importing the commands' modules printed output: " + self.tail())
+
+    def tail(self) -> str:
+        self.log.seek(0)
+        return (self.log.read().decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def run(self, argv: list[str], env: dict[str, str], cwd: str, input: str | None, timeout: float):
+        """subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, input=input, timeout=timeout),
+        with the command run in a forked child. argv[0] is what the child sees as sys.argv[0]."""
+        import locale
+        import subprocess
+
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        in_r, in_w = os.pipe() if input is not None else (os.dup(0), None)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.socket)
+            request = {"args": argv[3:], "env": env, "cwd": cwd}
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [in_r, out_w, err_w])
+        finally:
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+        chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+
+        def drain(fd: int) -> None:
+            while data := os.read(fd, 1 << 16):
+                chunks[fd].append(data)
+            os.close(fd)
+
+        def feed() -> None:
+            with open(in_w, "wb") as f:
+                try:
+                    f.write(input.encode(locale.getpreferredencoding(False)))
+                except BrokenPipeError:
+                    pass
+
+        workers = [threading.Thread(target=drain, args=(fd,), daemon=True) for fd in (out_r, err_r)]
+        if in_w is not None:
+            workers.append(threading.Thread(target=feed, daemon=True))
+        for w in workers:
+            w.start()
+        lines = _Lines(conn)
+        pid = json.loads(lines.next(None))["pid"]
+        timed_out = False
+        try:
+            line = lines.next(timeout)
+        except TimeoutError:
+            timed_out = True
+            os.kill(pid, signal.SIGKILL)
+            line = lines.next(None)
+        status = json.loads(line)["status"] if line else -signal.SIGKILL
+        conn.close()
+        for w in workers:
+            w.join()
+        encoding = locale.getpreferredencoding(False)
+
+        def text(fd: int) -> str:
+            return b"".join(chunks[fd]).decode(encoding).replace("\r\n", "\n").replace("\r", "\n")
+
+        if timed_out:
+            raise subprocess.TimeoutExpired(argv, timeout, output=text(out_r), stderr=text(err_r))
+        return subprocess.CompletedProcess(argv, status, text(out_r), text(err_r))
+
+    def close(self) -> None:
+        import shutil
+
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class _Lines:
+    """JSON lines from the zygote, each read within a time limit."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn, self.buffer = conn, b""
+
+    def next(self, timeout: float | None) -> bytes:
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError
+            self.conn.settimeout(left)
+            try:
+                data = self.conn.recv(4096)
+            except TimeoutError:
+                continue
+            if not data:
+                return b""
+            self.buffer += data
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line

@@ -1,0 +1,110 @@
+"""The test harness's zygote (tests/cli_zygote.py): a command run in a forked child answers as its own fresh
+process would (exit status, stdout, stderr, stdin, environment, time limit), and run_rlcli sends it there only
+when that holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests import conftest
+from tests.cli_zygote import Zygote, forkable
+from tests.conftest import REPO, RLCLI
+
+TRACES = REPO / "rlcli" / "data" / "demo" / "demo-traces.openai.jsonl"
+
+
+def test_only_variables_read_while_a_command_runs_may_differ():
+    base = {"PATH": "/bin", "HF_HUB_OFFLINE": "1", "RLCLI_HOME": "/a"}
+    assert forkable(dict(base), base)
+    assert forkable(dict(base, RLCLI_HOME="/b", RLCLI_BASE_URL="http://x", TINKER_API_KEY="k"), base)
+    assert not forkable(dict(base, HF_HUB_OFFLINE="0"), base)  # transformers reads it at import
+    assert not forkable(dict(base, RLCLI_STOCK_IMPORTS="1"), base)  # rlcli's import finder reads it at import
+    assert not forkable({k: v for k, v in base.items() if k != "PATH"}, base)
+    assert not forkable(dict(base, TINKER_LOG="debug"), base)
+
+
+@pytest.fixture(scope="module")
+def zygote():
+    z = Zygote(str(REPO))
+    yield z
+    z.close()
+
+
+def fresh(args: list[str], env: dict, input: str | None = None, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([*RLCLI, *args], capture_output=True, text=True, env=env, input=input, cwd=cwd,
+                          timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, input", [
+    (["train", "sl", "--dataset", "/nonexistent.jsonl", "--model", "m"], None),  # bad input: one line, exit 2
+    (["import", "-", "-f", "openai"], TRACES.read_text()),  # stdin in, records out, a summary on stderr
+    (["--version"], None),
+    (["eval", "--help"], None),
+])
+def test_a_child_answers_as_a_fresh_process(zygote, tmp_path, args, input):
+    env = dict(os.environ, RLCLI_HOME=str(tmp_path / "home"))
+    child = zygote.run([*RLCLI, *args], env, str(REPO), input, 300)
+    alone = fresh(args, env, input)
+    assert (child.returncode, child.stdout, child.stderr) == (alone.returncode, alone.stdout, alone.stderr)
+    assert child.args == [*RLCLI, *args]
+
+
+@pytest.mark.slow
+def test_a_child_takes_the_environment_and_folder_it_is_given(zygote, tmp_path):
+    # `import` writes where -o says, relative to the working folder, and reads RLCLI_* settings when it runs.
+    env = dict(os.environ, RLCLI_HOME=str(tmp_path / "home"))
+    proc = zygote.run([*RLCLI, "import", str(TRACES), "-f", "openai", "-o", "out.jsonl"], env, str(tmp_path),
+                      None, 300)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert rows and all("messages" in r for r in rows)
+    assert not (REPO / "out.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_child_past_its_time_limit_is_killed(zygote, tmp_path):
+    """subprocess.run's contract: the child is killed and TimeoutExpired carries what it printed."""
+    read, write = os.pipe()  # the child's stdin: held open, so `--dataset -` waits for ever
+    saved = os.dup(0)
+    os.dup2(read, 0)
+    try:
+        start = time.monotonic()
+        with pytest.raises(subprocess.TimeoutExpired) as info:
+            zygote.run([*RLCLI, "train", "sl", "--dataset", "-", "--model", "m"], dict(os.environ), str(REPO),
+                       None, 3)
+        assert time.monotonic() - start < 30
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read, write):
+            os.close(fd)
+    assert info.value.timeout == 3
+    # The zygote is still there for the next command.
+    assert zygote.alive()
+    again = zygote.run([*RLCLI, "--version"], dict(os.environ), str(REPO), None, 60)
+    assert again.returncode == 0 and again.stdout.startswith("rlcli")
+
+
+@pytest.mark.slow
+def test_run_rlcli_forks_only_training_commands_with_a_matching_environment(monkeypatch):
+    monkeypatch.delenv("RLCLI_TEST_FRESH_PROCESSES", raising=False)
+    env = dict(os.environ)
+    assert conftest._zygote_for(("train", "sl"), env) is not None
+    assert conftest._zygote_for(("serve", "status"), env) is None  # a light command: a fresh process is quicker
+    assert conftest._zygote_for(("train", "sl"), dict(env, HF_HUB_OFFLINE="0")) is None
+    monkeypatch.setenv("RLCLI_TEST_FRESH_PROCESSES", "1")
+    assert conftest._zygote_for(("train", "sl"), env) is None
+
+
+def test_the_zygote_module_imports_nothing_heavy():
+    """The test process imports tests.cli_zygote for the class; the preload runs only in the zygote."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import tests.cli_zygote; "
+            "print([m for m in ('torch', 'tinker', 'transformers', 'datasets') if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "[]", proc.stderr
