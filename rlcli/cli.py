@@ -289,7 +289,15 @@ def _raise(error: BaseException) -> None:
 
 
 def entry() -> None:
-    sys.exit(main())
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `rlcli --version | head -1`: the reader stopped reading; say nothing more
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 128 + 13  # what a shell reports for a command ended by SIGPIPE
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -193,3 +193,18 @@ def test_responses_chains_join_the_same_from_a_file_and_from_a_pipe(tmp_path):
     from_pipe = run(["-", "-f", "openai"], stdin=fixture.read_bytes())
     assert from_file.returncode == from_pipe.returncode == 0
     assert from_file.stdout == from_pipe.stdout and from_file.stdout.count(b"\n") == 7
+
+
+@pytest.mark.parametrize("args", [["--version"], ["import", str(ROOT / "rlcli" / "data" / "demo" /
+                                                                 "demo-traces.openai.jsonl")]])
+def test_a_reader_that_stops_reading_gets_no_traceback(args):
+    """`rlcli --version | head -1`: output into a pipe nobody reads is the end, not a traceback."""
+    read, write = os.pipe()
+    os.close(read)  # every write the command makes fails with EPIPE
+    try:
+        proc = subprocess.run([str(RLCLI), *args], stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    # `import` treats a closed reader as having all it wanted and still reports its tallies
+    assert proc.returncode == (0 if args[0] == "import" else 141)
