@@ -28,6 +28,13 @@ from rlcli.server.process import read_state
 REPO = Path(__file__).resolve().parent.parent
 RLCLI = [sys.executable, "-m", "rlcli.cli"]
 
+# The tests run offline (their machines reach no model hub), so every command they start, fresh or forked from
+# the zygote below, imports transformers and datasets with these set, as rlcli sets them itself before it loads
+# a local model (rlcli.train.renderers.go_offline). Set once here, an in-process test that goes offline changes
+# nothing later commands see.
+for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+    os.environ[_var] = "1"
+
 
 def ctrl_c_works() -> None:
     """preexec_fn for a child the test will Ctrl-C: a shell without job control (a CI script running

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests import conftest
+from tests import cli_zygote, conftest
 from tests.cli_zygote import Zygote, forkable
 from tests.conftest import REPO, RLCLI
 
@@ -95,7 +95,8 @@ def test_a_child_past_its_time_limit_is_killed(zygote, tmp_path):
 def test_run_rlcli_forks_only_training_commands_with_a_matching_environment(monkeypatch):
     monkeypatch.delenv("RLCLI_TEST_FRESH_PROCESSES", raising=False)
     env = dict(os.environ)
-    assert conftest._zygote_for(("train", "sl"), env) is not None
+    zygote = conftest._zygote_for(("train", "sl"), env)
+    assert zygote is not None, cli_zygote.differing(env, conftest._zygote[0].env) if conftest._zygote[0] else None
     assert conftest._zygote_for(("serve", "status"), env) is None  # a light command: a fresh process is quicker
     assert conftest._zygote_for(("train", "sl"), dict(env, HF_HUB_OFFLINE="0")) is None
     monkeypatch.setenv("RLCLI_TEST_FRESH_PROCESSES", "1")
