@@ -128,7 +128,9 @@ if __name__ == "__main__":
 # --- the test's side -------------------------------------------------------------------------------------------
 
 # Read by a command at run time, not while a module is imported: these may differ from the zygote's environment.
-CALL_TIME_VARS = ("TINKER_API_KEY", "TINKER_BASE_URL", "TMPDIR")  # tempfile's choice is reset in the child
+# TMPDIR: tempfile's choice is reset in the child. TORCHINDUCTOR_CACHE_DIR: torch reads it (and sets its default
+# into os.environ) when inductor first runs, which an in-process test may do after the zygote started.
+CALL_TIME_VARS = ("TINKER_API_KEY", "TINKER_BASE_URL", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR")
 IMPORT_TIME_RLCLI_VARS = ("RLCLI_STOCK_IMPORTS",)
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests import cli_zygote, conftest
+from tests import conftest
 from tests.cli_zygote import Zygote, forkable
 from tests.conftest import REPO, RLCLI
 
@@ -94,9 +94,11 @@ def test_a_child_past_its_time_limit_is_killed(zygote, tmp_path):
 @pytest.mark.slow
 def test_run_rlcli_forks_only_training_commands_with_a_matching_environment(monkeypatch):
     monkeypatch.delenv("RLCLI_TEST_FRESH_PROCESSES", raising=False)
-    env = dict(os.environ)
-    zygote = conftest._zygote_for(("train", "sl"), env)
-    assert zygote is not None, cli_zygote.differing(env, conftest._zygote[0].env) if conftest._zygote[0] else None
+    conftest._zygote_for(("train", "sl"), dict(os.environ))  # starts this worker's zygote if none runs yet
+    assert conftest._zygote[0] is not None and conftest._zygote[0].alive()
+    # Its own environment with a test's settings (earlier in-process tests may have changed this process's)
+    env = dict(conftest._zygote[0].env, RLCLI_HOME="/elsewhere", PYTEST_CURRENT_TEST="another", TMPDIR="/tmp")
+    assert conftest._zygote_for(("train", "sl"), env) is conftest._zygote[0]
     assert conftest._zygote_for(("serve", "status"), env) is None  # a light command: a fresh process is quicker
     assert conftest._zygote_for(("train", "sl"), dict(env, HF_HUB_OFFLINE="0")) is None
     monkeypatch.setenv("RLCLI_TEST_FRESH_PROCESSES", "1")
