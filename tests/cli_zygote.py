@@ -45,10 +45,6 @@ def preload() -> None:
         importlib.import_module(name)
 
 
-def native_threads() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
 def serve(path: str) -> dict | None:
     """Answer commands until the parent goes away. Returns only in a forked child: its request."""
     parent = os.getppid()
@@ -58,7 +54,7 @@ def serve(path: str) -> dict | None:
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
     running: dict[int, socket.socket] = {}
-    print("ready", native_threads(), flush=True)
+    print("ready", flush=True)
     while os.getppid() == parent:
         for _ready in sel.select(timeout=0.02):
             conn, _ = listener.accept()
@@ -152,7 +148,6 @@ class Zygote:
 
     def __init__(self, cwd: str):
         import subprocess
-        import tempfile
 
         self.folder = tempfile.mkdtemp(prefix="rlcli-zygote-")  # mode 0700: nobody else reaches the socket
         self.socket = os.path.join(self.folder, "socket")
@@ -165,7 +160,6 @@ class Zygote:
         if line[:1] != ["ready"]:
             self.close()
             raise RuntimeError(f"the rlcli zygote did not start: {self.tail()}")
-        self.threads_at_fork = int(line[1])
         if self.tail() != "no output":  # a fresh process would have printed it to the command's stderr
             self.close()
             raise RuntimeError("importing the commands' modules printed output: " + self.tail())
@@ -189,7 +183,7 @@ class Zygote:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(self.socket)
-            request = {"args": argv[3:], "env": env, "cwd": cwd}
+            request = {"args": argv[argv.index("rlcli.cli") + 1:], "env": env, "cwd": cwd}
             socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [in_r, out_w, err_w])
         finally:
             for fd in (in_r, out_w, err_w):
