@@ -22,8 +22,8 @@ from rlcli.server.server_venv import Backend
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 LAUNCHER = RUNTIME_DIR / "launcher.py"
 MAX_LOG_BYTES = 20 * 2**20
-SERVER_EXTENSIONS = ",".join(["rlcli_lazy_torch", "rlcli_losses", "rlcli_slots", "rlcli_wake", "rlcli_lora",
-                              "rlcli_samplers", "rlcli_warmup"])
+SERVER_EXTENSIONS = ",".join(["rlcli_lazy_torch", "rlcli_no_torch", "rlcli_losses", "rlcli_slots", "rlcli_wake",
+                              "rlcli_lora", "rlcli_samplers", "rlcli_warmup"])
 SNAPSHOTS_ENV = "RLCLI_SAMPLER_SNAPSHOTS"
 
 
@@ -229,6 +229,7 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
     env.update(compilation_cache_env())
     env["RLCLI_WARMUP_FILE"] = str(warmup_file(model, backend, backend_cfg))
     # runtime/rlcli_lazy_torch.py (first: before anything imports SkyRL): the API imports torch on first use.
+    # runtime/rlcli_no_torch.py: the jax engine (and its workers) import SkyRL's jax backend without torch.
     # runtime/rlcli_losses.py: fused gspo for the jax backend and GET /api/v1/rlcli/capabilities;
     # runtime/rlcli_slots.py: a new model never inherits gradients left in its LoRA slot.
     # runtime/rlcli_wake.py: API and engine wake each other instead of polling on 100 ms / 50 ms timers.

@@ -8,6 +8,7 @@ server therefore lives in a venv of its own, built on first start.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -28,6 +29,8 @@ REQUIRED_PYTHON = (3, 12)
 MARKER = ".rlcli-complete"
 BYTECODE = "bytecode:1"  # the marker's line once every module of the venv has its bytecode written
 TOP_LEVEL = "top-level:1"  # ... once every distribution in it declares its import names (top_level_names.py)
+RECORD = "rlcli-peft-lora-config.json"  # runtime/rlcli_no_torch.py's RECORD_NAME, in the venv's folder
+PEFT_RECORD = "peft-record:1"  # ... once peft's LoraConfig is recorded for the torch-free engine (rlcli_no_torch.py)
 
 
 def pins_file(backend: str) -> Path:
@@ -168,13 +171,34 @@ def has_top_level_names(venv: Path) -> bool:
     return _marked(venv, TOP_LEVEL)
 
 
+def has_peft_record(venv: Path) -> bool:
+    """Recorded (or tried and failed: not retried), and any record still names the venv's peft and transformers."""
+    if not _marked(venv, PEFT_RECORD):
+        return False
+    try:
+        record = json.loads((venv / RECORD).read_text())
+    except (OSError, ValueError):
+        return True
+    return all(record.get(name) == _installed_version(venv, name) for name in ("peft", "transformers"))
+
+
+def _installed_version(venv: Path, distribution: str) -> str | None:
+    for site in _site_packages(venv):
+        for info in site.glob(f"{distribution}-*.dist-info"):
+            return info.name[len(distribution) + 1:-len(".dist-info")]
+    return None
+
+
 def finish_install(venv: Path, again: bool = True) -> None:
     """What an install into the venv leaves undone and every server process would otherwise redo at start:
-    the bytecode and the distributions' import names. `again=False`: only what the marker says is missing."""
+    the bytecode, the distributions' import names and the record that lets the jax engine start without torch.
+    `again=False`: only what the marker says is missing."""
     if again or not has_bytecode(venv):
         compile_bytecode(venv)
     if again or not has_top_level_names(venv):
         write_top_level_names(venv)
+    if again or not has_peft_record(venv):  # also when the venv's peft or transformers changed since
+        write_peft_record(venv)
 
 
 def compile_bytecode(venv: Path) -> None:
@@ -216,6 +240,24 @@ def write_top_level_names(venv: Path) -> None:
         _progress(f"could not write the server venv's package names ({tail[0]}): starts are ~1 s slower")
         return
     _mark(venv, TOP_LEVEL)
+
+
+def write_peft_record(venv: Path) -> None:
+    """Record, with the venv's real peft, the adapter_config.json its LoraConfig writes, so that the jax engine can
+    import SkyRL without peft and torch: ~9 s less CPU per engine start on 2 cores (runtime/rlcli_no_torch.py).
+    Without the record (a read-only venv, a peft the record cannot reproduce) the engine imports them as stock."""
+    sites = _site_packages(venv)
+    if not sites or not _writable(venv, sites):
+        return
+    script = Path(__file__).resolve().parent / "runtime" / "rlcli_no_torch.py"
+    _progress("recording peft's adapter config for the torch-free engine (once per install)")
+    proc = subprocess.run([str(venv / "bin" / "python"), str(script), "record", str(venv / RECORD)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:  # marked all the same: a venv whose peft cannot be recorded is not retried each start
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        _progress(f"could not record peft's adapter config ({tail[0]}): the jax engine will import torch as "
+                  "stock SkyRL does (~9 s slower starts)")
+    _mark(venv, PEFT_RECORD)
 
 
 def _writable(venv: Path, sites: list[Path]) -> bool:

@@ -323,3 +323,43 @@ def test_stock_server_refuses_fused_gspo_fast_and_clearly(stock_server, embedded
     finally:
         unload_model(url, client.model_id)
     assert "rlcli_losses" not in (Path(env["RLCLI_HOME"]) / "servers" / "default" / "server.log").read_text()
+
+
+def test_torch_free_engine_computes_and_saves_as_the_stock_engine(server, service, stock_server, embedded_model,
+                                                                   tmp_path):
+    """runtime/rlcli_no_torch.py: the session server's engine imported SkyRL without torch (transformers saw none,
+    peft was the venv's record), the stock server's with it. A new LoRA adds exactly zero, so both give the base
+    model's logprobs; a dtype or configuration read differently would move them by far more than 1e-5. A saved
+    adapter's adapter_config.json is the same text as the real peft's in the stock engine."""
+    import tinker
+
+    from rlcli.export import download_archive, extract_adapter, parse_tinker_path
+
+    caps = request_json(f"{server.url}/api/v1/rlcli/capabilities")
+    assert caps["rlcli_no_torch"]["engine_imports"].startswith("without torch"), caps.get("rlcli_no_torch")
+    assert "the jax engine imported without torch" in server.log.read_text()
+    url, _env = stock_server
+    stock_log = (Path(_env["RLCLI_HOME"]) / "servers" / "default" / "server.log").read_text()
+    assert "rlcli_no_torch" not in stock_log
+
+    tokens = token_batch(11, n=2)
+    lean = clean_client(service, server.model, seed=5)
+    stock = tinker.ServiceClient(base_url=url).create_lora_training_client(base_model=embedded_model, rank=8, seed=5)
+    try:
+        lean_lp, stock_lp = current_logprobs(lean, tokens), current_logprobs(stock, tokens)
+        assert np.isfinite(lean_lp).all() and np.abs(lean_lp).max() > 1.0
+        np.testing.assert_allclose(lean_lp, stock_lp, rtol=0, atol=1e-5)
+        texts = []
+        for base_url, client in ((server.url, lean), (url, stock)):
+            run_id, _kind, ckpt = parse_tinker_path(client.save_weights_for_sampler("same-config").result().path)
+            folder = tmp_path / run_id
+            folder.mkdir()
+            download_archive(base_url, run_id, ckpt, folder / "archive.tar.gz")
+            texts.append((extract_adapter(folder / "archive.tar.gz", folder) / "adapter_config.json").read_text())
+        lean_config, stock_config = (json.loads(text) for text in texts)
+        assert lean_config["peft_type"] == "LORA" and lean_config["r"] == 8, lean_config
+        assert lean_config["base_model_name_or_path"] == stock_config["base_model_name_or_path"] == server.model
+        assert texts[0] == texts[1]
+    finally:
+        unload_model(server.url, lean.model_id)
+        unload_model(url, stock.model_id)

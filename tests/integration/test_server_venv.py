@@ -3,6 +3,7 @@ with uv, hash-checked. Downloads ~5 GB the first time on a machine (uv's cache m
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -56,10 +57,14 @@ def test_serve_install_builds_exactly_the_lock_and_it_runs(tmp_path):
     check = subprocess.run([python, "-c", "import skyrl.tinker.api, skyrl.tinker.engine, jax; print(jax.devices())"],
                            capture_output=True, text=True, timeout=300)
     assert check.returncode == 0 and "Cpu" in check.stdout, check.stderr
+    # peft's adapter config is recorded for the torch-free jax engine, with the venv's peft and transformers.
+    record = json.loads((venv / server_venv.RECORD).read_text())
+    assert (record["peft"], record["transformers"]) == (installed["peft"], installed["transformers"])
+    assert record["config"]["peft_type"] == "LORA" and server_venv.has_peft_record(venv)
     # A second install finds the venv complete and touches nothing.
     again = run_rlcli("serve", "install", "--venv", str(venv), env=env, timeout=120)
     assert again.returncode == 0 and "building the server venv" not in again.stderr
-    assert "bytecode" not in again.stderr
+    assert "bytecode" not in again.stderr and "recording peft" not in again.stderr
     # The written names go with their package: uninstalling one (with the installer rlcli used) leaves no
     # dist-info behind, because its RECORD lists the file rlcli added.
     info = next(p for p in site.glob("*.dist-info") if f"{p.name}/top_level.txt,," in (p / "RECORD").read_text())

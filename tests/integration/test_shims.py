@@ -36,8 +36,9 @@ print("shims ok")
 """
 
 # In this order (see the module's docstring); "shims" is CHECK above, the others are runtime/<name>.py.
+# rlcli_no_torch last: its record imports the real peft (and torch) in this process.
 ORDER = ["rlcli_lazy_torch", "rlcli_slots", "rlcli_wake", "rlcli_warmup", "rlcli_fair",
-         "rlcli_samplers", "shims", "rlcli_lora"]
+         "rlcli_samplers", "shims", "rlcli_lora", "rlcli_no_torch"]
 DRIVER = """
 import contextlib, io, json, runpy, sys, traceback
 runtime, check, order = json.loads(sys.stdin.read())
@@ -130,3 +131,11 @@ def test_a_failing_check_fails_only_its_own_test():
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not results["bad"]["ok"] and "target missing" in results["bad"]["out"]
     assert passed(results, "good", "present") and passed(results, "shims", "shims ok")
+
+
+def test_torch_free_engine_record_and_imports_hold_in_the_pinned_skyrl(checks):
+    """runtime/rlcli_no_torch.py against the real peft and SkyRL: peft's adapter config varies with SkyRL's three
+    inputs only and the record reproduces its text; SkyRL's jax engine uses peft only as LoraConfig + save; in a
+    fresh process the prepared imports leave torch unloaded, load the embedded model's configuration and
+    tokenizer, and save the real peft's exact text."""
+    assert passed(checks, "rlcli_no_torch", "imports without torch"), checks["rlcli_no_torch"]["out"][-3000:]

@@ -6,6 +6,7 @@ recorded for uninstall, once, and named where one cannot be written."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -154,3 +155,17 @@ def test_a_distribution_that_cannot_be_written_is_named_and_the_others_are_writt
     err = capsys.readouterr().err
     assert "could not write the server venv's package names" in err and "bad-1.0.dist-info" in err
     assert not server_venv.has_top_level_names(venv)  # the next start tries again
+
+
+def test_peft_record_is_made_again_when_the_venvs_peft_changes(tmp_path):
+    venv = _scratch_venv(tmp_path)
+    site = venv / "lib" / "python3.12" / "site-packages"
+    (site / "peft-0.18.1.dist-info").mkdir()
+    (site / "transformers-5.16.1.dist-info").mkdir()
+    assert not server_venv.has_peft_record(venv)
+    server_venv._mark(venv, server_venv.PEFT_RECORD)
+    assert server_venv.has_peft_record(venv)  # tried, no record (peft could not be recorded): not retried
+    (venv / server_venv.RECORD).write_text(json.dumps({"peft": "0.18.1", "transformers": "5.16.1"}))
+    assert server_venv.has_peft_record(venv)
+    (site / "peft-0.18.1.dist-info").rename(site / "peft-0.19.0.dist-info")
+    assert not server_venv.has_peft_record(venv)

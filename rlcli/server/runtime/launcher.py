@@ -28,6 +28,8 @@ process group that `rlcli serve stop` ends as a whole. Three roles:
   engine as before. Why: the engine's imports (jax, flax, transformers, torch
   through peft) took ~8-10 s of a ~21 s start on 2 cores and began only after
   the API's own ~3 s start-up; side by side they overlap.
+  The processes that import SkyRL's jax backend (preload, engine, worker) first
+  let rlcli_no_torch prepare their imports, where the extension list names it.
 """
 
 from __future__ import annotations
@@ -52,11 +54,24 @@ def _load_extensions(role: str) -> None:
     """Import rlcli's server-side extensions listed in RLCLI_SERVER_EXTENSIONS (comma-separated)."""
     import importlib
 
-    for name in filter(None, os.environ.get("RLCLI_SERVER_EXTENSIONS", "").split(",")):
-        module = importlib.import_module(name.strip())
+    for name in _extension_names():
+        module = importlib.import_module(name)
         register = getattr(module, "register", None)
         if register is not None:
             register(role)
+
+
+def _extension_names() -> list[str]:
+    return [name.strip() for name in os.environ.get("RLCLI_SERVER_EXTENSIONS", "").split(",") if name.strip()]
+
+
+def _prepare_jax_imports() -> None:
+    """Before a process imports SkyRL's jax backend: rlcli_no_torch, where the extension list names it, keeps torch
+    out of it (its import hooks must be in place before the imports they change)."""
+    if "rlcli_no_torch" in _extension_names():
+        import rlcli_no_torch
+
+        rlcli_no_torch.prepare()
 
 
 def run_api(argv: list[str]) -> None:
@@ -107,6 +122,8 @@ def run_engine(argv: list[str]) -> int:
 def _start_engine(argv: list[str]) -> None:
     import distributed
 
+    if _preloads(argv) or "--backend" not in argv:  # SkyRL's engine defaults to the jax backend
+        _prepare_jax_imports()
     sys.argv = [sys.argv[0], "engine", *argv]  # extensions read the engine's flags from here
     several = distributed.settings_from_engine_argv(argv)
     if several:  # the runtime before the extensions: they run jax code as they load (distributed.py)
@@ -190,6 +207,7 @@ def run_preload(address: str, supervisor: int) -> int:
     listener.listen(1)
     import importlib
 
+    _prepare_jax_imports()
     for name in PRELOAD_MODULES:
         importlib.import_module(name)
     listener.settimeout(1.0)
@@ -363,6 +381,7 @@ def main() -> int:
     if role == "worker":  # worker COORDINATOR NUM_PROCESSES PROCESS_ID
         import distributed
 
+        _prepare_jax_imports()
         distributed.run_worker(rest[0], int(rest[1]), int(rest[2]), _load_extensions)
         return 0
     if role == "preload":  # preload ADDRESS SUPERVISOR_PID

@@ -49,6 +49,8 @@ MARK = "_rlcli_loads_extensions"
 # they change is the API's start (lazy torch), the engine's request loop (wake) or needs the engine's own passes
 # (warmup records and replays shapes).
 ENGINE_ONLY = {"rlcli_lazy_torch": "acts in the API process only (its torch import), not in the engine or actors",
+               "rlcli_no_torch": "acts on the imports of the engine and its jax worker processes; actors import "
+                                 "as stock SkyRL does",
                "rlcli_wake": "the request path is the engine's: API and engine wake each other as without Ray",
                "rlcli_warmup": "batch shapes are neither recorded nor replayed on Ray (the actors run the passes); "
                                "the actors pad sampling batches to its sizes, as the engine would"}

@@ -63,6 +63,7 @@ def defer(name: str = "torch") -> bool:
     module = _Deferred(name)
     module.__spec__ = spec
     module.__loader__ = spec.loader
+    module.__file__ = spec.origin  # inspect.getmodule asks every module for __file__: that must not load it
     sys.modules[name] = module
     return True
 
