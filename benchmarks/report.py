@@ -150,6 +150,9 @@ def other_rows(receipts: list[dict]) -> list[str]:
                  if "first_over_steady" in res["warm"] else "")
         if "ready_plus_first_step_s" in res["warm"]:
             first += f", ready + first step {res['warm']['ready_plus_first_step_s']['median']:.1f} s"
+        if "warm_compare" in res:  # an A/B run: the other checkout's warm starts, alternating with these
+            first += (f"; the compare tree ({r.get('compare_tree_commit', '?')[:7]}), alternating: warm "
+                      f"{res['warm_compare']['ready_s']['median']:.1f} s (n={res['warm_compare']['ready_s']['n']})")
         rows.append(f"| `rlcli serve start` to ready, {size} model{', ' + label if label else ''} | cold-ish "
                     f"{res['cold']['ready_s']['median']:.1f} s (n={res['cold']['ready_s']['n']}), warm "
                     f"{res['warm']['ready_s']['median']:.1f} s (n={res['warm']['ready_s']['n']}); API up after "

@@ -141,3 +141,13 @@ def test_receipts_tell_cpus_of_one_name_apart(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "Path", fake_path)
     assert common.cpu_detail() == {"family_model_stepping": "25/17/1", "mhz": "2400.000",
                                    "vector": ["avx2", "avx512f", "avx512_bf16"]}
+
+
+def test_server_start_row_shows_the_compare_tree_of_an_ab_run(tmp_path):
+    results = {k: {"ready_s": spread(17.0 if k != "warm_compare" else 25.0, 3), "health_s": spread(3.0, 3)}
+               for k in ("cold", "warm", "warm_compare")}
+    write(tmp_path, [{"benchmark": "server-start", "created_utc": "20261202T120000Z", "label": "ab",
+                      "config": {"size": "tiny"}, "compare_tree_commit": "a3453c3159ca", "results": results,
+                      "load_average_1_5_15": LOAD}])
+    row = next(line for line in report.render(report.load_receipts(tmp_path)).splitlines() if ", ab |" in line)
+    assert "warm 17.0 s (n=3)" in row and "the compare tree (a3453c3), alternating: warm 25.0 s (n=3)" in row
