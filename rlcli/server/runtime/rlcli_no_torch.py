@@ -195,7 +195,14 @@ def prepare(record_file: Path | None = None) -> bool:
 
 
 def describe() -> dict:
-    """What the capabilities route says (API process: the venv's record and the switch decide the engine's case)."""
+    """What the capabilities route says (API process: the venv's record and the switch decide the engine's case).
+    Read once: neither changes while the server runs."""
+    if "described" not in _state:
+        _state["described"] = _describe()
+    return _state["described"]
+
+
+def _describe() -> dict:
     if os.environ.get(STOCK_ENV) == "1":
         return {"engine_imports": f"torch imported at start (stock, {STOCK_ENV}=1)"}
     record, why = load_record()
