@@ -109,6 +109,7 @@ def timed_start(model: Path, home: Path, tree: Path, steady: int = 3, timeout: f
         _, err = proc.communicate(timeout=60)
         if proc.returncode != 0:
             raise SystemExit(f"`rlcli serve start` failed ({proc.returncode}):\n{err[-2000:]}")
+        cpu = server_cpu(home)  # before the steps: what the start itself cost
         steps = first_steps(f"http://127.0.0.1:{port}", model, steady) if steady else {}
     finally:
         subprocess.run([*RLCLI, "serve", "stop"], env=env, capture_output=True, timeout=120, cwd=tree)
@@ -121,7 +122,30 @@ def timed_start(model: Path, home: Path, tree: Path, steady: int = 3, timeout: f
     warmed = re.search(r"warmed (\d+) recorded batch shapes and optim_step in ([\d.]+) s", text)
     return {"health_s": health_s, "engine_loop_s": engine_loop_at(text, wall), "ready_s": ready_s,
             "phases_s": phases_at(text, wall), "warmup_s": float(warmed.group(2)) if warmed else None,
-            "engine_create_model_s": create, "command": " ".join(cmd).replace(str(model.parent), "MODELS"), **steps}
+            "engine_create_model_s": create, "cpu_at_ready_s": cpu,
+            "command": " ".join(cmd).replace(str(model.parent), "MODELS"), **steps}
+
+
+def server_cpu(home: Path) -> dict[str, float] | None:
+    """CPU seconds (user + system) the server's processes had used when it was ready, by launcher role and in all:
+    the processes of the process group `serve start` recorded (supervisor, API, engine and its stand-in)."""
+    from rlcli.server.process import read_state
+
+    state = read_state(home / "servers" / "default")
+    if state is None:
+        return None
+    tick, found = os.sysconf("SC_CLK_TCK"), {}
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if not entry.name.isdigit() or int(fields[2]) != state.pgid:
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        role = next((a.decode() for a in argv[2:3] if a), "other") if b"launcher.py" in b" ".join(argv) else "other"
+        found[role] = found.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return {**{k: round(v, 2) for k, v in sorted(found.items())}, "total": round(sum(found.values()), 2)}
 
 
 _STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})[^\n]{0,80}?"
@@ -234,6 +258,10 @@ def main() -> None:
                          for key in keys if any(s.get(key) is not None for s in starts)}
         results[kind]["phases_s"] = {name: summary([s["phases_s"][name] for s in starts if name in s["phases_s"]])
                                      for name in PHASES if any(name in s["phases_s"] for s in starts)}
+        roles = sorted({role for s in starts for role in (s.get("cpu_at_ready_s") or {})})
+        results[kind]["cpu_at_ready_s"] = {
+            role: summary([s["cpu_at_ready_s"][role] for s in starts if role in (s.get("cpu_at_ready_s") or {})])
+            for role in roles}
     body = {"label": args.label, "rlcli_tree_commit": tree_commit(args.rlcli_tree),
             "versions": {**versions("tinker", "tinker-cookbook"), "server": server_versions()},
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()

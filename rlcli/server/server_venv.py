@@ -244,7 +244,7 @@ def write_top_level_names(venv: Path) -> None:
 
 def write_peft_record(venv: Path) -> None:
     """Record, with the venv's real peft, the adapter_config.json its LoraConfig writes, so that the jax engine can
-    import SkyRL without peft and torch: ~9 s less CPU per engine start on 2 cores (runtime/rlcli_no_torch.py).
+    import SkyRL without peft and torch: ~6 s less CPU per engine start on 2 cores (runtime/rlcli_no_torch.py).
     Without the record (a read-only venv, a peft the record cannot reproduce) the engine imports them as stock."""
     sites = _site_packages(venv)
     if not sites or not _writable(venv, sites):
@@ -256,7 +256,7 @@ def write_peft_record(venv: Path) -> None:
     if proc.returncode != 0:  # marked all the same: a venv whose peft cannot be recorded is not retried each start
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         _progress(f"could not record peft's adapter config ({tail[0]}): the jax engine will import torch as "
-                  "stock SkyRL does (~9 s slower starts)")
+                  "stock SkyRL does (slower starts)")
     _mark(venv, PEFT_RECORD)
 
 
