@@ -67,8 +67,9 @@ def summary(values: list[float]) -> dict:
             "stdev": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
 
 
-def write_receipt(name: str, body: dict, folder: Path | None = None) -> Path:
-    """The receipt, in benchmarks/receipts/ or `folder` (tests and smoke runs keep theirs out of git)."""
+def write_receipt(name: str, body: dict, folder: Path | None = None, names: dict[str, str] | None = None) -> Path:
+    """The receipt, in benchmarks/receipts/ or `folder` (tests and smoke runs keep theirs out of git). `names`:
+    other paths of this machine the receipt may hold (e.g. a second checkout), each written as its name."""
     folder = folder or RECEIPTS
     folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -76,5 +77,8 @@ def write_receipt(name: str, body: dict, folder: Path | None = None) -> Path:
                "hardware": hardware(), **body}
     path = folder / f"{name}-{stamp}.json"
     # Receipts are committed: no paths of this machine in them (the repo becomes relative, home `~`).
-    path.write_text(portable(json.dumps(receipt, indent=2), REPO) + "\n")
+    text = json.dumps(receipt, indent=2)
+    for local, name in (names or {}).items():
+        text = text.replace(local, name)
+    path.write_text(portable(text, REPO) + "\n")
     return path

@@ -275,7 +275,9 @@ def main() -> None:
         return {m: round(v["median"], 2) if "median" in v else medians(v) for m, v in part.items()}
 
     print(json.dumps(medians(results)))
-    print(f"receipt: {write_receipt('server-start', body)}")
+    other = {str(args.compare_tree.resolve()): "COMPARE_TREE", str(args.compare_tree): "COMPARE_TREE"} \
+        if args.compare_tree else {}
+    print(f"receipt: {write_receipt('server-start', body, names=other)}")
 
 
 if __name__ == "__main__":
