@@ -257,6 +257,7 @@ def write_peft_record(venv: Path) -> None:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         _progress(f"could not record peft's adapter config ({tail[0]}): the jax engine will import torch as "
                   "stock SkyRL does (slower starts)")
+        (venv / RECORD).unlink(missing_ok=True)  # an older record would be tried again at every start
     _mark(venv, PEFT_RECORD)
 
 

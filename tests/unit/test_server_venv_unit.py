@@ -169,3 +169,6 @@ def test_peft_record_is_made_again_when_the_venvs_peft_changes(tmp_path):
     assert server_venv.has_peft_record(venv)
     (site / "peft-0.18.1.dist-info").rename(site / "peft-0.19.0.dist-info")
     assert not server_venv.has_peft_record(venv)
+    # Recording again fails here (this scratch venv's Python has no SkyRL): the stale record goes, not retried.
+    server_venv.write_peft_record(venv)
+    assert not (venv / server_venv.RECORD).exists() and server_venv.has_peft_record(venv)
