@@ -336,7 +336,10 @@ def test_docker_restarts_before_rlcli_looks_run_goes_on(dockerd, tmp_path):
             proc.kill()
     assert "Traceback" not in err, err
     rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
-    assert "error: " in rows["a-first"] and "the Docker daemon restarted" in rows["a-first"], out
+    # Two true namings, by when rlcli runs again: the command's connection was dropped and the daemon, asked at
+    # once, no longer knew the container (DockerRestarted), or the container was found gone at the next look.
+    named = ("came back without it (it restarted", "the Docker daemon restarted")
+    assert "error: " in rows["a-first"] and any(words in rows["a-first"] for words in named), out
     assert "passed" in rows["b-second"], out
     assert proc.returncode != 0  # one rollout failed
     assert (left := dockerd.left_after_restart()) == [], dockerd.describe(left)
