@@ -182,7 +182,6 @@ def prepare(record_file: Path | None = None) -> bool:
         _state["mode"] = f"stock: {why}"
         log(f"the engine imports torch as stock SkyRL does: {why}")
         return False
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # rlcli_lazy_torch, beside this file
     import rlcli_lazy_torch
 
     sys.meta_path.insert(0, _TorchAbsentForTransformers())
