@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 import urllib.error
 import urllib.request
 
@@ -118,3 +120,36 @@ def parse_tinker_path(path: str) -> tuple[str, str, str]:
         raise UsageError(f"{path!r} is not a checkpoint path: expected tinker://RUN/sampler_weights/ID "
                          "(`rlcli checkpoint list --run-id RUN` shows them)")
     return parts[0], parts[1], parts[2]
+
+
+def quiesce_tinker(timeout_s: float = 3.0) -> int:
+    """Cancel the tinker client's background tasks (session heartbeats every 10 s, telemetry flushes, config
+    refreshes) and wait until they are done, while the interpreter is still whole. Returns how many it cancelled.
+
+    The client runs them on an event loop in a daemon thread and its HTTP goes through pyqwest, whose Rust
+    threads call back into Python when a request ends. One that ends while the interpreter is finalizing is made
+    to exit mid-unwind, and the process dies of SIGABRT with nothing on stderr after its work is done (seen once
+    in a `train rl` at exit). rlcli runs this at exit (rlcli/__init__.py), so no request of the client's own is
+    in flight then. A process that never started the client's loop pays nothing."""
+    import asyncio
+
+    holders = sys.modules.get("tinker.lib.internal_client_holder")
+    singleton = getattr(holders, "_internal_client_holder_thread_singleton", None)
+    loop, thread = getattr(singleton, "_loop", None), getattr(singleton, "_thread", None)
+    if (loop is None or thread is None or not thread.is_alive() or loop.is_closed()
+            or thread is threading.current_thread()):
+        return 0
+
+    async def cancel_all() -> int:
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+        return len(tasks)
+
+    try:
+        return asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout_s + 1.0)
+    except Exception:  # the loop stopped or did not answer in time: exit as it would have
+        return 0

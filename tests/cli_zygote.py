@@ -16,6 +16,7 @@ answers {"pid": N} once the child runs and {"status": S} (os.waitstatus_to_exitc
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
 import os
@@ -100,6 +101,9 @@ def become(request: dict) -> None:
     tempfile.tempdir = None  # chosen again from this environment's TMPDIR on first use, as in a fresh process
     if "numpy" in sys.modules:  # a fresh process seeds numpy's global generator from the OS; so does this one
         sys.modules["numpy"].random.seed()
+    # A child that dies of a fatal signal (SIGSEGV, SIGABRT: native code, often at exit) leaves the Python
+    # stacks of its threads on its stderr, where the test's failure message shows them.
+    faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
 def main() -> None:

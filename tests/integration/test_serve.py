@@ -45,6 +45,43 @@ def test_tinker_client_trains_saves_and_samples(server, monkeypatch):
     unload_model(server.url, trainer.model_id)
 
 
+QUIESCE_PROBE = """
+import asyncio, json, sys
+import tinker
+from tinker.lib.internal_client_holder import _internal_client_holder_thread_singleton as singleton
+from rlcli.client import quiesce_tinker
+
+tinker.ServiceClient(base_url=sys.argv[1]).create_sampling_client(base_model=sys.argv[2])
+
+async def names():
+    return sorted(t.get_coro().__qualname__ for t in asyncio.all_tasks()
+                  if t is not asyncio.current_task() and not t.done())
+
+def pending():
+    return asyncio.run_coroutine_threadsafe(names(), singleton.get_loop()).result(10)
+
+before = pending()
+cancelled = quiesce_tinker()
+print(json.dumps({"before": before, "cancelled": cancelled, "after": pending()}))
+"""
+
+
+def test_the_clients_background_requests_end_before_the_interpreter_does(server):
+    """rlcli.client.quiesce_tinker (run at exit): the session's heartbeat and the other background tasks on the
+    tinker client's loop are cancelled and done, so no request of theirs ends while the interpreter finalizes."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TINKER_API_KEY="tml-test")
+    proc = subprocess.run([sys.executable, "-c", QUIESCE_PROBE, server.url, server.model], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert any("heartbeat" in name for name in seen["before"]), seen
+    assert seen["cancelled"] == len(seen["before"]) and seen["after"] == [], seen
+
+
 def test_status_reports_running_and_a_second_start_is_refused(server):
     proc = run_rlcli("serve", "status", env=server.env)
     assert proc.returncode == 0 and proc.stdout.startswith("running:"), proc.stdout
