@@ -11,7 +11,8 @@ tinker client's key and URL may differ).
 
 Protocol (one connection per command, on a Unix socket in a private folder): the test sends one JSON line
 {"argv", "env", "cwd"} with the child's stdin, stdout and stderr descriptors attached (SCM_RIGHTS); this process
-answers {"pid": N} once the child runs and {"status": S} (os.waitstatus_to_exitcode) once it has exited.
+answers {"pid": N} once the child runs (the child sends it, once in its session) and {"status": S}
+(os.waitstatus_to_exitcode) once it has exited; a child that dies before it could send its pid sends only the status.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def preload() -> None:
         importlib.import_module(name)
 
 
-def serve(path: str) -> dict | None:
-    """Answer commands until the parent goes away. Returns only in a forked child: its request."""
+def serve(path: str) -> tuple[dict, socket.socket] | None:
+    """Answer commands until the parent goes away. Returns only in a forked child: its request and connection."""
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -67,14 +68,12 @@ def serve(path: str) -> dict | None:
             if pid == 0:
                 sel.close()
                 listener.close()
-                conn.close()
                 for target, fd in enumerate(fds):
                     os.dup2(fd, target)
                     os.close(fd)
-                return request
+                return request, conn
             for fd in fds:
                 os.close(fd)
-            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             running[pid] = conn
         while running:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -93,7 +92,11 @@ def serve(path: str) -> dict | None:
 
 
 def become(request: dict) -> None:
-    """Turn this forked child into the command's own process: its environment, folder and argv."""
+    """Turn this forked child into the command's own process: its environment, folder, argv, session and SIGINT."""
+    if request.get("new_session"):  # Popen(start_new_session=True)
+        os.setsid()
+    if request.get("sigint_default"):  # started with SIGINT at its default, a fresh Python makes it KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
@@ -112,10 +115,14 @@ def main() -> None:
     # The preloaded objects move to the collector's permanent generation: a child's collections (and its exit)
     # then neither walk nor write them, so their pages stay shared instead of being copied into every child.
     gc.freeze()
-    request = serve(sys.argv[1])
-    if request is None:
+    forked = serve(sys.argv[1])
+    if forked is None:
         return
+    request, conn = forked
     become(request)
+    # The pid goes out once the child is in its session with its SIGINT set, as Popen returns after exec.
+    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    conn.close()
     from rlcli.cli import entry
 
     entry()
@@ -175,6 +182,29 @@ class Zygote:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def submit(self, argv: list[str], env: dict[str, str], cwd: str, fds: list[int], **options: bool) -> socket.socket:
+        """Hand the zygote one command with its stdin, stdout and stderr (closed here once sent); the connection
+        on which the child's pid and then its exit status come."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.socket)
+            request = {"args": argv[argv.index("rlcli.cli") + 1:], "env": env, "cwd": cwd, **options}
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds)
+        except OSError:
+            conn.close()
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return conn
+
+    def popen(self, argv: list[str], env: dict[str, str], cwd: str, stdout: int | None, stderr: int | None,
+              new_session: bool = False, sigint_default: bool = False) -> Child:
+        """subprocess.Popen(argv, env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=True,
+        start_new_session=new_session), the command run in a forked child; sigint_default as a preexec_fn that
+        sets SIGINT to its default would."""
+        return Child(self, argv, env, cwd, stdout, stderr, new_session=new_session, sigint_default=sigint_default)
+
     def run(self, argv: list[str], env: dict[str, str], cwd: str, input: str | None, timeout: float):
         """subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, input=input, timeout=timeout),
         with the command run in a forked child. argv[0] is what the child sees as sys.argv[0]."""
@@ -184,14 +214,7 @@ class Zygote:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         in_r, in_w = os.pipe() if input is not None else (os.dup(0), None)
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            conn.connect(self.socket)
-            request = {"args": argv[argv.index("rlcli.cli") + 1:], "env": env, "cwd": cwd}
-            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [in_r, out_w, err_w])
-        finally:
-            for fd in (in_r, out_w, err_w):
-                os.close(fd)
+        conn = self.submit(argv, env, cwd, [in_r, out_w, err_w])
         chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
 
         def drain(fd: int) -> None:
@@ -212,14 +235,18 @@ class Zygote:
         for w in workers:
             w.start()
         lines = _Lines(conn)
-        pid = json.loads(lines.next(None))["pid"]
+        first = lines.next(None)
+        pid = json.loads(first).get("pid") if first else None
         timed_out = False
-        try:
-            line = lines.next(timeout)
-        except TimeoutError:
-            timed_out = True
-            os.kill(pid, signal.SIGKILL)
-            line = lines.next(None)
+        if pid is None:  # the child died before it sent its pid (or the zygote did)
+            line = first
+        else:
+            try:
+                line = lines.next(timeout)
+            except TimeoutError:
+                timed_out = True
+                os.kill(pid, signal.SIGKILL)
+                line = lines.next(None)
         status = json.loads(line)["status"] if line else -signal.SIGKILL
         conn.close()
         for w in workers:
@@ -241,6 +268,104 @@ class Zygote:
             self.proc.wait()
         self.log.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class Child:
+    """What the tests use of subprocess.Popen (pid, poll, wait, communicate, send_signal, kill, terminate,
+    returncode, text stdout and stderr) for a command running in a zygote child. The zygote, its parent,
+    reaps it and sends its exit status, which a thread here waits for."""
+
+    def __init__(self, zygote: Zygote, argv: list[str], env: dict[str, str], cwd: str, stdout: int | None,
+                 stderr: int | None, **options: bool):
+        import locale
+        import subprocess
+
+        self.args, self.returncode = argv, None
+        self._encoding = locale.getpreferredencoding(False)
+        ends = [self._end(stdout, 1, subprocess), self._end(stderr, 2, subprocess)]
+        try:
+            conn = zygote.submit(argv, env, cwd, [os.dup(0), ends[0][1], ends[1][1]], **options)
+        except OSError:
+            for r, _ in ends:
+                if r is not None:
+                    os.close(r)
+            raise
+        self.stdout, self.stderr = (None if r is None else open(r, encoding=self._encoding) for r, _ in ends)
+        self._conn, self._lines = conn, _Lines(conn)
+        first = self._lines.next(None)
+        self.pid = json.loads(first).get("pid", 0) if first else 0  # 0: it died before it could say
+        self._done = threading.Event()
+        self._read: dict[str, list] | None = None
+        threading.Thread(target=self._await_status, args=(None if self.pid else first,), daemon=True).start()
+
+    @staticmethod
+    def _end(spec: int | None, default_fd: int, subprocess) -> tuple[int | None, int]:
+        """(the end this process reads or None, the descriptor the child gets)."""
+        if spec == subprocess.PIPE:
+            return os.pipe()
+        if spec == subprocess.DEVNULL:
+            return None, os.open(os.devnull, os.O_WRONLY)
+        if spec is None:
+            return None, os.dup(default_fd)
+        raise ValueError(f"stdout/stderr {spec!r}: PIPE, DEVNULL or None")
+
+    def _await_status(self, line: bytes | None) -> None:
+        import signal as signals
+
+        line = self._lines.next(None) if line is None else line
+        self._conn.close()
+        self.returncode = json.loads(line)["status"] if line else -signals.SIGKILL  # the zygote itself died
+        self._done.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None and self.pid:  # not reaped yet, so the pid is still this child's
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def communicate(self, input: None = None, timeout: float | None = None) -> tuple[str | None, str | None]:
+        """Both outputs read to their end and the exit waited for; after TimeoutExpired, call again to go on."""
+        import subprocess
+        import time
+
+        if input is not None:
+            raise ValueError("a zygote child reads the test's own stdin")
+        if self._read is None:
+            self._read = {}
+            for name, f in (("stdout", self.stdout), ("stderr", self.stderr)):
+                if f is not None:
+                    self._read[name] = []
+                    threading.Thread(target=lambda f=f, into=self._read[name]: into.append(f.read()),
+                                     daemon=True).start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for into in self._read.values():
+            while not into:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                time.sleep(0.02)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        outs = {name: into[0] for name, into in self._read.items()}  # text mode: newlines already translated
+        for f in (self.stdout, self.stderr):
+            if f is not None:
+                f.close()
+        return outs.get("stdout"), outs.get("stderr")
 
 
 class _Lines:

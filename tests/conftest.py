@@ -69,6 +69,20 @@ def run_rlcli(*args: str, env: dict | None = None, timeout: float = 900, check: 
     return proc
 
 
+def popen_rlcli(*args: str, env: dict | None = None, stdout: int | None = subprocess.PIPE,
+                stderr: int | None = subprocess.PIPE, new_session: bool = False, ctrl_c: bool = False):
+    """`python -m rlcli.cli ARGS` started in the background, as subprocess.Popen(text=True, cwd=REPO) with
+    start_new_session=new_session and, with ctrl_c, SIGINT at its default (ctrl_c_works). Forked from the zygote
+    as run_rlcli's commands are (a tests.cli_zygote.Child: pid, poll, wait, communicate, signals)."""
+    env = dict(os.environ if env is None else env)
+    zygote = _zygote_for(args, env)
+    if zygote is not None:
+        return zygote.popen([*RLCLI, *args], env, str(REPO), stdout, stderr, new_session=new_session,
+                            sigint_default=ctrl_c)
+    return subprocess.Popen([*RLCLI, *args], env=env, cwd=REPO, stdout=stdout, stderr=stderr, text=True,
+                            start_new_session=new_session, preexec_fn=ctrl_c_works if ctrl_c else None)
+
+
 # The commands whose own process would spend seconds importing torch, transformers, datasets and the cookbook.
 HEAVY_COMMANDS = {"train", "loop", "eval", "sample", "chat", "export", "harbor", "synth", "demo"}
 _zygote: list = []  # this process's zygote, once started (or None where it could not be)

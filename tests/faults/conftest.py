@@ -25,6 +25,7 @@ from tests.conftest import (
     RLCLI,
     Background,
     install_embedded_model,
+    popen_rlcli,
     prestarts_done,
     run_rlcli,
     shared_compile_cache,
@@ -110,10 +111,10 @@ def fault_server(tmp_path_factory):
         server.stop()
 
 
-def trainer(*args: str, env: dict) -> subprocess.Popen:
-    """An rlcli command in the background, its output captured (text)."""
-    return subprocess.Popen([*RLCLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=REPO, start_new_session=True)
+def trainer(*args: str, env: dict):
+    """An rlcli command in the background in its own session, its output captured (text): a subprocess.Popen or
+    the zygote's Child (tests/conftest.py popen_rlcli)."""
+    return popen_rlcli(*args, env=env, new_session=True)
 
 
 def step_rows(folder: Path) -> list[dict]:

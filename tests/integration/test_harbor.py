@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, RLCLI, ctrl_c_works
+from tests.conftest import REPO, popen_rlcli
 
 FIXTURES = REPO / "tests" / "fixtures" / "harbor"
 ORACLE = {"hello-file": 1.0, "sum-numbers": 1.0, "network-allowed": 1.0, "partial-credit": 0.5, "always-fails": 0.0,
@@ -63,8 +63,7 @@ def labelled(client, owner: str | None = None) -> list:
 def rlcli(*args: str, env: dict, timeout: float) -> tuple[subprocess.CompletedProcess, str]:
     """Run the CLI; also return the owner label its sandboxes carry, so checks see only its containers
     (other test sessions may use this Docker daemon at the same time)."""
-    proc = subprocess.Popen([*RLCLI, *args], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = popen_rlcli(*args, env=env)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     finally:
@@ -189,10 +188,8 @@ def test_sweep_removes_only_dead_owners(docker_client):
 
 def test_sigint_mid_rollout_leaves_no_container(docker_client, env, tmp_path):
     # The hangs fixture's solve.sh never ends; --sandbox-timeout lets it run long past the SIGINT.
-    proc = subprocess.Popen([*RLCLI, "harbor", "run", str(FIXTURES / "hangs"), "--policy", "oracle",
-                             "--sandbox-timeout", "300", "--output", str(tmp_path / "out")], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=ctrl_c_works)
+    proc = popen_rlcli("harbor", "run", str(FIXTURES / "hangs"), "--policy", "oracle", "--sandbox-timeout", "300",
+                       "--output", str(tmp_path / "out"), env=env, ctrl_c=True)
     owner = f"{socket.gethostname()}:{proc.pid}"
     try:
         deadline = time.monotonic() + 120

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, RLCLI
+from tests.conftest import REPO, popen_rlcli
 
 SEMANTICS = REPO / "tests" / "fixtures" / "harbor-semantics"
 ORACLE = {"phase-network": 1.0, "multi-key": 0.75, "entrypoint-service": 1.0, "multi-step": 1.0,
@@ -37,8 +37,7 @@ def harbor_run(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess,
     """`rlcli harbor run` over the fixtures: (process, results by task, the owner label of its sandboxes)."""
     out = tmp_path / "out"
     env = dict(os.environ, RLCLI_HOME=str(tmp_path / "home"))
-    proc = subprocess.Popen([*RLCLI, "harbor", "run", str(SEMANTICS), "--output", str(out), *args], env=env,
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = popen_rlcli("harbor", "run", str(SEMANTICS), "--output", str(out), *args, env=env)
     try:
         stdout, stderr = proc.communicate(timeout=240)
     finally:

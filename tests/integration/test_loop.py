@@ -22,7 +22,7 @@ import pytest
 
 from rlcli.loop import batches, settings
 from rlcli.loop.ledger import opened
-from tests.conftest import REPO, RLCLI, run_rlcli
+from tests.conftest import popen_rlcli, run_rlcli
 
 pytestmark = pytest.mark.server
 # The embedded model learns a constant answer in 8 steps at lr 1e-2 but forgets its sums doing so (measured:
@@ -116,8 +116,7 @@ def test_killed_iteration_resumes_and_a_second_run_is_refused(loop):
     tmp, folder, server = loop
     settings.write(folder, replace(settings.read(folder), gate="manual"))  # iteration 3 waits for a person
     deliver(tmp, 3)
-    first = subprocess.Popen([*RLCLI, "loop", "run", str(folder), "--once"], env=server.env, cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = popen_rlcli("loop", "run", str(folder), "--once", env=server.env, stdout=subprocess.DEVNULL)
     try:
         assert _first_state(folder / "iterations" / "0003" / "run-0-sft", 240), "no checkpoint was written"
         second = run_rlcli("loop", "run", str(folder), "--once", env=server.env, timeout=60)

@@ -19,7 +19,7 @@ import pytest
 
 from rlcli.train.folder import MODELS_FILE
 from rlcli.train.losses import served_losses
-from tests.conftest import REPO, RLCLI, ctrl_c_works, run_rlcli
+from tests.conftest import REPO, popen_rlcli, run_rlcli
 
 pytestmark = pytest.mark.server
 
@@ -128,10 +128,8 @@ def test_plain_question_answer_file(server, tmp_path):
 def test_interrupt_frees_the_slot(server, tmp_path):
     """Ctrl-C mid-run: exit 130, and the model the run created is unloaded on the way out."""
     run = tmp_path / "run"
-    args = [*RLCLI, "train", "rl", *TINY, "--loss", "ppo", "--dataset", "arithmetic", "--max-steps", "50",
-            "--base-url", server.url, "--log-path", str(run)]
-    proc = subprocess.Popen(args, env=server.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=ctrl_c_works)
+    proc = popen_rlcli("train", "rl", *TINY, "--loss", "ppo", "--dataset", "arithmetic", "--max-steps", "50",
+                       "--base-url", server.url, "--log-path", str(run), env=server.env, ctrl_c=True)
     try:
         deadline = time.monotonic() + 120
         while not ((run / MODELS_FILE).is_file() and (run / MODELS_FILE).read_text().strip()):

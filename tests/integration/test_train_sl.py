@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rlcli.train.folder import MODELS_FILE, TEMP_PREFIX
-from tests.conftest import REPO, RLCLI, run_rlcli
+from tests.conftest import REPO, popen_rlcli, run_rlcli
 
 pytestmark = pytest.mark.server
 
@@ -106,8 +106,7 @@ def test_resume_continues_from_the_last_checkpoint(server, tmp_path):
     run = tmp_path / "run"
     args = [*TRAIN, "--dataset", str(FIXTURE), "--epochs", "2", "--max-steps", "8", "--save-every", "2",
             "--log-path", str(run), "--base-url", server.url]
-    crashed = subprocess.Popen([*RLCLI, *args], env=server.env, cwd=REPO, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    crashed = popen_rlcli(*args, env=server.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180
         while not saved_state(run):

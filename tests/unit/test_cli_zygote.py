@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -89,6 +90,52 @@ def test_a_child_past_its_time_limit_is_killed(zygote, tmp_path):
     assert zygote.alive()
     again = zygote.run([*RLCLI, "--version"], dict(os.environ), str(REPO), None, 60)
     assert again.returncode == 0 and again.stdout.startswith("rlcli")
+
+
+@pytest.fixture
+def stdin_held_open():
+    """This process's stdin replaced by a pipe nobody writes to, so a child's `--dataset -` waits for ever."""
+    read, write = os.pipe()
+    saved = os.dup(0)
+    os.dup2(read, 0)
+    yield
+    os.dup2(saved, 0)
+    for fd in (saved, read, write):
+        os.close(fd)
+
+
+WAITS = [*RLCLI, "train", "sl", "--dataset", "-", "--model", "m"]
+
+
+@pytest.mark.slow
+def test_a_background_child_takes_ctrl_c_in_its_own_session(zygote, stdin_held_open):
+    """popen's contract, as subprocess.Popen's with start_new_session and SIGINT at its default (ctrl_c_works)."""
+    proc = zygote.popen(WAITS, dict(os.environ), str(REPO), subprocess.PIPE, subprocess.PIPE, new_session=True,
+                        sigint_default=True)
+    try:
+        assert proc.poll() is None and proc.returncode is None
+        assert os.getsid(proc.pid) == proc.pid != os.getsid(0)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.communicate(timeout=3)  # still reading its stdin
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)  # goes on where the timed-out call stopped
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and proc.poll() == 130, err
+    assert err.strip().splitlines()[-1] == "rlcli: interrupted" and out == "" and "Traceback" not in err
+    assert proc.stdout.closed and proc.args == WAITS
+
+
+@pytest.mark.slow
+def test_a_killed_background_child_reports_the_signal(zygote, stdin_held_open):
+    proc = zygote.popen(WAITS, dict(os.environ), str(REPO), subprocess.DEVNULL, subprocess.PIPE)
+    assert proc.stdout is None and os.getsid(proc.pid) == os.getsid(0)  # the zygote's session: the test's
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=1)
+    os.kill(proc.pid, signal.SIGKILL)  # as the fault tests kill a trainer: by pid
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert proc.communicate(timeout=10) == (None, "")
+    proc.kill()  # reaped: a no-op, not a signal to whatever process has that pid now
 
 
 @pytest.mark.slow
