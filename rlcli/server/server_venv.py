@@ -201,6 +201,14 @@ def finish_install(venv: Path, again: bool = True) -> None:
         write_peft_record(venv)
 
 
+def test_suites(sites: list[Path]) -> str:
+    """compileall's -x pattern (searched in each full path) for the files under a folder named `tests` or
+    `test` inside these site-packages; the folders above them (a venv under ~/test/, say) do not count."""
+    import re
+
+    return "^(?:" + "|".join(re.escape(str(s)) for s in sites) + r")/(?:[^/]+/)*tests?/"
+
+
 def compile_bytecode(venv: Path) -> None:
     """Write the bytecode of every module in the venv now, so no process of the server compiles source.
 
@@ -208,7 +216,9 @@ def compile_bytecode(venv: Path) -> None:
     (common in containers) Python never caches what it compiles: every process of every server start then
     compiled SkyRL's imports again, ~25 s of CPU on a 2-core machine (docs/decisions.md). compileall writes
     regardless of that setting; a file that does not compile (templates, old syntax) is left as it is, as
-    pip leaves it."""
+    pip leaves it. The packages' own test suites (`tests/` and `test/` folders: 3,018 of the jax venv's
+    19,594 files) are skipped: no server process imports them, and skipping them took a full compile from 50 s
+    to 41 s on 2 cores. Should anything import one, Python compiles it then, as it would have before."""
     sites = _site_packages(venv)
     if not sites:
         return
@@ -218,7 +228,8 @@ def compile_bytecode(venv: Path) -> None:
         return
     start = time.monotonic()
     _progress("writing the server venv's bytecode (once per install)")
-    cmd = [str(venv / "bin" / "python"), "-m", "compileall", "-q", "-q", "-j", "0", *map(str, sites)]
+    cmd = [str(venv / "bin" / "python"), "-m", "compileall", "-q", "-q", "-j", "0", "-x", test_suites(sites),
+           *map(str, sites)]
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _mark(venv, BYTECODE)
     _progress(f"server venv bytecode written in {time.monotonic() - start:.0f}s")

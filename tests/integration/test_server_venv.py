@@ -42,6 +42,8 @@ def test_serve_install_builds_exactly_the_lock_and_it_runs(tmp_path):
     sources = list((site / "skyrl").rglob("*.py"))
     compiled = {(p.parent.parent, p.name.split(".")[0]) for p in (site / "skyrl").rglob("__pycache__/*.pyc")}
     assert sources and all((p.parent, p.stem) in compiled for p in sources)
+    # ... but not the packages' own test suites, which no server process imports.
+    assert list((site / "numpy").rglob("tests/*.py")) and not list((site / "numpy").rglob("tests/__pycache__"))
     python = str(venv / "bin" / "python")
     # Every distribution declares its import names, and they are the ones the venv's own Python infers from its
     # files, so packages_distributions() (transformers, at import) reads them instead of listing every file.

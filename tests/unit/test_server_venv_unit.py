@@ -20,6 +20,10 @@ def _scratch_venv(tmp_path: Path) -> Path:
     (site / "pkg" / "__init__.py").write_text("VALUE = 1\n")
     (site / "single.py").write_text("def f():\n    return 2\n")
     (site / "broken.py").write_text("def (:\n")  # a file that does not compile must not stop the others
+    for suite in ("tests", "test"):  # a package's own test suite: no server process imports it
+        (site / "pkg" / suite).mkdir()
+        (site / "pkg" / suite / f"{suite}_pkg.py").write_text("def test_value():\n    assert True\n")
+    (site / "pkg" / "testing.py").write_text("HELPER = 1\n")  # a module merely named like one is compiled
     (venv / "bin").mkdir()
     (venv / "bin" / "python").symlink_to(sys.executable)
     (venv / server_venv.MARKER).write_text(f"jax:{server_venv._pins_digest('jax')}\n")  # built from today's pins
@@ -35,7 +39,7 @@ def test_a_complete_venv_without_bytecode_gets_it_once_even_with_dontwritebyteco
     venv = _scratch_venv(tmp_path)
     assert _pycs(venv) == [] and not server_venv.has_bytecode(venv)
     assert server_venv.ensure_server_venv("jax", venv=str(venv)) == venv
-    assert _pycs(venv) == ["__init__", "single"]
+    assert _pycs(venv) == ["__init__", "single", "testing"]  # not tests/ nor test/
     assert server_venv.BYTECODE in (venv / server_venv.MARKER).read_text().split()
     assert server_venv.is_complete(venv, "jax")  # the marker still says which pins it was built from
     assert "bytecode written" in capsys.readouterr().err
@@ -43,6 +47,13 @@ def test_a_complete_venv_without_bytecode_gets_it_once_even_with_dontwritebyteco
     (venv / "lib" / "python3.12" / "site-packages" / "later.py").write_text("X = 3\n")
     server_venv.ensure_server_venv("jax", venv=str(venv))
     assert "later" not in _pycs(venv) and capsys.readouterr().err == ""
+
+
+def test_a_venv_inside_a_folder_named_tests_still_gets_its_bytecode(tmp_path):
+    """Only test suites inside site-packages are skipped, not everything below a user's ~/tests/."""
+    venv = _scratch_venv(tmp_path / "tests" / "test")
+    server_venv.compile_bytecode(venv)
+    assert _pycs(venv) == ["__init__", "single", "testing"]
 
 
 def test_an_interpreter_without_site_packages_of_its_own_needs_nothing(tmp_path):
