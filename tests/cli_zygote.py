@@ -295,7 +295,7 @@ class Child:
         first = self._lines.next(None)
         self.pid = json.loads(first).get("pid", 0) if first else 0  # 0: it died before it could say
         self._done = threading.Event()
-        self._read: dict[str, list] | None = None
+        self._read: dict[str, tuple[threading.Thread, list[str]]] | None = None
         threading.Thread(target=self._await_status, args=(None if self.pid else first,), daemon=True).start()
 
     @staticmethod
@@ -347,21 +347,25 @@ class Child:
 
         if input is not None:
             raise ValueError("a zygote child reads the test's own stdin")
-        if self._read is None:
+        if self._read is None:  # one reader per pipe, kept across calls
             self._read = {}
             for name, f in (("stdout", self.stdout), ("stderr", self.stderr)):
                 if f is not None:
-                    self._read[name] = []
-                    threading.Thread(target=lambda f=f, into=self._read[name]: into.append(f.read()),
-                                     daemon=True).start()
+                    into: list[str] = []
+                    reader = threading.Thread(target=lambda f=f, into=into: into.append(f.read()), daemon=True)
+                    reader.start()
+                    self._read[name] = (reader, into)
         deadline = None if timeout is None else time.monotonic() + timeout
-        for into in self._read.values():
-            while not into:
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise subprocess.TimeoutExpired(self.args, timeout)
-                time.sleep(0.02)
-        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        outs = {name: into[0] for name, into in self._read.items()}  # text mode: newlines already translated
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        for reader, _ in self._read.values():
+            reader.join(left())
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(left())
+        outs = {name: into[0] for name, (_, into) in self._read.items()}  # text mode: newlines already translated
         for f in (self.stdout, self.stderr):
             if f is not None:
                 f.close()

@@ -201,7 +201,7 @@ def finish_install(venv: Path, again: bool = True) -> None:
         write_peft_record(venv)
 
 
-def test_suites(sites: list[Path]) -> str:
+def suites_pattern(sites: list[Path]) -> str:
     """compileall's -x pattern (searched in each full path) for the files under a folder named `tests` or
     `test` inside these site-packages; the folders above them (a venv under ~/test/, say) do not count."""
     import re
@@ -228,7 +228,7 @@ def compile_bytecode(venv: Path) -> None:
         return
     start = time.monotonic()
     _progress("writing the server venv's bytecode (once per install)")
-    cmd = [str(venv / "bin" / "python"), "-m", "compileall", "-q", "-q", "-j", "0", "-x", test_suites(sites),
+    cmd = [str(venv / "bin" / "python"), "-m", "compileall", "-q", "-q", "-j", "0", "-x", suites_pattern(sites),
            *map(str, sites)]
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _mark(venv, BYTECODE)
