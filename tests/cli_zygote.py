@@ -134,6 +134,9 @@ if __name__ == "__main__":
 
 # --- the test's side -------------------------------------------------------------------------------------------
 
+# The commands whose own process would spend seconds importing torch, transformers, datasets and the cookbook.
+HEAVY_COMMANDS = frozenset({"train", "loop", "eval", "sample", "chat", "export", "harbor", "synth", "demo"})
+
 # Read by a command at run time, not while a module is imported: these may differ from the zygote's environment.
 # TMPDIR: tempfile's choice is reset in the child. TORCHINDUCTOR_CACHE_DIR: torch reads it (and sets its default
 # into os.environ) when inductor first runs, which an in-process test may do after the zygote started.
@@ -175,12 +178,20 @@ class Zygote:
             self.close()
             raise RuntimeError("importing the commands' modules printed output: " + self.tail())
 
+    @classmethod
+    def attach(cls, socket_path: str, env: dict[str, str]) -> Zygote:
+        """A handle on a zygote that another process started and owns (a notebook kernel's handle on its test's
+        zygote, tests/notebook_kernel.py): it submits commands; closing the zygote stays with its owner."""
+        self = cls.__new__(cls)
+        self.folder, self.socket, self.env, self.log, self.proc = None, socket_path, dict(env), None, None
+        return self
+
     def tail(self) -> str:
         self.log.seek(0)
         return (self.log.read().decode(errors="replace").strip().splitlines() or ["no output"])[-1]
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return os.path.exists(self.socket) if self.proc is None else self.proc.poll() is None
 
     def submit(self, argv: list[str], env: dict[str, str], cwd: str, fds: list[int], **options: bool) -> socket.socket:
         """Hand the zygote one command with its stdin, stdout and stderr (closed here once sent); the connection
@@ -263,6 +274,8 @@ class Zygote:
     def close(self) -> None:
         import shutil
 
+        if self.proc is None:  # attached, not owned
+            return
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()

@@ -24,6 +24,7 @@ import pytest
 from rlcli.server.private import PrivateServer, private_server
 from rlcli.server.private import free_port as free_port  # tests/integration import it from here
 from rlcli.server.process import read_state
+from tests import cli_zygote
 
 REPO = Path(__file__).resolve().parent.parent
 RLCLI = [sys.executable, "-m", "rlcli.cli"]
@@ -83,16 +84,13 @@ def popen_rlcli(*args: str, env: dict | None = None, stdout: int | None = subpro
                             start_new_session=new_session, preexec_fn=ctrl_c_works if ctrl_c else None)
 
 
-# The commands whose own process would spend seconds importing torch, transformers, datasets and the cookbook.
-HEAVY_COMMANDS = {"train", "loop", "eval", "sample", "chat", "export", "harbor", "synth", "demo"}
+HEAVY_COMMANDS = cli_zygote.HEAVY_COMMANDS
 _zygote: list = []  # this process's zygote, once started (or None where it could not be)
 _zygote_lock = threading.Lock()
 
 
 def _zygote_for(args: tuple[str, ...], env: dict[str, str]):
     """The zygote to run `rlcli ARGS` in, or None for a fresh process."""
-    from tests import cli_zygote
-
     if os.environ.get("RLCLI_TEST_FRESH_PROCESSES") == "1" or not args or args[0] not in HEAVY_COMMANDS:
         return None
     with _zygote_lock:
@@ -133,6 +131,17 @@ def shared_compile_cache(home: Path) -> Path:
     (home / "cache").mkdir(parents=True, exist_ok=True, mode=0o700)
     (home / "cache" / "jax").symlink_to(cache, target_is_directory=True)
     return home
+
+
+def shared_jax_cache_env() -> dict[str, str]:
+    """jax's settings for a check that runs jax directly in the server venv's Python (the extensions' self-checks,
+    the loss checks): the compilation cache every test session's servers share (shared_compile_cache), every
+    program kept. A warm `make test` then loads their hundreds of small op-by-op programs instead of compiling
+    each (~40 ms apiece on 2 cores)."""
+    cache = shared_model_home() / "cache" / "jax-tests"
+    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
 def install_embedded_model() -> str:

@@ -26,7 +26,7 @@ from rlcli.train.losses import (
     served_losses,
     shifted_logprobs,
 )
-from tests.conftest import REPO, run_rlcli, shared_server_venv
+from tests.conftest import REPO, run_rlcli, shared_jax_cache_env, shared_server_venv
 from tests.unit.test_losses import random_batch
 
 pytestmark = pytest.mark.server
@@ -40,8 +40,9 @@ ADAM = dict(learning_rate=0.05, beta1=0.0, beta2=0.0, eps=1e-3)
 def server_python(script: str, stdin: str = "", timeout: float = 240, check: bool = True):
     """Run `script` with the server venv's Python, rlcli's runtime folder importable; its stdout."""
     python = shared_server_venv() / "bin" / "python"
+    env = dict(os.environ, PYTHONPATH=str(RUNTIME), **shared_jax_cache_env())
     proc = subprocess.run([str(python), "-c", script], input=stdin, capture_output=True, text=True,
-                          timeout=timeout, cwd=RUNTIME, env=dict(os.environ, PYTHONPATH=str(RUNTIME)))
+                          timeout=timeout, cwd=RUNTIME, env=env)
     if check:
         assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout if check else proc

@@ -11,12 +11,13 @@ switches jax to float64) comes last.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
 
 from rlcli.server import commands
-from tests.conftest import shared_server_venv
+from tests.conftest import shared_jax_cache_env, shared_server_venv
 
 pytestmark = pytest.mark.server
 
@@ -65,7 +66,8 @@ print(json.dumps(results))
 def checks() -> dict[str, dict]:
     python = shared_server_venv() / "bin" / "python"
     job = json.dumps([str(commands.RUNTIME_DIR), CHECK, ORDER])
-    proc = subprocess.run([str(python), "-c", DRIVER], input=job, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([str(python), "-c", DRIVER], input=job, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **shared_jax_cache_env()})
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

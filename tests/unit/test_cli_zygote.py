@@ -158,3 +158,33 @@ def test_the_zygote_module_imports_nothing_heavy():
             "print([m for m in ('torch', 'tinker', 'transformers', 'datasets') if m in sys.modules])")
     proc = subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "[]", proc.stderr
+
+
+@pytest.mark.slow
+def test_a_notebook_kernel_sends_rlcli_lab_commands_to_the_zygote(zygote, tmp_path, monkeypatch):
+    """tests/notebook_kernel.py in a process like the papermill kernel: rlcli.lab's heavy commands run in the
+    zygote (an attached handle, which never stops it), anything else, or a differing environment, runs fresh."""
+    from rlcli import lab
+    from tests import notebook_kernel
+
+    kernel_env = notebook_kernel.kernel_startup(tmp_path / "kernel", zygote)
+    startup = next((tmp_path / "kernel").rglob("startup/*.py"))
+    assert (tmp_path / "kernel").stat().st_mode & 0o077 == 0 and "install()" in startup.read_text()
+    monkeypatch.setattr(lab, "subprocess", subprocess)  # install() replaces it; the monkeypatch puts it back
+    for name, value in {**kernel_env, "MPLBACKEND": "module://matplotlib_inline.backend_inline"}.items():
+        monkeypatch.setenv(name, value)
+    log = tmp_path / "zygote.log"
+    monkeypatch.setenv("RLCLI_TEST_ZYGOTE_LOG", str(log))
+    notebook_kernel.install()
+    assert isinstance(lab.subprocess, notebook_kernel._Subprocess)
+    out = lab.rlcli("eval", "--help")  # heavy: forked, and answers as a fresh `rlcli eval --help`
+    assert out == fresh(["eval", "--help"], dict(os.environ)).stdout
+    lab.rlcli("--version")  # light: fresh
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1")
+    lab.rlcli("eval", "--help")  # an environment the zygote's imports read differently: fresh
+    lines = [line.split(" kernel ", 1)[1] for line in log.read_text().splitlines()]
+    assert lines == ["-m rlcli.cli eval --help: fork", "-m rlcli.cli --version: fresh ",
+                     "-m rlcli.cli eval --help: fresh HF_HUB_OFFLINE"], lines
+    attached = lab.subprocess._zygote
+    attached.close()  # the handle's close leaves the zygote to its owner
+    assert attached.alive() and zygote.alive()
