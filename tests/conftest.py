@@ -26,6 +26,12 @@ from rlcli.server.private import free_port as free_port  # tests/integration imp
 from rlcli.server.process import read_state
 from tests import cli_zygote
 
+# pytest keeps each test module's assertion-rewritten bytecode under its __pycache__ unless bytecode writing is off;
+# a machine whose environment sets PYTHONDONTWRITEBYTECODE=1 would have every worker rewrite and compile every test
+# module again on every run (~2 s of each worker's collection). The test modules are imported after this file. This
+# process only: the commands, servers and kernels the tests start keep the environment as it is.
+sys.dont_write_bytecode = False
+
 REPO = Path(__file__).resolve().parent.parent
 RLCLI = [sys.executable, "-m", "rlcli.cli"]
 
