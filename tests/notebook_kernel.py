@@ -14,9 +14,11 @@ the zygote's socket and the environment it was started with.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,6 +41,24 @@ def kernel_startup(folder: Path, zygote) -> dict[str, str]:
     (startup / "00-rlcli-zygote.py").write_text(f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
                                                 "import tests.notebook_kernel\ntests.notebook_kernel.install()\n")
     return {"IPYTHONDIR": str(folder / "ipython"), HANDOFF: str(handoff)}
+
+
+@contextlib.contextmanager
+def kernels_fork(folder: Path) -> Iterator[None]:
+    """Within the block, the kernels papermill starts from this process run rlcli.lab's commands in this test
+    worker's zygote (none: as before; RLCLI_TEST_FRESH_PROCESSES=1 keeps fresh processes)."""
+    import pytest
+
+    from tests import conftest
+
+    zygote = conftest._zygote_for(("train",), dict(os.environ))
+    if zygote is None:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in kernel_startup(folder, zygote).items():
+            patch.setenv(name, value)
+        yield
 
 
 class _Subprocess:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 
 import pytest
 
-from tests import conftest, notebook_kernel
+from tests import notebook_kernel
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -29,14 +28,8 @@ if _missing:
 @pytest.fixture(scope="module", autouse=True)
 def kernels_fork_from_the_zygote(tmp_path_factory):
     """The notebooks' kernels run rlcli.lab's commands in this worker's zygote, as run_rlcli runs the other tests'
-    (tests/notebook_kernel.py); RLCLI_TEST_FRESH_PROCESSES=1 keeps fresh processes."""
-    zygote = conftest._zygote_for(("train",), dict(os.environ))
-    if zygote is None:
-        yield
-        return
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in notebook_kernel.kernel_startup(tmp_path_factory.mktemp("kernel"), zygote).items():
-            patch.setenv(name, value)
+    (tests/notebook_kernel.py)."""
+    with notebook_kernel.kernels_fork(tmp_path_factory.mktemp("kernel")):
         yield
 
 

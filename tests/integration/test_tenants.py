@@ -355,11 +355,12 @@ def test_a_notebook_takes_the_key_from_the_environment(shared, request, tmp_path
     import papermill  # the notebook tests' dependencies (env/notebooks.txt)
 
     from tests.integration.test_notebooks import NOTEBOOKS, execute
+    from tests.notebook_kernel import kernels_fork
 
     srv, keys = shared
     parameters = dict(sl_steps=2, rl_steps=1, base_url=srv.url, run_dir=str(tmp_path / "run"))
     monkeypatch.delenv("TINKER_API_KEY", raising=False)
-    with pytest.raises(papermill.PapermillExecutionError) as refused:
+    with kernels_fork(tmp_path / "kernel"), pytest.raises(papermill.PapermillExecutionError) as refused:
         papermill.execute_notebook(str(NOTEBOOKS / "learning_curve.ipynb"), str(tmp_path / "refused.ipynb"),
                                    parameters={**parameters, "results_dir": str(tmp_path / "refused")},
                                    cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False,
@@ -367,7 +368,8 @@ def test_a_notebook_takes_the_key_from_the_environment(shared, request, tmp_path
     errors = [line for line in refused.value.evalue.splitlines() if line.startswith("rlcli: error:")]
     assert len(errors) == 1 and "TINKER_API_KEY" in errors[0], refused.value.evalue
     monkeypatch.setenv("TINKER_API_KEY", keys["carol"])
-    result = execute("learning_curve", tmp_path, parameters)
+    with kernels_fork(tmp_path / "kernel-keyed"):
+        result = execute("learning_curve", tmp_path, parameters)
     assert result["sl_steps"] == 2 and result["rl_steps"] == 1
     runs = call(srv.url + "/api/v1/training_runs", key=keys["carol"])[1]["training_runs"]
     assert len(runs) == 2  # the notebook's SFT and RL runs, carol's
