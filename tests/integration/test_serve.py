@@ -98,8 +98,9 @@ def test_results_travel_by_ring_not_by_timer(server, monkeypatch):
     caps = f"{server.url}/api/v1/rlcli/capabilities"
     before = request_json(caps)["rlcli_wake"]
     assert before["wake"] == "notify" and before["engine_joined"] is True and before["log"] == "plain", before
-    assert before["submit"] == "one statement", before
+    assert before["submit"] == "one statement" and before["engine_look"] == "pending types first", before
     log = server.log
+    assert "each look asks for the pending request types first" in log.read_text(errors="replace")
     offset = log.stat().st_size
     monkeypatch.setenv("TINKER_API_KEY", "tml-test")
     client = tinker.ServiceClient(base_url=server.url).create_lora_training_client(base_model=server.model, rank=4)

@@ -19,6 +19,10 @@ the environment). The database stays the only channel for data; a ring only says
 - engine -> API: after the engine completes futures (TinkerEngine._complete_futures) the API is rung,
   and its future poller (which replaces poll_futures) reads the awaited futures at once. A new waiter
   (retrieve_future) wakes the poller too, so a result that is already there is not waited for.
+Each look of the engine first asks the database which request types are pending (one query) and skips SkyRL's
+finders for the types that are not (look_for_pending_kinds): SkyRL's scheduling pass runs ~7 queries through the
+ORM per look (each finder of model passes looks for barriers, then its type; samples; single requests), on the path
+of every request before its computation starts, most of them for types nobody sent.
 The API files a new future in one statement (one_statement_submit): SkyRL's create_future looks for a retry
 of the request first, then inserts in a savepoint; here the insert is tried first and skips a (model_id,
 seq_id) pair the table holds already, and only then is the existing row read (same id or 409, as stock).
@@ -44,12 +48,14 @@ import socket
 import sys
 
 NAME = "rlcli_wake"
-VERSION = "1.3"
+VERSION = "1.4"
 ENV_ID = "RLCLI_WAKE_ID"
 # "1" keeps SkyRL's rich log handler (the A/B of benchmarks/request_path.py --ab-env, or a taste for it).
 RICH_LOG_ENV = "RLCLI_RICH_LOG"
 # "1" keeps SkyRL's own create_future (select, then insert in a savepoint): the A/B, or a database we do not know.
 STOCK_SUBMIT_ENV = "RLCLI_STOCK_SUBMIT"
+# "1" runs SkyRL's whole scheduling pass on every look, every finder querying for its request type (the A/B).
+STOCK_LOOK_ENV = "RLCLI_STOCK_LOOK"
 # How often each side looks without a ring. Not latency: a ring is what wakes a waiting side. These
 # bound the damage of a lost ring and keep SkyRL's periodic session cleanup running.
 ENGINE_SAFETY_S = 1.0
@@ -66,10 +72,13 @@ TARGETS = [
     ("skyrl.utils.log", "RichHandler"),
     ("skyrl.tinker.engine", "log_timing"),
     ("skyrl.tinker.api", "create_future"),
+    ("skyrl.tinker.engine", "TinkerEngine.find_batchable_model_passes"),
+    ("skyrl.tinker.engine", "TinkerEngine.find_batchable_sample"),
+    ("skyrl.tinker.engine", "TinkerEngine.find_single_requests"),
 ]
 
 _state = {"installed": None, "engine_joined": False, "rings_sent": 0, "rings_heard": 0, "log": "rich (stock)",
-          "submit": "stock"}
+          "submit": "stock", "look": "every finder (stock)"}
 
 
 def log(message: str) -> None:
@@ -242,7 +251,70 @@ def install_engine(wake_id: str) -> None:
 
     TinkerEngine._complete_futures = complete_futures
     TinkerEngine.process_pending_requests = process_pending_requests
+    if os.environ.get(STOCK_LOOK_ENV) != "1":
+        look_for_pending_kinds(TinkerEngine)
+        _state["look"] = "pending types first"
     _state["installed"] = "engine"
+
+
+def look_for_pending_kinds(engine_cls) -> None:
+    """Each look (process_pending_requests_once) first reads which request types are pending, in one query; a
+    finder whose types are not among them returns nothing without querying, as it would have found nothing.
+
+    SkyRL's finders read the pending rows of their own types (find_batchable_model_passes: the destructive
+    barriers, then the passes of its type; find_batchable_sample; find_single_requests: the barriers, then
+    every type but passes, samples and external requests), so with no pending row of those types each returns
+    {}. A request filed after the first query is found on the next look: its commit rings the engine, which
+    then looks again at once; that is the order in which the stock pass would have found it had it been
+    filed a moment later. Outside a look (a caller of a finder alone) the finders run as stock."""
+    from skyrl.tinker import types
+    from skyrl.tinker.db_models import FutureDB, RequestStatus
+    from sqlmodel import Session, select
+
+    kinds_query = select(FutureDB.request_type).where(FutureDB.status == RequestStatus.PENDING).distinct()
+    kind = types.RequestType
+    not_single = {kind.FORWARD_BACKWARD, kind.FORWARD, kind.SAMPLE, kind.EXTERNAL}
+    once = engine_cls.process_pending_requests_once
+    passes, samples, singles = (engine_cls.find_batchable_model_passes, engine_cls.find_batchable_sample,
+                                engine_cls.find_single_requests)
+
+    def pending(engine) -> set | None:
+        return engine.__dict__.get("_rlcli_pending_kinds")
+
+    @functools.wraps(once)
+    def process_pending_requests_once(self):
+        with Session(self.db_engine) as session:
+            self._rlcli_pending_kinds = {kind(k) for k in session.exec(kinds_query).all()}
+        try:
+            return once(self)
+        finally:
+            self._rlcli_pending_kinds = None
+
+    @functools.wraps(passes)
+    def find_batchable_model_passes(self, session, request_type):
+        found = pending(self)
+        if found is not None and request_type not in found:
+            return {}
+        return passes(self, session, request_type)
+
+    @functools.wraps(samples)
+    def find_batchable_sample(self, session):
+        found = pending(self)
+        if found is not None and kind.SAMPLE not in found:
+            return {}
+        return samples(self, session)
+
+    @functools.wraps(singles)
+    def find_single_requests(self, session):
+        found = pending(self)
+        if found is not None and found <= not_single:
+            return {}
+        return singles(self, session)
+
+    engine_cls.process_pending_requests_once = process_pending_requests_once
+    engine_cls.find_batchable_model_passes = find_batchable_model_passes
+    engine_cls.find_batchable_sample = find_batchable_sample
+    engine_cls.find_single_requests = find_single_requests
 
 
 # -------------------------------------------------------------------------------------------------- api
@@ -391,6 +463,7 @@ def describe() -> dict:
         return {"wake": "timer (stock SkyRL)"}
     return {"wake": "notify", "engine_joined": _state["engine_joined"], "log": _state["log"],
             "submit": _state["submit"],
+            "engine_look": "every finder (stock)" if os.environ.get(STOCK_LOOK_ENV) == "1" else "pending types first",
             "rings": {"to_engine": _state["rings_sent"], "from_engine": _state["rings_heard"]},
             "safety_look_s": {"engine": ENGINE_SAFETY_S, "api_while_waiting": API_SAFETY_S}}
 
@@ -408,7 +481,8 @@ def register(role: str) -> None:
             log("no wake id from the API (it did not load this extension): the engine keeps SkyRL's timer")
             return
         install_engine(wake_id)
-        log("engine waits for the API's ring instead of sleeping 100 ms between looks")
+        look = "every request type (stock)" if _state["look"].endswith("(stock)") else "the pending request types first"
+        log(f"engine waits for the API's ring instead of sleeping 100 ms between looks; each look asks for {look}")
 
 
 def check_submit() -> str:
@@ -471,7 +545,92 @@ def check_submit() -> str:
     return "submit in one statement matches SkyRL's create_future (new, retry, 409, no seq_id, staged write)"
 
 
+def check_look() -> str:
+    """look_for_pending_kinds against SkyRL's finders on a scratch sqlite database: for queues holding nothing,
+    one type, passes behind a barrier, samples, single requests and a mix, every finder must find the same
+    requests inside a look as stock does, and the one query must name exactly the pending types."""
+    import tempfile
+    import types as pytypes
+
+    from skyrl.tinker import types
+    from skyrl.tinker.db_models import FutureDB, RequestStatus, SQLModel
+    from skyrl.tinker.engine import TinkerEngine
+    from sqlmodel import Session, create_engine
+
+    kind = types.RequestType
+    tensor = {"data": [1.0, 1.0]}
+    datum = {"model_input": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+             "loss_fn_inputs": {"target_tokens": {"data": [2, 3]}, "weights": tensor, "advantages": tensor,
+                                "logprobs": tensor}}
+    passes = types.ForwardBackwardInput.model_validate({"data": [datum], "loss_fn": "cross_entropy"})
+    sample = types.SampleInput.model_validate({
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1]}]}, "num_samples": 1, "checkpoint_id": "",
+        "prompt_logprobs": False, "sampling_params": {"temperature": 1.0, "max_tokens": 2, "seed": 0}})
+    adam = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.0}
+    data = {kind.FORWARD_BACKWARD: passes.model_dump(mode="json"), kind.FORWARD: passes.model_dump(mode="json"),
+            kind.SAMPLE: sample.model_dump(mode="json"), kind.OPTIM_STEP: {"adam_params": adam},
+            kind.SAVE_WEIGHTS: {"path": "p"}, kind.EXTERNAL: {}}
+    queues = [[], [kind.FORWARD], [kind.FORWARD_BACKWARD, kind.FORWARD_BACKWARD],
+              [kind.FORWARD_BACKWARD, kind.OPTIM_STEP, kind.FORWARD_BACKWARD], [kind.SAMPLE, kind.SAMPLE],
+              [kind.OPTIM_STEP], [kind.EXTERNAL, kind.FORWARD], [kind.SAVE_WEIGHTS, kind.SAMPLE],
+              [kind.FORWARD, kind.OPTIM_STEP, kind.FORWARD, kind.SAMPLE, kind.SAVE_WEIGHTS, kind.FORWARD_BACKWARD]]
+    stock = {name: getattr(TinkerEngine, name) for name in ("process_pending_requests_once",
+             "find_batchable_model_passes", "find_batchable_sample", "find_single_requests")}
+
+    class Probe(TinkerEngine):  # the finders' own code on a scratch database, without a backend
+        def __init__(self, db_engine):
+            self.db_engine, self._sampler = db_engine, None
+            self.config = pytypes.SimpleNamespace(backend="jax")
+            self.backend = pytypes.SimpleNamespace(config=pytypes.SimpleNamespace(sample_max_num_sequences=0))
+            self.found = {}
+
+        def process_pending_requests_once(self):  # what a look asks, in SkyRL's order
+            with Session(self.db_engine) as session:
+                self.found = {"passes": self.find_batchable_model_passes(session, kind.FORWARD_BACKWARD),
+                              "forward": self.find_batchable_model_passes(session, kind.FORWARD),
+                              "samples": self.find_batchable_sample(session),
+                              "singles": self.find_single_requests(session),
+                              "kinds": sorted(self.__dict__.get("_rlcli_pending_kinds") or ())}
+
+    def looks(folder: str, wrapped: bool) -> list:
+        if wrapped:
+            look_for_pending_kinds(Probe)
+        outcomes = []
+        for n, queue in enumerate(queues):
+            db = create_engine(f"sqlite:///{folder}/db{n}.sqlite")
+            SQLModel.metadata.create_all(db)
+            with Session(db) as session:
+                for i, k in enumerate(queue):
+                    session.add(FutureDB(request_type=k, model_id="m" if i % 2 else "n", request_data=data[k],
+                                         status=RequestStatus.PENDING))
+                session.add(FutureDB(request_type=kind.SAMPLE, model_id="m", request_data=data[kind.SAMPLE],
+                                     status=RequestStatus.COMPLETED))  # done: no finder may take it
+                session.commit()
+            probe = Probe(db)
+            probe.process_pending_requests_once()
+            found = {k: (sorted(v) if isinstance(v, dict) else v) for k, v in probe.found.items()}
+            outcomes.append((found, sorted(set(queue), key=str)))
+            db.dispose()
+        for name, fn in stock.items():
+            if name != "process_pending_requests_once":
+                setattr(Probe, name, fn)
+        return outcomes
+
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        plain, fast = looks(a, False), looks(b, True)
+    for (want, _), (got, pending_kinds) in zip(plain, fast, strict=True):
+        if {k: v for k, v in got.items() if k != "kinds"} != {k: v for k, v in want.items() if k != "kinds"}:
+            raise SystemExit(f"{NAME}: a look with pending types first differs from SkyRL's:\n  stock {want}\n"
+                             f"  rlcli {got}")
+        if got["kinds"] != sorted(pending_kinds, key=str) and got["kinds"] != sorted(pending_kinds):
+            raise SystemExit(f"{NAME}: the pending-types query read {got['kinds']}, the queue holds {pending_kinds}")
+    if not any(w["passes"] for w, _ in plain) or not any(w["singles"] for w, _ in plain):
+        raise SystemExit(f"{NAME}: SkyRL's finders found nothing in the scratch queues: {plain}")
+    return f"a look with pending types first finds what SkyRL's finders find ({len(queues)} queues)"
+
+
 if __name__ == "__main__":
     check_targets()
     print(f"{NAME} {VERSION}: " + ", ".join(f"{m}.{a}" for m, a in TARGETS) + " present")
     print(f"{NAME} {VERSION}: " + check_submit())
+    print(f"{NAME} {VERSION}: " + check_look())
