@@ -36,21 +36,32 @@ assert "--base-model" in cmd and "uv" not in cmd, cmd
 print("shims ok")
 """
 
-# In this order (see the module's docstring); "shims" is CHECK above, the others are runtime/<name>.py.
-# rlcli_no_torch last: its record imports the real peft (and torch) in this process.
+# The engine loads rlcli_wake before rlcli_fair: fair's check must find SkyRL's finders under wake's wrappers.
+FAIR_AFTER_WAKE = """
+import rlcli_fair, rlcli_wake
+from skyrl.tinker.engine import TinkerEngine
+rlcli_wake.look_for_pending_kinds(TinkerEngine)
+assert TinkerEngine.find_single_requests.__wrapped__
+rlcli_fair.check_targets()
+print("fair finds the finders under wake's wrappers")
+"""
+INLINE = {"shims": CHECK, "fair_after_wake": FAIR_AFTER_WAKE}
+
+# In this order (see the module's docstring); "shims" and "fair_after_wake" are INLINE above, the others are
+# runtime/<name>.py. rlcli_no_torch last: its record imports the real peft (and torch) in this process.
 ORDER = ["rlcli_lazy_torch", "rlcli_slots", "rlcli_wake", "rlcli_warmup", "rlcli_fair",
-         "rlcli_samplers", "shims", "rlcli_lora", "rlcli_no_torch"]
+         "rlcli_samplers", "shims", "fair_after_wake", "rlcli_lora", "rlcli_no_torch"]
 DRIVER = """
 import contextlib, io, json, runpy, sys, traceback
-runtime, check, order = json.loads(sys.stdin.read())
+runtime, inline, order = json.loads(sys.stdin.read())
 sys.path.insert(0, runtime)
 results = {}
 for name in order:
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):
-            if name == "shims":
-                exec(compile(check, "CHECK", "exec"), {"__name__": "__main__"})
+            if name in inline:
+                exec(compile(inline[name], name, "exec"), {"__name__": "__main__"})
             else:
                 runpy.run_path(f"{runtime}/{name}.py", run_name="__main__")
         ok = True
@@ -65,7 +76,7 @@ print(json.dumps(results))
 @pytest.fixture(scope="module")
 def checks() -> dict[str, dict]:
     python = shared_server_venv() / "bin" / "python"
-    job = json.dumps([str(commands.RUNTIME_DIR), CHECK, ORDER])
+    job = json.dumps([str(commands.RUNTIME_DIR), INLINE, ORDER])
     proc = subprocess.run([str(python), "-c", DRIVER], input=job, capture_output=True, text=True, timeout=600,
                           env={**os.environ, **shared_jax_cache_env()})
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -117,8 +128,10 @@ def test_warmup_extension_targets_the_pinned_skyrl(checks):
 
 
 def test_fair_extension_targets_the_pinned_skyrl(checks):
-    """runtime/rlcli_fair.py chooses in TinkerEngine._load_requests, called by the engine's finders."""
+    """runtime/rlcli_fair.py chooses in TinkerEngine._load_requests, called by the engine's finders, which
+    rlcli_wake (loaded first in the engine) has wrapped by then."""
     assert passed(checks, "rlcli_fair", "present"), checks["rlcli_fair"]["out"][-2000:]
+    assert passed(checks, "fair_after_wake", "under wake's wrappers"), checks["fair_after_wake"]["out"][-2000:]
 
 
 def test_a_failing_check_fails_only_its_own_test():
@@ -130,7 +143,7 @@ def test_a_failing_check_fails_only_its_own_test():
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "bad.py").write_text("raise SystemExit('bad: target missing')\n")
         (Path(tmp) / "good.py").write_text("print('good: present')\n")
-        job = json.dumps([tmp, "print('shims ok')", ["bad", "good", "shims"]])
+        job = json.dumps([tmp, {"shims": "print('shims ok')"}, ["bad", "good", "shims"]])
         proc = subprocess.run([sys.executable, "-c", DRIVER], input=job, capture_output=True, text=True, timeout=60)
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not results["bad"]["ok"] and "target missing" in results["bad"]["out"]

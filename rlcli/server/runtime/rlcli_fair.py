@@ -24,6 +24,7 @@ reads their payloads: choosing there means deferred requests' payloads are not e
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -69,8 +70,13 @@ def check_targets():
     cls = engine.TinkerEngine
     found = {f"TinkerEngine.{n}": getattr(cls, n, None)
              for n in ("_load_requests", "process_pending_requests_once", *PASS_FINDERS, *SINGLE_FINDERS)}
-    found.update({f"TinkerEngine.{n} calling self._load_requests": "_load_requests" in getattr(
-        getattr(cls, n, None), "__code__", compile("", "", "exec")).co_names for n in (*PASS_FINDERS, *SINGLE_FINDERS)})
+
+    def calls_load(name: str) -> bool:  # SkyRL's own code, under any wrapper put around it first (rlcli_wake's)
+        fn = inspect.unwrap(getattr(cls, name, None) or (lambda: None))
+        return "_load_requests" in getattr(fn, "__code__", compile("", "", "exec")).co_names
+
+    found.update({f"TinkerEngine.{n} calling self._load_requests": calls_load(n)
+                  for n in (*PASS_FINDERS, *SINGLE_FINDERS)})
     pins.require(NAME, found)
     return cls
 
