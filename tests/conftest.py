@@ -123,6 +123,13 @@ def _zygote_for(args: tuple[str, ...], env: dict[str, str]):
     return None if differ else zygote
 
 
+def _shared_jax_cache() -> Path:
+    """The one jax compilation cache of every test session (beside the shared embedded model), made if new."""
+    cache = shared_model_home() / "cache" / "jax-tests"
+    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return cache
+
+
 def shared_compile_cache(home: Path) -> Path:
     """Give a test server's `home` jax's compilation cache shared by every test session (under the shared model
     home): a warm `make test` loads the programs earlier sessions compiled instead of compiling each new shape
@@ -131,8 +138,7 @@ def shared_compile_cache(home: Path) -> Path:
     actors too; parallel workers' servers at once: jax writes an entry in place, and a torn read is a warning
     and a compile, docs/decisions.md), except the test of the cache itself (test_serve.py), whose home keeps a
     cache of its own. Returns `home`."""
-    cache = shared_model_home() / "cache" / "jax-tests"
-    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cache = _shared_jax_cache()
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     (home / "cache").mkdir(parents=True, exist_ok=True, mode=0o700)
     (home / "cache" / "jax").symlink_to(cache, target_is_directory=True)
@@ -144,9 +150,7 @@ def shared_jax_cache_env() -> dict[str, str]:
     the loss checks): the compilation cache every test session's servers share (shared_compile_cache), every
     program kept. A warm `make test` then loads their hundreds of small op-by-op programs instead of compiling
     each (~40 ms apiece on 2 cores)."""
-    cache = shared_model_home() / "cache" / "jax-tests"
-    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    return {"JAX_COMPILATION_CACHE_DIR": str(_shared_jax_cache()), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
