@@ -99,6 +99,7 @@ def test_results_travel_by_ring_not_by_timer(server, monkeypatch):
     before = request_json(caps)["rlcli_wake"]
     assert before["wake"] == "notify" and before["engine_joined"] is True and before["log"] == "plain", before
     assert before["submit"] == "one statement" and before["engine_look"] == "pending types first", before
+    assert before["results"] == "in the ring", before
     log = server.log
     assert "each look asks for the pending request types first" in log.read_text(errors="replace")
     offset = log.stat().st_size
@@ -120,7 +121,22 @@ def test_results_travel_by_ring_not_by_timer(server, monkeypatch):
             request_json(route, {**step, "adam_params": {"learning_rate": 2e-4}})
         assert reused.value.code == 409, reused.value
         assert request_json(route, {**step, "seq_id": 1001})["request_id"] not in (first, None)
-        assert request_json(f"{server.url}/api/v1/retrieve_future", {"request_id": first}) is not None
+        retrieve = f"{server.url}/api/v1/retrieve_future"
+        once = request_json(retrieve, {"request_id": first})  # its ring came first: kept for this retrieve
+        assert "metrics" in once and request_json(retrieve, {"request_id": first}) == once  # again: the database
+        with pytest.raises(urllib.error.HTTPError) as unknown:
+            request_json(retrieve, {"request_id": "999999999"})
+        assert unknown.value.code == 404, unknown.value
+        # A result over the ring's limit (forward of 4 x 600 tokens: ~100 KB of JSON) comes from the database.
+        during = request_json(caps)["rlcli_wake"]
+        long = [tinker.Datum(model_input=tinker.ModelInput.from_ints([(7 * i + j) % 1000 + 5 for j in range(600)]),
+                             loss_fn_inputs={"target_tokens": [(7 * i + j) % 1000 + 6 for j in range(600)],
+                                             "weights": [1.0] * 600}) for i in range(4)]
+        big = client.forward(long, "cross_entropy").result()
+        assert [len(o["logprobs"].tolist()) for o in big.loss_fn_outputs] == [600] * 4
+        big_after = request_json(caps)["rlcli_wake"]
+        assert big_after["look_rings"] > during["look_rings"], (during, big_after)  # "read it from the database"
+        assert big_after["database_reads"] > during["database_reads"], (during, big_after)
     finally:
         unload_model(server.url, client.model_id)
     timing = re.compile(r" - INFO - skyrl: \(timing\) process_batch_requests\(forward, n=1\) took [0-9.]+s$", re.M)
@@ -133,9 +149,10 @@ def test_results_travel_by_ring_not_by_timer(server, monkeypatch):
     else:
         raise AssertionError(f"no one-line (timing) record for the forward in {log}")
     after = request_json(caps)["rlcli_wake"]
-    # create_model and forward (both awaited) completed futures in the engine, which rang the API; the API's
-    # commits (the new futures, the unload) rang the engine.
+    # create_model and forward (both awaited) completed futures in the engine, which rang the API with their
+    # results; the API's commits (the new futures, the unload) rang the engine.
     assert after["rings"]["from_engine"] >= before["rings"]["from_engine"] + 2, (before, after)
+    assert after["results_by_ring"] >= before["results_by_ring"] + 3, (before, after)  # create, forward, optim
     assert after["rings"]["to_engine"] >= before["rings"]["to_engine"] + 3, (before, after)
 
 

@@ -9,6 +9,8 @@ import secrets
 import sys
 import types
 
+import pytest
+
 from rlcli.server import commands
 
 
@@ -105,3 +107,97 @@ def test_rich_log_env_keeps_skyrls_rich_handler(monkeypatch):
     wake._plain_log_unless_asked()
     assert len(logger.handlers) == 1 and type(logger.handlers[0]) is logging.StreamHandler
     assert wake._state["log"] == "plain"
+
+
+def _results_side(wake):
+    """rlcli_wake.Results over stand-ins for the two SkyRL enums it reads."""
+    import enum
+
+    class RequestType(enum.StrEnum):
+        FORWARD = "forward"
+        OPTIM_STEP = "optim_step"
+        EXTERNAL = "external"
+
+    class RequestStatus(enum.StrEnum):
+        COMPLETED = "completed"
+        FAILED = "failed"
+
+    api = types.SimpleNamespace(types=types.SimpleNamespace(RequestType=RequestType), RequestStatus=RequestStatus)
+    results = wake.Results(api)
+    results.heard(wake.ENGINE_HELLO, {})
+    results.need_db = False
+    return results, RequestType, RequestStatus
+
+
+def _row(request_id, status, text):
+    return {"request_id": request_id, "status": types.SimpleNamespace(value=status), "result_data": text}
+
+
+def test_a_results_ring_reads_back_as_the_rows_and_big_results_stay_in_the_database():
+    wake = _wake_module()
+    rows = [_row(5, "completed", '{"loss": 1.0, "name": "é"}'), _row(9, "failed", '{"error": "no"}'),
+            _row(11, "completed", "")]
+    message = wake.results_message(3, rows)
+    assert wake.read_results(message) == (3, [(5, "completed", '{"loss": 1.0, "name": "é"}'),
+                                              (9, "failed", '{"error": "no"}'), (11, "completed", "")])
+    assert wake.results_message(4, [_row(1, "completed", "x" * (wake.RING_RESULTS_MAX + 1))]) is None
+    with pytest.raises(ValueError):
+        wake.read_results(message[:-1])  # a body shorter than its header says: never handed on
+
+
+def test_a_filed_future_is_resolved_by_its_ring_with_or_without_a_waiter():
+    import asyncio
+
+    wake = _wake_module()
+    results, kind, status = _results_side(wake)
+    loop = asyncio.new_event_loop()
+    try:
+        results.file(1, kind.FORWARD)
+        results.file(2, kind.OPTIM_STEP)
+        waiter, late = loop.create_future(), loop.create_future()
+        late.cancel()  # a waiter that gave up is skipped, the live one gets the result
+        waiters = {1: {waiter, late}}
+        results.heard(wake.results_message(1, [_row(1, "completed", '{"a": 1}'), _row(2, "failed", '{"e": 2}')]),
+                      waiters)
+        assert waiter.result() == (status.COMPLETED, kind.FORWARD, '{"a": 1}') and waiters == {}
+        assert results.need_db is False and results.filed == {} and results.by_ring == 2
+        # Nobody waited for 2 yet: kept until its retrieve_future comes, once.
+        assert results.take(2) == (status.FAILED, kind.OPTIM_STEP, '{"e": 2}')
+        assert results.take(2) is None and results.ready_bytes == 0
+    finally:
+        loop.close()
+
+
+def test_anything_a_ring_cannot_settle_sends_the_poller_to_the_database():
+    wake = _wake_module()
+    results, kind, _ = _results_side(wake)
+    results.heard(wake.results_message(1, [_row(40, "completed", "{}")]), {})  # not filed here
+    assert results.need_db and results.ready == {}
+    results.need_db = False
+    results.heard(wake.plain_message(2), {})  # too big for a ring, or rung after a full socket
+    assert results.need_db
+    results.need_db = False
+    results.file(41, kind.FORWARD)
+    results.heard(wake.results_message(4, [_row(41, "completed", "{}")]), {})  # ring 3 never arrived
+    assert results.need_db and 41 in results.ready and results.look_rings == 1
+    results.need_db = False
+    results.heard(b"R{not json", {})
+    assert results.need_db
+    results.file(42, kind.EXTERNAL)  # the API completes those itself: never waited for by ring
+    assert 42 not in results.filed
+
+
+def test_results_nobody_asks_for_are_kept_within_bounds(monkeypatch):
+    wake = _wake_module()
+    monkeypatch.setattr(wake, "READY_MAX", 3)
+    monkeypatch.setattr(wake, "READY_MAX_BYTES", 10)
+    results, kind, _ = _results_side(wake)
+    for request_id in range(1, 6):
+        results.file(request_id, kind.FORWARD)
+        results.heard(wake.results_message(request_id, [_row(request_id, "completed", "abc")]), {})
+    assert list(results.ready) == [3, 4, 5] and results.ready_bytes == 9  # the oldest went first
+    results.file(6, kind.FORWARD)
+    results.heard(wake.results_message(6, [_row(6, "completed", "x" * 8)]), {})
+    assert list(results.ready) == [6] and results.ready_bytes == 8
+    results.read_from_db({6: None})
+    assert results.db_reads == 1

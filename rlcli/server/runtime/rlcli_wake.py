@@ -12,13 +12,19 @@ on the embedded model a forward of 1x16 tokens took 107-131 ms wall for a few ms
 
 How: the two processes ring each other's doorbell, a Linux abstract Unix datagram socket per process
 (no file, no path-length limit; its name carries a random id the API makes and hands to its engine in
-the environment). The database stays the only channel for data; a ring only says "look now":
+the environment). The database stays where every request and result is kept; a ring says "look now", and
+the engine's ring also carries small results:
 - API -> engine: after every database commit in the API (a new future, an unload, a heartbeat) the
   engine is rung, and its loop (which replaces process_pending_requests) wakes at once. It also goes
   round again at once after an iteration that completed something, where the stock loop slept.
-- engine -> API: after the engine completes futures (TinkerEngine._complete_futures) the API is rung,
-  and its future poller (which replaces poll_futures) reads the awaited futures at once. A new waiter
-  (retrieve_future) wakes the poller too, so a result that is already there is not waited for.
+- engine -> API: when the engine completes futures (TinkerEngine._complete_futures, whose rows it writes the
+  same way) it rings the API with their results (status and result JSON, up to RING_RESULTS_MAX bytes in all)
+  before committing them: the API hands them to their waiters (or keeps them for a retrieve_future still to
+  come) without reading the database, and the commit is off the request's path. Bigger results, and any ring
+  that did not fit in the API's socket, are followed by a ring after the commit that sends the API's future
+  poller (which replaces poll_futures) to the database. Rings are numbered, so a missing one does the same.
+  A new waiter (retrieve_future) for a future the ring will not bring (filed by no submit of this process,
+  settled already) wakes the poller to read the database at once.
 Each look of the engine first asks the database which request types are pending (one query) and skips SkyRL's
 finders for the types that are not (look_for_pending_kinds): SkyRL's scheduling pass runs ~7 queries through the
 ORM per look (each finder of model passes looks for barriers, then its type; samples; single requests), on the path
@@ -29,10 +35,11 @@ seq_id) pair the table holds already, and only then is the existing row read (sa
 Both processes also commit to SkyRL's sqlite database without an fsync per commit (relax_sqlite_sync), and
 log through a plain stream handler instead of rich's (plain_log): the engine writes its `(timing)` line
 between a batch's computation and the completion of its futures, on every request's path.
-A ring is never needed for correctness: a lost one (a full socket buffer means rings are already
-queued) only delays a look to the safety interval, when each side looks anyway: the engine every
-ENGINE_SAFETY_S (its session cleanup runs from the same loop), the API every API_SAFETY_S while
-somebody waits. With no client, the server does one cheap queue look per second and nothing else.
+A ring is never needed for correctness: a lost one (a full socket: rings are already queued, and the next
+numbered ring shows the gap) only delays a look to the safety interval, when each side looks anyway: the engine
+every ENGINE_SAFETY_S (its session cleanup runs from the same loop), the API's database read once somebody has
+waited API_SAFETY_S. With no client, the server does one cheap queue look per second and nothing else.
+`RLCLI_STOCK_RESULTS=1` keeps results out of the rings (every result read from the database, as 1.4 did).
 
 `python rlcli_wake.py` checks in this venv that every SkyRL piece it replaces is where it expects.
 """
@@ -41,6 +48,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
+import json
 import os
 import secrets
 import select
@@ -48,7 +57,7 @@ import socket
 import sys
 
 NAME = "rlcli_wake"
-VERSION = "1.4"
+VERSION = "1.5"
 ENV_ID = "RLCLI_WAKE_ID"
 # "1" keeps SkyRL's rich log handler (the A/B of benchmarks/request_path.py --ab-env, or a taste for it).
 RICH_LOG_ENV = "RLCLI_RICH_LOG"
@@ -56,6 +65,16 @@ RICH_LOG_ENV = "RLCLI_RICH_LOG"
 STOCK_SUBMIT_ENV = "RLCLI_STOCK_SUBMIT"
 # "1" runs SkyRL's whole scheduling pass on every look, every finder querying for its request type (the A/B).
 STOCK_LOOK_ENV = "RLCLI_STOCK_LOOK"
+# "1": the engine's ring only says "look" and the API reads every result from the database, as before 1.5 (the A/B).
+STOCK_RESULTS_ENV = "RLCLI_STOCK_RESULTS"
+# Results up to this many bytes of JSON (all of one completion together) travel in the engine's ring.
+RING_RESULTS_MAX = 32 * 1024
+RECV_MAX = RING_RESULTS_MAX + 64 * 1024  # a results ring's header names each result: room for thousands
+# How long the engine waits before ringing again when its ring did not fit in the API's socket.
+OWED_RETRY_S = 0.01
+# What the API keeps of results that came by ring before anybody asked (a client that never retrieves).
+READY_MAX, READY_MAX_BYTES = 4096, 64 * 1024 * 1024
+FILED_MAX = 1 << 16
 # How often each side looks without a ring. Not latency: a ring is what wakes a waiting side. These
 # bound the damage of a lost ring and keep SkyRL's periodic session cleanup running.
 ENGINE_SAFETY_S = 1.0
@@ -78,7 +97,7 @@ TARGETS = [
 ]
 
 _state = {"installed": None, "engine_joined": False, "rings_sent": 0, "rings_heard": 0, "log": "rich (stock)",
-          "submit": "stock", "look": "every finder (stock)"}
+          "submit": "stock", "look": "every finder (stock)", "results": "database only (stock)", "api_results": None}
 
 
 def log(message: str) -> None:
@@ -99,20 +118,23 @@ class Doorbell:
         self.sock.bind(_address(wake_id, own))
         self.sock.setblocking(False)
 
-    def ring(self, message: bytes = b"!") -> None:
+    def ring(self, message: bytes = b"!") -> bool:
+        """Send one ring; False when it did not go (the caller decides whether that matters)."""
         try:
             self.sock.sendto(message, self.peer)
             _state["rings_sent"] += 1
-        except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
-            # Full buffer: the peer has rings queued already. Refused: the peer is not up yet, and it
-            # looks at the database when it starts. Either way the peer will look.
-            pass
+            return True
+        except (BlockingIOError, ConnectionRefusedError, FileNotFoundError, OSError):
+            # Full queue or buffer: the peer has rings queued already. Refused: the peer is not up yet, and it
+            # looks at the database when it starts. Either way the peer will look. (OSError: a message too
+            # big for the socket, which results_message keeps from happening.)
+            return False
 
     def drain(self) -> list[bytes]:
         got = []
         while True:
             try:
-                got.append(self.sock.recv(64))
+                got.append(self.sock.recv(RECV_MAX))
             except BlockingIOError:
                 _state["rings_heard"] += len(got)
                 return got
@@ -136,6 +158,11 @@ def check_targets(role: str = "both") -> None:
         for part in dotted.split("."):
             obj = getattr(obj, part, None)
         found[f"{module_name}.{dotted}"] = obj
+    from skyrl.tinker import engine
+
+    # complete_futures writes SkyRL's rows with the names SkyRL's own _complete_futures uses.
+    found.update({f"skyrl.tinker.engine.{name}": hasattr(engine, name)
+                  for name in ("datetime", "timezone", "types", "update", "Session", "FutureDB", "RequestStatus")})
     if role != "engine":
         from skyrl.tinker import api
 
@@ -148,7 +175,7 @@ def check_targets(role: str = "both") -> None:
         found.update(by_name)
         found.update({f"skyrl.tinker.api.{name}": hasattr(api, name)
                       for name in ("FutureDB", "TERMINAL_STATUSES", "AsyncSession", "select", "HTTPException",
-                                   "RequestStatus")})
+                                   "RequestStatus", "types")})
         # Every route files its future through the module global (so rebinding it reaches them all).
         found["api.forward_backward calling create_future by name"] = (
             "create_future" in api.forward_backward.__code__.co_names)
@@ -213,6 +240,56 @@ def _plain_log_unless_asked() -> None:
 
 # ----------------------------------------------------------------------------------------------- engine
 
+def results_message(seq: int, rows: list[dict]) -> bytes | None:
+    """The engine's ring carrying finished futures: b"R", a JSON header [seq, [[request_id, status, n_bytes], ...]],
+    a newline, then each result's JSON text (as stored in the database) back to back. None when the results are
+    bigger than RING_RESULTS_MAX together: the API then reads them from the database."""
+    bodies = [row["result_data"].encode() for row in rows]
+    if sum(map(len, bodies)) > RING_RESULTS_MAX:
+        return None
+    head = [seq, [[row["request_id"], str(getattr(row["status"], "value", row["status"])), len(body)]
+                  for row, body in zip(rows, bodies, strict=True)]]
+    return b"R" + json.dumps(head, separators=(",", ":")).encode() + b"\n" + b"".join(bodies)
+
+
+def read_results(message: bytes) -> tuple[int, list[tuple[int, str, str]]]:
+    """(seq, [(request_id, status, result JSON text), ...]) of a results_message."""
+    head, _, body = message[1:].partition(b"\n")
+    seq, entries = json.loads(head)
+    out, at = [], 0
+    for request_id, status, size in entries:
+        out.append((request_id, status, body[at:at + size].decode()))
+        at += size
+    if at != len(body):
+        raise ValueError(f"results ring of {len(body)} bytes, header names {at}")
+    return seq, out
+
+
+def plain_message(seq: int) -> bytes:
+    """The engine's ring that only says "look" (results too big for a ring, or results not sent by ring)."""
+    return b"!%d" % seq
+
+
+def result_rows(results: dict) -> list[dict]:
+    """The rows SkyRL's TinkerEngine._complete_futures writes for `results` (request id -> pydantic result)."""
+    from skyrl.tinker import engine
+
+    completed_at = engine.datetime.now(engine.timezone.utc)
+    return [{"request_id": int(request_id), "result_data": result.model_dump_json(),
+             "status": engine.RequestStatus.FAILED if isinstance(result, engine.types.ErrorResponse)
+             else engine.RequestStatus.COMPLETED, "completed_at": completed_at}
+            for request_id, result in results.items()]
+
+
+def write_rows(db_engine, rows: list[dict]) -> None:
+    """Write them as SkyRL's _complete_futures does: one bulk UPDATE by primary key, one commit."""
+    from skyrl.tinker import engine
+
+    with engine.Session(db_engine) as session:
+        session.execute(engine.update(engine.FutureDB), rows)
+        session.commit()
+
+
 def install_engine(wake_id: str) -> None:
     from skyrl.tinker.engine import TinkerEngine
 
@@ -220,16 +297,38 @@ def install_engine(wake_id: str) -> None:
     relax_sqlite_sync()
     bell = Doorbell(wake_id, own="engine", peer="api")
     completed = [0]  # futures completed by this process so far
+    sequence = itertools.count(1)  # every ring to the API is numbered: the API notices one that did not arrive
+    owed = [False]  # a ring that did not fit in the API's socket; the loop rings again shortly
     original_complete = TinkerEngine._complete_futures
-
-    @functools.wraps(original_complete)
-    def complete_futures(self, results):
-        original_complete(self, results)
-        completed[0] += 1
-        bell.ring()
+    with_results = os.environ.get(STOCK_RESULTS_ENV) != "1"
 
     from skyrl.tinker.db_models import FutureDB, RequestStatus
     from sqlmodel import Session, select
+
+    def look_ring() -> None:
+        """After the rows are committed: a short ring that says "read the database"; when even that does not fit in
+        the API's socket (full of rings it has yet to read), the loop rings again in OWED_RETRY_S."""
+        owed[0] = not bell.ring(plain_message(next(sequence)))
+
+    @functools.wraps(original_complete)
+    def complete_futures(self, results):
+        if not with_results or not results:
+            original_complete(self, results)
+            completed[0] += 1
+            look_ring()
+            return
+        rows = result_rows(results)
+        # The results go to the API before the rows are committed: the commit (~1 ms) is then off the request's
+        # path. Everything else a request changes (a checkpoint's row, a model's status) SkyRL commits before
+        # completing its future, and the next look at the queue, in this thread, comes after this commit.
+        message = results_message(next(sequence), rows)
+        rung = message is not None and bell.ring(message)
+        write_rows(self.db_engine, rows)
+        completed[0] += 1
+        if rung:
+            owed[0] = False
+        else:  # too big for a ring, or the API's socket was full: it reads them from the database
+            look_ring()
 
     still_pending = select(FutureDB.request_id).where(FutureDB.status == RequestStatus.PENDING).limit(1)
 
@@ -239,6 +338,8 @@ def install_engine(wake_id: str) -> None:
             bell.drain()
             before = completed[0]
             self.process_pending_requests_once()
+            if owed[0]:
+                look_ring()
             if completed[0] != before:
                 # SkyRL's scheduler leaves some requests for a later look (a forward_backward queued behind
                 # its model's optim_step), and their rings were drained above: look again now if any wait.
@@ -247,10 +348,11 @@ def install_engine(wake_id: str) -> None:
                 with Session(self.db_engine) as session:
                     if session.exec(still_pending).first() is not None:
                         continue
-            bell.wait(ENGINE_SAFETY_S)
+            bell.wait(OWED_RETRY_S if owed[0] else ENGINE_SAFETY_S)
 
     TinkerEngine._complete_futures = complete_futures
     TinkerEngine.process_pending_requests = process_pending_requests
+    _state["results"] = "in the ring" if with_results else "database only (stock)"
     if os.environ.get(STOCK_LOOK_ENV) != "1":
         look_for_pending_kinds(TinkerEngine)
         _state["look"] = "pending types first"
@@ -319,8 +421,97 @@ def look_for_pending_kinds(engine_cls) -> None:
 
 # -------------------------------------------------------------------------------------------------- api
 
+class Results:
+    """The API's side of results that come by ring.
+
+    `filed`: the futures this process filed (request_id -> request type) whose results the engine will ring
+    with; `ready`: results rung before their retrieve_future arrived. A waiter for a filed future waits for the
+    ring instead of reading the database on arrival; anything else (a result too big for a ring, a ring that did
+    not arrive, an id filed elsewhere) is read from the database, as SkyRL's poller does."""
+
+    def __init__(self, api):
+        self.api = api
+        self.filed: dict[int, object] = {}
+        self.ready: dict[int, tuple] = {}
+        self.ready_bytes = 0
+        self.seq = 0
+        self.need_db = True
+        self.by_ring = 0
+        self.look_rings = 0
+        self.db_reads = 0
+
+    def file(self, request_id: int, request_type) -> None:
+        if request_type == self.api.types.RequestType.EXTERNAL:
+            return  # the API completes those itself; the engine never rings with them
+        if len(self.filed) >= FILED_MAX:  # results whose ring never came: forgetting one only costs a read
+            self.filed.pop(next(iter(self.filed)))
+        self.filed[request_id] = request_type
+
+    def heard(self, message: bytes, waiters: dict) -> None:
+        """One ring from the engine."""
+        if message == ENGINE_HELLO:
+            _state["engine_joined"] = True
+            self.seq, self.need_db = 0, True
+            return
+        try:
+            if message[:1] == b"R":
+                seq, entries = read_results(message)
+            else:
+                seq, entries = int(message[1:] or 0), None
+        except ValueError as e:
+            log(f"unreadable ring from the engine ({e}); reading the database")
+            self.need_db = True
+            return
+        if seq != self.seq + 1:  # a ring that did not arrive, or rings from two engine threads out of order
+            self.need_db = True
+        self.seq = max(self.seq, seq)
+        if entries is None:  # results too big for a ring, or rung again after a full socket
+            self.look_rings += 1
+            self.need_db = True
+            return
+        for request_id, status, text in entries:
+            request_type = self.filed.pop(request_id, None)
+            if request_type is None:
+                self.need_db = True
+                continue
+            outcome = (self.api.RequestStatus(status), request_type, text)
+            self.by_ring += 1
+            if not self.hand(waiters, request_id, outcome):
+                self.keep(request_id, outcome)
+
+    @staticmethod
+    def hand(waiters: dict, request_id: int, outcome) -> bool:
+        handed = False
+        for waiter in waiters.pop(request_id, ()):
+            if not waiter.done():
+                waiter.set_result(outcome)
+                handed = True
+        return handed
+
+    def keep(self, request_id: int, outcome) -> None:
+        self.ready[request_id] = outcome
+        self.ready_bytes += len(outcome[2] or "")
+        while len(self.ready) > READY_MAX or self.ready_bytes > READY_MAX_BYTES:
+            # The oldest unasked result goes; asking for it later reads the database.
+            self.ready_bytes -= len(self.ready.pop(next(iter(self.ready)))[2] or "")
+
+    def take(self, request_id: int):
+        outcome = self.ready.pop(request_id, None)
+        if outcome is not None:
+            self.ready_bytes -= len(outcome[2] or "")
+        return outcome
+
+    def read_from_db(self, outcomes: dict) -> None:
+        """After a database read: those futures are settled, no ring will bring them."""
+        self.db_reads += 1
+        for request_id in outcomes:
+            self.filed.pop(request_id, None)
+
+
 def install_api() -> str:
     """Wire the API's side; return the wake id the engine (started later by the API) inherits."""
+    import time
+
     from skyrl.tinker import api
     from sqlalchemy import event
     from sqlalchemy.orm import Session
@@ -329,7 +520,10 @@ def install_api() -> str:
     relax_sqlite_sync()
     wake_id = secrets.token_hex(8)
     bell = Doorbell(wake_id, own="api", peer="engine")
-    wake = {"event": None}
+    wake = {"event": None, "waiters": {}}
+    with_results = os.environ.get(STOCK_RESULTS_ENV) != "1"
+    results = Results(api)
+    _state["api_results"] = results
 
     def ring_engine(_session) -> None:
         bell.ring()
@@ -339,22 +533,30 @@ def install_api() -> str:
     event.listen(Session, "after_commit", ring_engine)
 
     def on_readable() -> None:
-        if ENGINE_HELLO in bell.drain():
-            _state["engine_joined"] = True
+        for message in bell.drain():
+            results.heard(message, wake["waiters"])
         if wake["event"] is not None:
             wake["event"].set()
 
     async def poll_futures(db_engine, waiters, poll_interval_sec=None):
-        """Resolve awaited futures when the engine rings, a waiter arrives, or API_SAFETY_S passes."""
+        """Resolve awaited futures: by the engine's ring, or from the database when a ring cannot bring them
+        (told so, a new waiter for a future not filed here) and at least every API_SAFETY_S while somebody
+        waits (a ring that never came)."""
         loop = asyncio.get_running_loop()
-        wake["event"] = asyncio.Event()
+        wake["event"], wake["waiters"] = asyncio.Event(), waiters
         loop.add_reader(bell.sock.fileno(), on_readable)
+        last_read = 0.0
         try:
             while True:
                 wake["event"].clear()
-                if waiters:
+                if not waiters:
+                    last_read = time.monotonic()  # the safety read counts from when somebody waits
+                due = time.monotonic() - last_read >= API_SAFETY_S
+                if waiters and (results.need_db or due or not with_results):
+                    results.need_db = False
+                    last_read = time.monotonic()
                     try:
-                        await resolve_finished(api, db_engine, waiters)
+                        results.read_from_db(await resolve_finished(api, db_engine, waiters))
                     except asyncio.CancelledError:
                         raise
                     except Exception as e:  # keep serving: each waiter also has its own timeout
@@ -371,8 +573,14 @@ def install_api() -> str:
 
     @functools.wraps(original_wait)
     async def wait_for_future(waiters, request_id, timeout):
-        # The waiter is added before the wrapped coroutine first yields, so the poller, woken here,
-        # runs after it is in `waiters` and finds a result that is already there.
+        outcome = results.take(request_id)
+        if outcome is not None:  # its ring came before its retrieve_future
+            return outcome
+        if request_id not in results.filed:
+            # Not a result the engine will ring with (done before, too big, filed by another process): read the
+            # database now. The waiter is added before the wrapped coroutine first yields, so the poller, woken
+            # here, runs after it is in `waiters` and finds a result that is already there.
+            results.need_db = True
         if wake["event"] is not None:
             wake["event"].set()
         return await original_wait(waiters, request_id, timeout)
@@ -380,14 +588,15 @@ def install_api() -> str:
     api.poll_futures = poll_futures
     api.wait_for_future = wait_for_future
     if os.environ.get(STOCK_SUBMIT_ENV) != "1":
-        api.create_future = one_statement_submit(api)
+        api.create_future = one_statement_submit(api, results.file if with_results else None)
         _state["submit"] = "one statement"
+    _state["results"] = "in the ring" if with_results else "database only (stock)"
     os.environ[ENV_ID] = wake_id  # the engine process is started by the API and inherits this
     _state["installed"] = "api"
     return wake_id
 
 
-def one_statement_submit(api):
+def one_statement_submit(api, on_filed=None):
     """SkyRL's create_future with the insert first: one statement where stock runs three, same outcomes.
 
     Stock (skyrl.tinker.api.create_future) selects the row of the request's (model_id, seq_id) to find an SDK
@@ -419,6 +628,8 @@ def one_statement_submit(api):
         statement = statement.on_conflict_do_nothing(index_elements=["model_id", "seq_id"])
         filed = (await session.exec(statement.returning(table.c.request_id))).scalar()
         if filed is not None:
+            if on_filed is not None:
+                on_filed(filed, request_type)
             return filed
         row = (await session.exec(api.select(table.c.request_id, table.c.request_type, table.c.request_data)
                                      .where(table.c.model_id == model_id, table.c.seq_id == seq_id))).first()
@@ -431,8 +642,9 @@ def one_statement_submit(api):
     return create_future
 
 
-async def resolve_finished(api, db_engine, waiters: dict) -> None:
-    """One look at the awaited futures: hand finished ones to their waiters, KeyError for unknown ids.
+async def resolve_finished(api, db_engine, waiters: dict) -> dict:
+    """One look at the awaited futures: hand finished ones to their waiters, KeyError for unknown ids; return
+    those outcomes by request id.
 
     Waiters get what SkyRL's own poller gives them, (status, request_type, result_data as JSON text),
     so retrieve_future behaves as stock. A future's row exists before its id reaches any client and
@@ -455,15 +667,20 @@ async def resolve_finished(api, db_engine, waiters: dict) -> None:
                 waiter.set_exception(outcome)
             else:
                 waiter.set_result(outcome)
+    return outcomes
 
 
 def describe() -> dict:
     """What the capabilities route says about the request path (API process)."""
     if _state["installed"] != "api":
         return {"wake": "timer (stock SkyRL)"}
+    results = _state.get("api_results")
     return {"wake": "notify", "engine_joined": _state["engine_joined"], "log": _state["log"],
             "submit": _state["submit"],
             "engine_look": "every finder (stock)" if os.environ.get(STOCK_LOOK_ENV) == "1" else "pending types first",
+            "results": _state.get("results"), "ring_results_max_bytes": RING_RESULTS_MAX,
+            "results_by_ring": results.by_ring if results else 0, "database_reads": results.db_reads if results else 0,
+            "look_rings": results.look_rings if results else 0,
             "rings": {"to_engine": _state["rings_sent"], "from_engine": _state["rings_heard"]},
             "safety_look_s": {"engine": ENGINE_SAFETY_S, "api_while_waiting": API_SAFETY_S}}
 
@@ -629,8 +846,63 @@ def check_look() -> str:
     return f"a look with pending types first finds what SkyRL's finders find ({len(queues)} queues)"
 
 
+def check_results() -> str:
+    """The engine's results path against SkyRL's _complete_futures on scratch sqlite databases: the same rows for
+    results of several kinds (a failure among them), and a results ring that reads back as those rows."""
+    import tempfile
+    import types as pytypes
+
+    from skyrl.tinker import types
+    from skyrl.tinker.db_models import FutureDB, RequestStatus, SQLModel
+    from skyrl.tinker.engine import TinkerEngine
+    from sqlmodel import Session, create_engine, select
+
+    kind = types.RequestType
+    results = {"1": types.ForwardBackwardOutput(loss_fn_output_type="scalar", metrics={"loss:sum": 1.5},
+                                                loss_fn_outputs=[{"logprobs": {"data": [-0.5, float("nan")]}}]),
+               "2": types.OptimStepOutput(metrics={"lr": 1e-4}), "3": types.ErrorResponse(error="no", status="failed")}
+
+    def complete(folder: str, stock: bool) -> list:
+        db = create_engine(f"sqlite:///{folder}/db.sqlite")
+        SQLModel.metadata.create_all(db)
+        with Session(db) as session:
+            queued = ((1, kind.FORWARD_BACKWARD), (2, kind.OPTIM_STEP), (3, kind.FORWARD), (4, kind.SAMPLE))
+            for request_id, k in queued:
+                session.add(FutureDB(request_id=request_id, request_type=k, model_id="m", request_data={},
+                                     status=RequestStatus.PENDING))
+            session.commit()
+        if stock:
+            TinkerEngine._complete_futures(pytypes.SimpleNamespace(db_engine=db), results)
+            rows = None
+        else:
+            rows = result_rows(results)
+            write_rows(db, rows)
+        with Session(db) as session:
+            stored = [(f.request_id, f.status, f.result_data, f.completed_at is not None)
+                      for f in session.exec(select(FutureDB).order_by(FutureDB.request_id)).all()]
+        db.dispose()
+        return stored, rows
+
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        (stock, _), (ours, rows) = complete(a, True), complete(b, False)
+    if ours != stock:
+        raise SystemExit(f"{NAME}: the engine's results rows differ from SkyRL's _complete_futures:\n  stock {stock}\n"
+                         f"  rlcli {ours}")
+    if [r[1] for r in stock] != [RequestStatus.COMPLETED, RequestStatus.COMPLETED, RequestStatus.FAILED,
+                                 RequestStatus.PENDING]:
+        raise SystemExit(f"{NAME}: SkyRL's _complete_futures wrote other statuses than expected: {stock}")
+    seq, read = read_results(results_message(7, rows))
+    if seq != 7 or read != [(r[0], str(r[1].value), r[2]) for r in stock[:3]]:
+        raise SystemExit(f"{NAME}: a results ring reads back as {seq}, {read}, the database holds {stock[:3]}")
+    big = [{**rows[0], "result_data": "x" * (RING_RESULTS_MAX + 1)}]
+    if results_message(8, big) is not None:
+        raise SystemExit(f"{NAME}: results over {RING_RESULTS_MAX} bytes went into a ring")
+    return "results rows match SkyRL's _complete_futures and read back from a ring (3 kinds, a failure)"
+
+
 if __name__ == "__main__":
     check_targets()
     print(f"{NAME} {VERSION}: " + ", ".join(f"{m}.{a}" for m, a in TARGETS) + " present")
     print(f"{NAME} {VERSION}: " + check_submit())
     print(f"{NAME} {VERSION}: " + check_look())
+    print(f"{NAME} {VERSION}: " + check_results())
