@@ -227,8 +227,8 @@ def main() -> None:
     parser.add_argument("--idle-s", type=float, default=60)
     parser.add_argument("--max-load", type=float, default=2.5, help="wait for this 1-minute load average first")
     parser.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most")
-    parser.add_argument("--ab-env", default=None, metavar="VAR=VALUE",
-                        help="A/B: alternate servers without (A) and with (B) this variable in the server's "
+    parser.add_argument("--ab-env", default=None, metavar="VAR=VALUE[,VAR=VALUE]",
+                        help="A/B: alternate servers without (A) and with (B) these variables in the server's "
                              "environment, --rounds pairs")
     parser.add_argument("--rounds", type=int, default=2, help="A/B pairs with --ab-env")
     args = parser.parse_args()
@@ -246,10 +246,10 @@ def main() -> None:
                           for k, v in vars(args).items() if k != "rlcli_tree"},
                   model={**describe_model(model), "path": model.name})  # no path of this machine
     if args.ab_env:
-        var, _, value = args.ab_env.partition("=")
+        b_env = dict(pair.partition("=")[::2] for pair in args.ab_env.split(","))
         arms: dict[str, list[dict]] = {"A": [], "B": []}
         for n in range(args.rounds):
-            for arm, extra in (("A", {}), ("B", {var: value})) if n % 2 == 0 else (("B", {var: value}), ("A", {})):
+            for arm, extra in (("A", {}), ("B", b_env)) if n % 2 == 0 else (("B", b_env), ("A", {})):
                 print(f"round {n + 1}/{args.rounds}, arm {arm} {extra or '(as served)'}", flush=True)
                 arms[arm].append(serve_and_measure(args, model, tree, extra))
         body = {"ab": {"A": "the server as `serve start` runs it", "B": f"the same with {args.ab_env}",

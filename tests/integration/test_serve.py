@@ -99,7 +99,7 @@ def test_results_travel_by_ring_not_by_timer(server, monkeypatch):
     before = request_json(caps)["rlcli_wake"]
     assert before["wake"] == "notify" and before["engine_joined"] is True and before["log"] == "plain", before
     assert before["submit"] == "one statement" and before["engine_look"] == "pending types first", before
-    assert before["results"] == "in the ring", before
+    assert before["results"] == "in the ring" and before["model_check"] == "known models not read again", before
     log = server.log
     assert "each look asks for the pending request types first" in log.read_text(errors="replace")
     offset = log.stat().st_size
@@ -121,6 +121,10 @@ def test_results_travel_by_ring_not_by_timer(server, monkeypatch):
             request_json(route, {**step, "adam_params": {"learning_rate": 2e-4}})
         assert reused.value.code == 409, reused.value
         assert request_json(route, {**step, "seq_id": 1001})["request_id"] not in (first, None)
+        for _ in range(2):  # an unknown model is 404 every time, also after known ones skipped their read
+            with pytest.raises(urllib.error.HTTPError) as unknown_model:
+                request_json(route, {**step, "model_id": "no-such-model", "seq_id": None})
+            assert unknown_model.value.code == 404, unknown_model.value
         retrieve = f"{server.url}/api/v1/retrieve_future"
         once = request_json(retrieve, {"request_id": first})  # its ring came first: kept for this retrieve
         assert "metrics" in once and request_json(retrieve, {"request_id": first}) == once  # again: the database
@@ -153,6 +157,8 @@ def test_results_travel_by_ring_not_by_timer(server, monkeypatch):
     # results; the API's commits (the new futures, the unload) rang the engine.
     assert after["rings"]["from_engine"] >= before["rings"]["from_engine"] + 2, (before, after)
     assert after["results_by_ring"] >= before["results_by_ring"] + 3, (before, after)  # create, forward, optim
+    # The forward read the new model's row; the optim_steps and the long forward after it did not.
+    assert after["model_checks_skipped"] >= before["model_checks_skipped"] + 4, (before, after)
     assert after["rings"]["to_engine"] >= before["rings"]["to_engine"] + 3, (before, after)
 
 

@@ -100,11 +100,12 @@ def test_wake_extension_targets_the_pinned_skyrl(checks):
     """runtime/rlcli_wake.py replaces the engine's loop, the API's future poller and its create_future, and wraps
     the engine's finders; fail here if SkyRL moves them, or if the one-statement submit and SkyRL's create_future,
     or a look with the pending types first and SkyRL's finders, or the engine's results rows and SkyRL's
-    _complete_futures, part ways (scratch sqlite)."""
+    _complete_futures, part ways, or the submit routes stop answering 404 for unknown models (scratch sqlite)."""
     assert passed(checks, "rlcli_wake", "present"), checks["rlcli_wake"]["out"][-2000:]
     assert passed(checks, "rlcli_wake", "submit in one statement matches"), checks["rlcli_wake"]["out"][-2000:]
     assert passed(checks, "rlcli_wake", "finds what SkyRL's finders find"), checks["rlcli_wake"]["out"][-2000:]
     assert passed(checks, "rlcli_wake", "results rows match SkyRL's"), checks["rlcli_wake"]["out"][-2000:]
+    assert passed(checks, "rlcli_wake", "a known model's row is read once"), checks["rlcli_wake"]["out"][-2000:]
 
 
 def test_lazy_torch_extension_defers_torch_in_the_api(checks):

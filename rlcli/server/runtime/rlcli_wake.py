@@ -28,10 +28,13 @@ the engine's ring also carries small results:
 Each look of the engine first asks the database which request types are pending (one query) and skips SkyRL's
 finders for the types that are not (look_for_pending_kinds): SkyRL's scheduling pass runs ~7 queries through the
 ORM per look (each finder of model passes looks for barriers, then its type; samples; single requests), on the path
-of every request before its computation starts, most of them for types nobody sent.
+of every request before its computation starts, most of them for types nobody sent. The scheduling barriers (a
+pending optim_step or load_weights) are not read either when neither type is pending.
 The API files a new future in one statement (one_statement_submit): SkyRL's create_future looks for a retry
 of the request first, then inserts in a savepoint; here the insert is tried first and skips a (model_id,
 seq_id) pair the table holds already, and only then is the existing row read (same id or 409, as stock).
+forward_backward and optim_step read the model's row before filing only to answer 404 for an unknown model; a model
+SkyRL has a row for keeps it for good, so after the first read they skip it (skip_known_model_checks).
 Both processes also commit to SkyRL's sqlite database without an fsync per commit (relax_sqlite_sync), and
 log through a plain stream handler instead of rich's (plain_log): the engine writes its `(timing)` line
 between a batch's computation and the completion of its futures, on every request's path.
@@ -57,7 +60,7 @@ import socket
 import sys
 
 NAME = "rlcli_wake"
-VERSION = "1.5"
+VERSION = "1.6"
 ENV_ID = "RLCLI_WAKE_ID"
 # "1" keeps SkyRL's rich log handler (the A/B of benchmarks/request_path.py --ab-env, or a taste for it).
 RICH_LOG_ENV = "RLCLI_RICH_LOG"
@@ -65,6 +68,12 @@ RICH_LOG_ENV = "RLCLI_RICH_LOG"
 STOCK_SUBMIT_ENV = "RLCLI_STOCK_SUBMIT"
 # "1" runs SkyRL's whole scheduling pass on every look, every finder querying for its request type (the A/B).
 STOCK_LOOK_ENV = "RLCLI_STOCK_LOOK"
+# "1" (with the pending types first): the scheduling barriers are read on every look, as stock (the A/B).
+STOCK_BARRIERS_ENV = "RLCLI_STOCK_BARRIERS"
+# "1": every submit route reads the model's row first, as stock (the A/B); otherwise known models are not read again.
+STOCK_MODEL_CHECK_ENV = "RLCLI_STOCK_MODEL_CHECK"
+# SkyRL routes that read a model's row only to answer 404 for an unknown model (they drop what get_model returns).
+MODEL_CHECK_ROUTES = ("forward_backward", "optim_step")
 # "1": the engine's ring only says "look" and the API reads every result from the database, as before 1.5 (the A/B).
 STOCK_RESULTS_ENV = "RLCLI_STOCK_RESULTS"
 # Results up to this many bytes of JSON (all of one completion together) travel in the engine's ring.
@@ -94,6 +103,8 @@ TARGETS = [
     ("skyrl.tinker.engine", "TinkerEngine.find_batchable_model_passes"),
     ("skyrl.tinker.engine", "TinkerEngine.find_batchable_sample"),
     ("skyrl.tinker.engine", "TinkerEngine.find_single_requests"),
+    ("skyrl.tinker.engine", "TinkerEngine._find_destructive_barriers"),
+    ("skyrl.tinker.api", "get_model"),
 ]
 
 _state = {"installed": None, "engine_joined": False, "rings_sent": 0, "rings_heard": 0, "log": "rich (stock)",
@@ -179,9 +190,31 @@ def check_targets(role: str = "both") -> None:
         # Every route files its future through the module global (so rebinding it reaches them all).
         found["api.forward_backward calling create_future by name"] = (
             "create_future" in api.forward_backward.__code__.co_names)
+        for route in MODEL_CHECK_ROUTES:
+            found[f"api.{route} dropping what get_model returns"] = drops_get_model(getattr(api, route, None))
     import pins  # a sibling in runtime/: the launcher's folder is on sys.path
 
     pins.require(NAME, found)
+
+
+def drops_get_model(route) -> bool:
+    """Whether `route` awaits the module global get_model and drops its result (checked in its bytecode: the
+    await's END_SEND followed by POP_TOP, Python 3.12), and never keeps it anywhere."""
+    import dis
+    import inspect
+
+    if route is None:
+        return False
+    code = inspect.unwrap(route).__code__
+    ins = list(dis.get_instructions(code))
+    calls = [i for i, x in enumerate(ins) if x.opname == "LOAD_GLOBAL" and x.argval == "get_model"]
+    if not calls:
+        return False
+    for at in calls:
+        end = next((k for k in range(at, len(ins)) if ins[k].opname == "END_SEND"), None)
+        if end is None or end + 1 >= len(ins) or ins[end + 1].opname != "POP_TOP":
+            return False
+    return True
 
 
 def relax_sqlite_sync() -> None:
@@ -354,12 +387,12 @@ def install_engine(wake_id: str) -> None:
     TinkerEngine.process_pending_requests = process_pending_requests
     _state["results"] = "in the ring" if with_results else "database only (stock)"
     if os.environ.get(STOCK_LOOK_ENV) != "1":
-        look_for_pending_kinds(TinkerEngine)
+        look_for_pending_kinds(TinkerEngine, skip_barriers=os.environ.get(STOCK_BARRIERS_ENV) != "1")
         _state["look"] = "pending types first"
     _state["installed"] = "engine"
 
 
-def look_for_pending_kinds(engine_cls) -> None:
+def look_for_pending_kinds(engine_cls, skip_barriers: bool = True) -> None:
     """Each look (process_pending_requests_once) first reads which request types are pending, in one query; a
     finder whose types are not among them returns nothing without querying, as it would have found nothing.
 
@@ -368,7 +401,9 @@ def look_for_pending_kinds(engine_cls) -> None:
     every type but passes, samples and external requests), so with no pending row of those types each returns
     {}. A request filed after the first query is found on the next look: its commit rings the engine, which
     then looks again at once; that is the order in which the stock pass would have found it had it been
-    filed a moment later. Outside a look (a caller of a finder alone) the finders run as stock."""
+    filed a moment later. The scheduling barriers (SkyRL's _find_destructive_barriers: the first pending optim_step
+    or load_weights of each model, read by the pass and single finders) are none without a query when neither type
+    is pending. Outside a look (a caller of a finder alone) the finders run as stock."""
     from skyrl.tinker import types
     from skyrl.tinker.db_models import FutureDB, RequestStatus
     from sqlmodel import Session, select
@@ -379,6 +414,7 @@ def look_for_pending_kinds(engine_cls) -> None:
     once = engine_cls.process_pending_requests_once
     passes, samples, singles = (engine_cls.find_batchable_model_passes, engine_cls.find_batchable_sample,
                                 engine_cls.find_single_requests)
+    barriers, barrier_kinds = engine_cls._find_destructive_barriers, {kind.OPTIM_STEP, kind.LOAD_WEIGHTS}
 
     def pending(engine) -> set | None:
         return engine.__dict__.get("_rlcli_pending_kinds")
@@ -413,7 +449,16 @@ def look_for_pending_kinds(engine_cls) -> None:
             return {}
         return singles(self, session)
 
+    @functools.wraps(barriers)
+    def find_destructive_barriers(self, session):
+        found = pending(self)
+        if found is not None and not found & barrier_kinds:
+            return {}
+        return barriers(self, session)
+
     engine_cls.process_pending_requests_once = process_pending_requests_once
+    if skip_barriers:
+        engine_cls._find_destructive_barriers = find_destructive_barriers
     engine_cls.find_batchable_model_passes = find_batchable_model_passes
     engine_cls.find_batchable_sample = find_batchable_sample
     engine_cls.find_single_requests = find_single_requests
@@ -591,9 +636,40 @@ def install_api() -> str:
         api.create_future = one_statement_submit(api, results.file if with_results else None)
         _state["submit"] = "one statement"
     _state["results"] = "in the ring" if with_results else "database only (stock)"
+    if os.environ.get(STOCK_MODEL_CHECK_ENV) != "1":
+        _state["model_checks"] = skip_known_model_checks(api)
     os.environ[ENV_ID] = wake_id  # the engine process is started by the API and inherits this
     _state["installed"] = "api"
     return wake_id
+
+
+def skip_known_model_checks(api) -> dict:
+    """SkyRL's get_model, which reads a model's row, without the read for a known model when called by a route
+    that only wants its 404 (MODEL_CHECK_ROUTES, whose bytecode drops the result); returns its counters.
+
+    forward_backward and optim_step read the model's row (SELECT through aiosqlite, ~0.7 ms on a 2-core machine)
+    on every request to answer 404 for an unknown model_id. SkyRL never deletes a model's row (unloading sets
+    its status, which these routes do not look at), so a model_id found once exists for the database's life:
+    those routes then skip the read. Every other caller, and the first call for each model, reads as stock."""
+    import sys
+
+    stock = api.get_model
+    checking = {getattr(api, route).__code__ for route in MODEL_CHECK_ROUTES if drops_get_model(getattr(api, route))}
+    known: set[str] = set()
+    counts = {"skipped": 0}
+
+    @functools.wraps(stock)
+    async def get_model(session, model_id):
+        # The frame that awaits this coroutine is its f_back while it runs: the route's own frame.
+        if model_id in known and sys._getframe(1).f_code in checking:
+            counts["skipped"] += 1
+            return None
+        model = await stock(session, model_id)
+        known.add(model_id)
+        return model
+
+    api.get_model = get_model
+    return counts
 
 
 def one_statement_submit(api, on_filed=None):
@@ -681,6 +757,8 @@ def describe() -> dict:
             "results": _state.get("results"), "ring_results_max_bytes": RING_RESULTS_MAX,
             "results_by_ring": results.by_ring if results else 0, "database_reads": results.db_reads if results else 0,
             "look_rings": results.look_rings if results else 0,
+            "model_check": "stock" if _state.get("model_checks") is None else "known models not read again",
+            "model_checks_skipped": (_state.get("model_checks") or {}).get("skipped", 0),
             "rings": {"to_engine": _state["rings_sent"], "from_engine": _state["rings_heard"]},
             "safety_look_s": {"engine": ENGINE_SAFETY_S, "api_while_waiting": API_SAFETY_S}}
 
@@ -772,6 +850,7 @@ def check_look() -> str:
     from skyrl.tinker import types
     from skyrl.tinker.db_models import FutureDB, RequestStatus, SQLModel
     from skyrl.tinker.engine import TinkerEngine
+    from sqlalchemy import event
     from sqlmodel import Session, create_engine
 
     kind = types.RequestType
@@ -786,13 +865,17 @@ def check_look() -> str:
     adam = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.0}
     data = {kind.FORWARD_BACKWARD: passes.model_dump(mode="json"), kind.FORWARD: passes.model_dump(mode="json"),
             kind.SAMPLE: sample.model_dump(mode="json"), kind.OPTIM_STEP: {"adam_params": adam},
-            kind.SAVE_WEIGHTS: {"path": "p"}, kind.EXTERNAL: {}}
+            kind.SAVE_WEIGHTS: {"path": "p"}, kind.EXTERNAL: {},
+            kind.LOAD_WEIGHTS: {"source_model_id": "m", "checkpoint_id": "c", "load_optimizer": False}}
     queues = [[], [kind.FORWARD], [kind.FORWARD_BACKWARD, kind.FORWARD_BACKWARD],
               [kind.FORWARD_BACKWARD, kind.OPTIM_STEP, kind.FORWARD_BACKWARD], [kind.SAMPLE, kind.SAMPLE],
               [kind.OPTIM_STEP], [kind.EXTERNAL, kind.FORWARD], [kind.SAVE_WEIGHTS, kind.SAMPLE],
-              [kind.FORWARD, kind.OPTIM_STEP, kind.FORWARD, kind.SAMPLE, kind.SAVE_WEIGHTS, kind.FORWARD_BACKWARD]]
+              [kind.FORWARD, kind.OPTIM_STEP, kind.FORWARD, kind.SAMPLE, kind.SAVE_WEIGHTS, kind.FORWARD_BACKWARD],
+              [kind.FORWARD, kind.LOAD_WEIGHTS, kind.FORWARD, kind.FORWARD_BACKWARD, kind.FORWARD],
+              [kind.SAVE_WEIGHTS, kind.FORWARD_BACKWARD, kind.SAVE_WEIGHTS, kind.OPTIM_STEP, kind.FORWARD_BACKWARD]]
     stock = {name: getattr(TinkerEngine, name) for name in ("process_pending_requests_once",
-             "find_batchable_model_passes", "find_batchable_sample", "find_single_requests")}
+             "find_batchable_model_passes", "find_batchable_sample", "find_single_requests",
+             "_find_destructive_barriers")}
 
     class Probe(TinkerEngine):  # the finders' own code on a scratch database, without a backend
         def __init__(self, db_engine):
@@ -807,12 +890,13 @@ def check_look() -> str:
                               "forward": self.find_batchable_model_passes(session, kind.FORWARD),
                               "samples": self.find_batchable_sample(session),
                               "singles": self.find_single_requests(session),
+                              "barriers": self._find_destructive_barriers(session),
                               "kinds": sorted(self.__dict__.get("_rlcli_pending_kinds") or ())}
 
-    def looks(folder: str, wrapped: bool) -> list:
+    def looks(folder: str, wrapped: bool) -> tuple[list, list]:
         if wrapped:
             look_for_pending_kinds(Probe)
-        outcomes = []
+        outcomes, statements = [], []
         for n, queue in enumerate(queues):
             db = create_engine(f"sqlite:///{folder}/db{n}.sqlite")
             SQLModel.metadata.create_all(db)
@@ -824,26 +908,36 @@ def check_look() -> str:
                                      status=RequestStatus.COMPLETED))  # done: no finder may take it
                 session.commit()
             probe = Probe(db)
+            ran = []
+            event.listen(db, "before_cursor_execute", lambda *args, ran=ran: ran.append(1))
             probe.process_pending_requests_once()
-            found = {k: (sorted(v) if isinstance(v, dict) else v) for k, v in probe.found.items()}
+            statements.append(len(ran))
+            found = {k: (sorted(v.items()) if k == "barriers" else sorted(v) if isinstance(v, dict) else v)
+                     for k, v in probe.found.items()}
             outcomes.append((found, sorted(set(queue), key=str)))
             db.dispose()
         for name, fn in stock.items():
             if name != "process_pending_requests_once":
                 setattr(Probe, name, fn)
-        return outcomes
+        return outcomes, statements
 
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        plain, fast = looks(a, False), looks(b, True)
+        (plain, stock_statements), (fast, statements) = looks(a, False), looks(b, True)
     for (want, _), (got, pending_kinds) in zip(plain, fast, strict=True):
         if {k: v for k, v in got.items() if k != "kinds"} != {k: v for k, v in want.items() if k != "kinds"}:
             raise SystemExit(f"{NAME}: a look with pending types first differs from SkyRL's:\n  stock {want}\n"
                              f"  rlcli {got}")
         if got["kinds"] != sorted(pending_kinds, key=str) and got["kinds"] != sorted(pending_kinds):
             raise SystemExit(f"{NAME}: the pending-types query read {got['kinds']}, the queue holds {pending_kinds}")
-    if not any(w["passes"] for w, _ in plain) or not any(w["singles"] for w, _ in plain):
+    if not any(w["passes"] for w, _ in plain) or not any(w["singles"] for w, _ in plain) or not any(
+            w["barriers"] for w, _ in plain):
         raise SystemExit(f"{NAME}: SkyRL's finders found nothing in the scratch queues: {plain}")
-    return f"a look with pending types first finds what SkyRL's finders find ({len(queues)} queues)"
+    # A queue of forwards only: the types query, the forwards and their data; no barrier or other finder's query.
+    if statements[1] > 3 or statements[1] >= stock_statements[1]:
+        raise SystemExit(f"{NAME}: a look at a queue of forwards ran {statements[1]} statements (stock "
+                         f"{stock_statements[1]}); expected 3")
+    return (f"a look with pending types first finds what SkyRL's finders find ({len(queues)} queues; "
+            f"{sum(statements)} statements against {sum(stock_statements)})")
 
 
 def check_results() -> str:
@@ -900,9 +994,55 @@ def check_results() -> str:
     return "results rows match SkyRL's _complete_futures and read back from a ring (3 kinds, a failure)"
 
 
+def check_model_checks() -> str:
+    """skip_known_model_checks through SkyRL's own optim_step route on a scratch sqlite database: an unknown model is
+    404 every time, a known one is read once and then not, and any other caller of get_model still gets the row."""
+    import asyncio
+    import tempfile
+
+    from skyrl.tinker import api
+    from skyrl.tinker.db_models import ModelDB, SQLModel
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    stock = api.get_model
+
+    async def run(folder: str) -> tuple:
+        engine = create_async_engine(f"sqlite+aiosqlite:///{folder}/db.sqlite")
+        async with engine.begin() as connection:
+            await connection.run_sync(SQLModel.metadata.create_all)
+        async with api.AsyncSession(engine) as session:
+            session.add(ModelDB(model_id="m", base_model="b", lora_config={}, status="ready", request_id=0,
+                                session_id="s"))
+            await session.commit()
+        counts = skip_known_model_checks(api)
+        outcomes = []
+        try:
+            for model_id in ("x", "m", "m", "x", "m"):
+                async with api.AsyncSession(engine) as session:
+                    try:
+                        step = api.OptimStepRequest(model_id=model_id, adam_params=api.AdamParams())
+                        outcomes.append((await api.optim_step(step, session)).status)
+                    except api.HTTPException as e:
+                        outcomes.append(e.status_code)
+            async with api.AsyncSession(engine) as session:
+                row = await api.get_model(session, "m")  # not a checking route: the row, as stock
+        finally:
+            api.get_model = stock
+            await engine.dispose()
+        return outcomes, counts["skipped"], getattr(row, "model_id", None)
+
+    with tempfile.TemporaryDirectory() as folder:
+        outcomes, skipped, row = asyncio.run(run(folder))
+    if outcomes != [404, "pending", "pending", 404, "pending"] or skipped != 2 or row != "m":
+        raise SystemExit(f"{NAME}: known-model checks went wrong: routes {outcomes}, {skipped} reads skipped "
+                         f"(expected 2), get_model elsewhere gave {row!r}")
+    return "a known model's row is read once by the submit routes, an unknown one is 404 every time"
+
+
 if __name__ == "__main__":
     check_targets()
     print(f"{NAME} {VERSION}: " + ", ".join(f"{m}.{a}" for m, a in TARGETS) + " present")
     print(f"{NAME} {VERSION}: " + check_submit())
     print(f"{NAME} {VERSION}: " + check_look())
     print(f"{NAME} {VERSION}: " + check_results())
+    print(f"{NAME} {VERSION}: " + check_model_checks())
