@@ -135,10 +135,10 @@ class Doorbell:
             self.sock.sendto(message, self.peer)
             _state["rings_sent"] += 1
             return True
-        except (BlockingIOError, ConnectionRefusedError, FileNotFoundError, OSError):
-            # Full queue or buffer: the peer has rings queued already. Refused: the peer is not up yet, and it
-            # looks at the database when it starts. Either way the peer will look. (OSError: a message too
-            # big for the socket, which results_message keeps from happening.)
+        except OSError:
+            # Full queue or buffer (BlockingIOError): the peer has rings queued already. Refused or not found: the
+            # peer is not up yet, and it looks at the database when it starts. Either way the peer will look. (A
+            # message too big for the socket, which results_message keeps from happening, lands here too.)
             return False
 
     def drain(self) -> list[bytes]:
