@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -60,6 +61,12 @@ def versions(*packages: str) -> dict:
         except metadata.PackageNotFoundError:
             out[pkg] = None
     return out
+
+
+def stop_servers_on_sigterm() -> None:
+    """A `kill` of a benchmark runs its `finally` blocks, as Ctrl-C does: the servers it started stop with it
+    instead of running on, unattended, in a temporary RLCLI_HOME that is then gone."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def summary(values: list[float]) -> dict:

@@ -13,6 +13,9 @@ In order:
    (8 x 64 tokens), optim_step, sample (1 prompt, 8 tokens): wall from submit to result in the client,
    engine time from the engine's own `(timing)` log lines, overhead = wall - engine;
 4. --reps SFT steps (forward_backward 8 x 64 + optim_step submitted back to back, as the cookbook does).
+Beside each request's wall time, the CPU time the server's processes spent while it ran (mean per request):
+on a machine shared with other work, wall times move with the neighbours, the CPU a request costs much less.
+After the reps, the server's resident memory (now and at its peak, all its processes).
 The receipt keeps every raw timing, p50/p95 of each, the load average before and after, and the git commit
 of the rlcli tree whose server ran.
 
@@ -35,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, versions, write_receipt  # noqa: E402
+from common import REPO, stop_servers_on_sigterm, versions, write_receipt  # noqa: E402
 from models import (  # noqa: E402
     LogCursor,
     describe_model,
@@ -73,6 +76,19 @@ def group_cpu_ticks(pgid: int) -> int:
     return sum(int(fields[11]) + int(fields[12]) for _, fields in process.group_stats(pgid))
 
 
+def group_memory_mb(pgid: int) -> dict:
+    """Resident memory of the group's processes now and at their peaks (VmRSS, VmHWM), in MiB, summed."""
+    now = peak = 0
+    for pid, _ in process.group_stats(pgid):
+        try:
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        except OSError:
+            continue
+        now += int(fields.get("VmRSS", "0 kB").split()[0])
+        peak += int(fields.get("VmHWM", "0 kB").split()[0])
+    return {"rss_mib": round(now / 1024, 1), "peak_rss_mib": round(peak / 1024, 1)}
+
+
 def idle_cpu(pgid: int, seconds: float) -> dict:
     hz = os.sysconf("SC_CLK_TCK")
     t0, c0 = time.monotonic(), group_cpu_ticks(pgid)
@@ -99,7 +115,7 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def measure(url: str, model: str, log: Path, args) -> dict:
+def measure(url: str, model: str, log: Path, args, pgid: int) -> dict:
     import tinker
 
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
@@ -132,34 +148,44 @@ def measure(url: str, model: str, log: Path, args) -> dict:
         sft_step()
     cursor = LogCursor(log)
     raw: dict[str, dict[str, list[float]]] = {k: {"wall_s": [], "engine_s": []} for k in (*KINDS, "sft_step")}
+    hz = os.sysconf("SC_CLK_TCK")
+    cpu_ticks = dict.fromkeys(raw, 0)  # the server's CPU (every process of its group) while each kind ran
+    phase_ticks = group_cpu_ticks(pgid)  # and over all of them: work a request leaves running counts here too
     for _ in range(args.reps):
         for kind in KINDS:
+            ticks = group_cpu_ticks(pgid)
             wall = timed(requests[kind])
+            cpu_ticks[kind] += group_cpu_ticks(pgid) - ticks
             engine = cursor.take([kind])
             if engine is None:  # the log did not hold exactly this request's timing: keep wall only
                 raw[kind]["wall_s"].append(wall)
                 continue
             raw[kind]["wall_s"].append(wall)
             raw[kind]["engine_s"].append(engine[0])
+        ticks = group_cpu_ticks(pgid)
         wall = timed(sft_step)
+        cpu_ticks["sft_step"] += group_cpu_ticks(pgid) - ticks
         engine = cursor.take(["forward_backward", "optim_step"])
         raw["sft_step"]["wall_s"].append(wall)
         if engine is not None:
             raw["sft_step"]["engine_s"].append(sum(engine))
+    phase_cpu_s = (group_cpu_ticks(pgid) - phase_ticks) / hz
+    memory = group_memory_mb(pgid)
     for holder in (getattr(service, "_session_holder", None), getattr(service, "_rest_holder", None)):
         if holder is not None:  # stop its session heartbeat: this server stops next, and A/B starts another
             holder.close()
     results = {}
     for kind, r in raw.items():
         paired = len(r["engine_s"]) == len(r["wall_s"])
-        out = {"wall": stats(r["wall_s"])}
+        out = {"wall": stats(r["wall_s"]), "server_cpu_s_per_request": cpu_ticks[kind] / hz / len(r["wall_s"])}
         if r["engine_s"]:
             out["engine"] = stats(r["engine_s"])
         if paired:
             out["overhead"] = stats([w - e for w, e in zip(r["wall_s"], r["engine_s"], strict=True)])
         results[kind] = out
     return {"first_sft_step": {"wall_s": first_step_s, "engine_s": first_engine},
-            "raw": raw, "results": results,
+            "raw": raw, "results": results, "server_cpu_s_all_reps": phase_cpu_s,
+            "server_memory_after_reps": memory,
             "batch": {"forward": "1 x 16 tokens", "forward_backward": "8 x 64 tokens", "sample": "1 prompt of "
                       "16 tokens, 8 new tokens", "lora_rank": 8}}
 
@@ -185,7 +211,10 @@ def serve_and_measure(args, model: Path, tree: Path, extra_env: dict[str, str]) 
         time.sleep(args.settle_s)
         idle = idle_cpu(state["pgid"], args.idle_s)
         print(f"idle: {idle['percent_of_one_core']:.2f}% of one core", flush=True)
-        body = measure(url, str(model), home / "servers" / "default" / "server.log", args)
+        body = measure(url, str(model), home / "servers" / "default" / "server.log", args, state["pgid"])
+        memory = body["server_memory_after_reps"]
+        print(f"server memory after the reps: {memory['rss_mib']} MiB resident, {memory['peak_rss_mib']} MiB "
+              "at peak", flush=True)
         status = subprocess.run([sys.executable, "-m", "rlcli.cli", "serve", "status"], env=env, capture_output=True,
                                 text=True, cwd=tree).stdout.strip().replace(str(model), model.name)
     finally:
@@ -198,7 +227,8 @@ def serve_and_measure(args, model: Path, tree: Path, extra_env: dict[str, str]) 
 
 
 def p50_ms(results: dict) -> dict:
-    return {kind: {part: round(r[part]["p50"] * 1e3, 1) for part in ("wall", "engine", "overhead") if part in r}
+    return {kind: {**{part: round(r[part]["p50"] * 1e3, 1) for part in ("wall", "engine", "overhead") if part in r},
+                   "server_cpu": round(r["server_cpu_s_per_request"] * 1e3, 1)}
             for kind, r in results.items()}
 
 
@@ -209,7 +239,9 @@ def pooled(runs: list[dict]) -> dict:
         walls = [w for run in runs for w in run["raw"][kind]["wall_s"]]
         over = [w - e for run in runs if len(run["raw"][kind]["engine_s"]) == len(run["raw"][kind]["wall_s"])
                 for w, e in zip(run["raw"][kind]["wall_s"], run["raw"][kind]["engine_s"], strict=True)]
-        out[kind] = {"wall": stats(walls), **({"overhead": stats(over)} if over else {})}
+        cpu = [run["results"][kind]["server_cpu_s_per_request"] for run in runs]
+        out[kind] = {"wall": stats(walls), **({"overhead": stats(over)} if over else {}),
+                     "server_cpu_s_per_request": statistics.fmean(cpu)}
     return out
 
 
@@ -232,6 +264,7 @@ def main() -> None:
                              "environment, --rounds pairs")
     parser.add_argument("--rounds", type=int, default=2, help="A/B pairs with --ab-env")
     args = parser.parse_args()
+    stop_servers_on_sigterm()
 
     from rlcli.config import ensure_api_key
 

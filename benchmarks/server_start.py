@@ -44,7 +44,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, summary, versions, write_receipt  # noqa: E402
+from common import REPO, stop_servers_on_sigterm, summary, versions, write_receipt  # noqa: E402
 from models import (  # noqa: E402
     RLCLI,
     build_large,
@@ -212,6 +212,7 @@ def main() -> None:
     parser.add_argument("--max-load", type=float, default=2.5, help="wait for this 1-minute load average first")
     parser.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most")
     args = parser.parse_args()
+    stop_servers_on_sigterm()
     from rlcli.config import ensure_api_key
 
     ensure_api_key()  # the first-step timing talks to the server through the tinker client
