@@ -227,6 +227,7 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
     env.update(compilation_cache_env())
+    env.update(malloc_env(backend))
     env["RLCLI_WARMUP_FILE"] = str(warmup_file(model, backend, backend_cfg))
     # runtime/rlcli_lazy_torch.py (first: before anything imports SkyRL): the API imports torch on first use.
     # runtime/rlcli_no_torch.py: the jax engine (and its workers) import SkyRL's jax backend without torch.
@@ -412,3 +413,29 @@ def install(backend: Backend = "jax", python: str | None = None, venv: str | Non
         server_venv.ensure_extra(path, "ray")
     print(path)
     return 0
+
+
+# glibc's malloc for a jax engine that computes on the host's CPU (docs/decisions.md, "The jax engine on CPU
+# keeps its scratch memory, in huge pages"): one arena grown with brk instead of per-thread arenas and mmap, so
+# XLA's per-step scratch block is allocated once and reused; transparent huge pages for it; and memory above
+# 256 MiB free at the heap's top still goes back to the system, so a load's peak is not held for good.
+CPU_ENGINE_TUNABLES = ("glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
+                       "glibc.malloc.trim_threshold=268435456", "glibc.malloc.hugetlb=1")
+STOCK_MALLOC_ENV = "RLCLI_STOCK_MALLOC"
+
+
+def malloc_env(backend: str) -> dict[str, str]:
+    """GLIBC_TUNABLES for a server's processes: CPU_ENGINE_TUNABLES where a jax engine computes on the CPU.
+
+    Nothing for fsdp/megatron or where jax may find a GPU (its scratch lives on the device there), nor with
+    RLCLI_STOCK_MALLOC=1. Tunables the user already set come first and win: a name they chose is not added.
+    glibc before 2.35 ignores the huge-pages tunable, and other C libraries ignore the variable.
+    """
+    if backend != "jax" or os.environ.get(STOCK_MALLOC_ENV) == "1":
+        return {}
+    if hw.has_cuda() and os.environ.get("JAX_PLATFORMS", "").strip().lower() != "cpu":
+        return {}
+    current = os.environ.get("GLIBC_TUNABLES", "")
+    chosen = {item.partition("=")[0] for item in current.split(":") if item}
+    added = [tunable for tunable in CPU_ENGINE_TUNABLES if tunable.partition("=")[0] not in chosen]
+    return {"GLIBC_TUNABLES": ":".join(filter(None, [current, *added]))} if added else {}

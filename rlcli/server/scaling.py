@@ -124,11 +124,11 @@ def worker(coordinator: str = "", processes: int = 0, process_id: int = 0, venv:
     _split_address(coordinator, "--coordinator")
     if not 1 <= process_id < processes:
         raise UsageError(f"--process-id {process_id} must be 1..{processes - 1} (0 is the server's engine)")
-    from rlcli.server.commands import SERVER_EXTENSIONS, compilation_cache_env
+    from rlcli.server.commands import SERVER_EXTENSIONS, compilation_cache_env, malloc_env
 
     venv_dir = server_venv.ensure_server_venv("jax", python, venv)
     # The model comes from the path (or hub id) the server names: a local folder must be at that path here too.
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **compilation_cache_env(),
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **compilation_cache_env(), **malloc_env("jax"),
                RLCLI_SERVER_EXTENSIONS=SERVER_EXTENSIONS if extensions else "")
     cmd = [str(venv_dir / "bin" / "python"), str(LAUNCHER), "worker", coordinator, str(processes), str(process_id)]
     print(f"rlcli: jax process {process_id} of {processes} joining {coordinator} (Ctrl-C to leave; the server "

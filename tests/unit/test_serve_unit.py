@@ -95,6 +95,33 @@ def test_compilation_cache_is_a_private_folder_under_rlcli_home(home, monkeypatc
     assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
 
 
+def test_a_cpu_jax_engine_keeps_its_scratch_memory_and_the_users_tunables_win(monkeypatch):
+    ours = ":".join(commands.CPU_ENGINE_TUNABLES)
+    for name in ("GLIBC_TUNABLES", commands.STOCK_MALLOC_ENV, "JAX_PLATFORMS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(hw, "has_cuda", lambda: False)
+    assert commands.malloc_env("jax") == {"GLIBC_TUNABLES": ours}
+    assert "glibc.malloc.arena_max=1" in ours and "glibc.malloc.mmap_max=0" in ours
+    assert commands.malloc_env("fsdp") == {} and commands.malloc_env("megatron") == {}
+    # the user's tunables come first, and a name they set is theirs
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=0")
+    env = commands.malloc_env("jax")["GLIBC_TUNABLES"].split(":")
+    assert env[:2] == ["glibc.malloc.arena_max=2", "glibc.malloc.tcache_count=0"]
+    assert [t for t in env if t.startswith("glibc.malloc.arena_max=")] == ["glibc.malloc.arena_max=2"]
+    assert set(env[2:]) == set(commands.CPU_ENGINE_TUNABLES) - {"glibc.malloc.arena_max=1"}
+    monkeypatch.setenv("GLIBC_TUNABLES", ours.replace("=1", "=0"))
+    assert commands.malloc_env("jax") == {}  # every name already set: nothing to add
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv(commands.STOCK_MALLOC_ENV, "1")
+    assert commands.malloc_env("jax") == {}
+    monkeypatch.delenv(commands.STOCK_MALLOC_ENV)
+    # jax may compute on a GPU here: its scratch is on the device, glibc is left as it is
+    monkeypatch.setattr(hw, "has_cuda", lambda: True)
+    assert commands.malloc_env("jax") == {}
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert commands.malloc_env("jax") == {"GLIBC_TUNABLES": ours}
+
+
 def test_backend_config_json_parsing():
     assert hw.parse_backend_config('{"max_lora_adapters": 4}') == {"max_lora_adapters": 4}
     assert hw.parse_backend_config(None) == {}
