@@ -415,7 +415,7 @@ def install(backend: Backend = "jax", python: str | None = None, venv: str | Non
     return 0
 
 
-# glibc's malloc for a jax engine that computes on the host's CPU (docs/decisions.md, "The jax engine on CPU
+# glibc's malloc for a jax engine that computes on the host's CPU (docs/decisions.md, "A jax engine on CPU
 # keeps its scratch memory, in huge pages"): one arena grown with brk instead of per-thread arenas and mmap, so
 # XLA's per-step scratch block is allocated once and reused; transparent huge pages for it; and memory above
 # 256 MiB free at the heap's top still goes back to the system, so a load's peak is not held for good.
