@@ -25,6 +25,7 @@ MAX_LOG_BYTES = 20 * 2**20
 SERVER_EXTENSIONS = ",".join(["rlcli_lazy_torch", "rlcli_no_torch", "rlcli_losses", "rlcli_slots", "rlcli_wake",
                               "rlcli_lora", "rlcli_samplers", "rlcli_warmup"])
 SNAPSHOTS_ENV = "RLCLI_SAMPLER_SNAPSHOTS"
+SAMPLER_CACHE_ENV = "RLCLI_SAMPLER_CACHE"  # sampled checkpoints kept in memory (runtime/rlcli_samplers.py)
 
 
 def _is_loopback(host: str) -> bool:
@@ -204,10 +205,15 @@ def start(
 
 
 def _snapshots_env(sampler_snapshots: int | None) -> dict[str, str]:
-    """runtime/rlcli_samplers.py reads how many unnamed sampler snapshots to keep from RLCLI_SAMPLER_SNAPSHOTS."""
+    """runtime/rlcli_samplers.py reads how many unnamed sampler snapshots to keep from RLCLI_SAMPLER_SNAPSHOTS
+    (and how many sampled checkpoints' weights to keep in memory from RLCLI_SAMPLER_CACHE)."""
     value = str(os.environ.get(SNAPSHOTS_ENV, "") if sampler_snapshots is None else sampler_snapshots).strip()
     if value and (not value.isdigit() or int(value) < 1):
         raise UsageError(f"--sampler-snapshots {value} (or {SNAPSHOTS_ENV}): give a whole number of at least 1")
+    cache = os.environ.get(SAMPLER_CACHE_ENV, "").strip()  # the engine inherits it; refused here, before a start
+    if cache and not cache.isdigit():
+        raise UsageError(f"{SAMPLER_CACHE_ENV}={cache}: give a whole number of sampled checkpoints whose weights "
+                         "the server keeps in memory (0: none)")
     return {SNAPSHOTS_ENV: str(int(value))} if value else {}
 
 

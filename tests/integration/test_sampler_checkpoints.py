@@ -97,3 +97,60 @@ def test_stock_skyrl_overwrites_the_live_model(stock_server, embedded_model, mon
     url, _ = stock_server
     r = _sequence(_service(url, monkeypatch), url, embedded_model)
     assert _close(r["after"], r["at_s1"]) and not _close(r["after"], r["before"], 1e-3)
+
+
+def _loads_of(log, model_id: str, name: str) -> int:
+    """How often the engine read a sampler checkpoint's file (SkyRL logs each read)."""
+    return sum(1 for line in log.read_text(errors="replace").splitlines()
+               if "Loading LoRA sampler checkpoint from" in line and f"{model_id}/sampler_weights/{name}." in line)
+
+
+def test_a_checkpoint_sampled_again_comes_from_memory_until_its_file_changes(server, monkeypatch):
+    """The weights a borrowed slot read from s1's file are kept: sampling s1 again reads no file and answers
+    bit for bit as the file did. Deleted, s1 is refused, kept weights or not; saved again under the name
+    (SkyRL refuses a second save of a name that exists), s1 means the new weights; and a file replaced behind
+    the server's back is read again."""
+    import os
+    import shutil
+    import time
+
+    service = _service(server.url, monkeypatch)
+    client = service.create_lora_training_client(base_model=server.model, rank=8, seed=0)
+    try:
+        _train(client, 1)
+        s1 = client.save_weights_for_sampler("s1").result().path
+        at_s1 = _live(client)
+        _train(client, 1)  # the slot now holds newer weights: s1 is sampled on a borrowed slot
+        from_file = _sampled(service, s1)
+        from_memory = _sampled(service, s1)
+        assert from_memory == from_file and _close(from_file[0], at_s1)
+        service.create_rest_client().delete_checkpoint(client.model_id, "sampler_weights/s1").result()
+        with pytest.raises(Exception) as refused:  # gone, kept weights or not
+            _sampled(service, s1)
+        assert "s1" in str(refused.value), refused.value
+        _train(client, 1)
+        assert client.save_weights_for_sampler("s1").result().path == s1  # the name now means these weights
+        at_new = _live(client)
+        _train(client, 1)
+        live = _live(client)
+        assert not _close(at_new, at_s1, 1e-3), "training did not move the model: the test shows nothing"
+        resaved = _sampled(service, s1)
+        assert _close(resaved[0], at_new), "kept weights outlived their file"
+        assert _live(client) == live  # the live weights were put back
+        assert _sampled(service, s1) == resaved  # kept again
+        client.save_weights_for_sampler("s2").result()
+        at_s2 = _live(client)
+        _train(client, 1)
+        # s1's file replaced behind the server's back (here by s2's): what the file holds now is sampled
+        folder = next(server.home.rglob(f"{client.model_id}/sampler_weights"))
+        shutil.copyfile(folder / "s2.tar.gz", folder / "s1.tar.gz.new")
+        os.replace(folder / "s1.tar.gz.new", folder / "s1.tar.gz")
+        assert _close(_sampled(service, s1)[0], at_s2), "kept weights outlived their file"
+        deadline = time.monotonic() + 10  # the log reaches the file through the supervisor
+        while _loads_of(server.log, client.model_id, "s1") < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)
+        # read from the file: the first sample, the one after the new save, the one after the replacement
+        assert _loads_of(server.log, client.model_id, "s1") == 3
+    finally:
+        unload_model(server.url, client.model_id)

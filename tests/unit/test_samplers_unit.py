@@ -85,3 +85,39 @@ def test_the_flag_wins_over_the_environment_and_the_default_is_the_extensions(mo
     assert commands._snapshots_env(None) == {}
     samplers = _samplers()
     assert samplers.keep_count() == samplers.DEFAULT_KEEP and samplers.VERSION.endswith(f"keep={samplers.DEFAULT_KEEP}")
+
+
+@pytest.mark.parametrize("value", ["-1", "two", "1.5"])
+def test_a_bad_sampler_cache_size_is_one_line(value, monkeypatch):
+    monkeypatch.setenv("RLCLI_SAMPLER_CACHE", value)
+    with pytest.raises(SystemExit, match="RLCLI_SAMPLER_CACHE"):
+        _samplers().cache_size()
+    with pytest.raises(UsageError, match="RLCLI_SAMPLER_CACHE"):
+        commands._snapshots_env(None)
+
+
+def test_kept_sampler_weights_follow_their_file_and_the_newest_stay(tmp_path):
+    samplers = _samplers()
+    kept = samplers.Sampled(size=2)
+    files = {}
+    for name in ("s1", "s2", "s3"):
+        files[name] = tmp_path / f"{name}.tar.gz"
+        files[name].write_bytes(name.encode())
+    kept.put("m", "s1", files["s1"], "w1")
+    kept.put("m", "s2", files["s2"], "w2")
+    assert kept.get("m", "s1", files["s1"]) == "w1"  # s1 is now the newest used
+    kept.put("n", "s3", files["s3"], "w3")  # over the size: the least recently used (s2) goes
+    assert kept.get("m", "s2", files["s2"]) is None and kept.get("n", "s3", files["s3"]) == "w3"
+    replacement = tmp_path / "new"
+    replacement.write_bytes(b"other weights")
+    replacement.replace(files["s1"])  # the file behind the name is another one now
+    assert kept.get("m", "s1", files["s1"]) is None and ("m", "s1") not in kept.entries
+    kept.put("m", "s1", files["s1"], "w1b")
+    files["s1"].unlink()
+    assert kept.get("m", "s1", files["s1"]) is None  # gone
+    kept.put("n", "s3", "gs://bucket/s3.tar.gz", "cloud")  # not a file of this machine: never kept
+    assert kept.get("n", "s3", "gs://bucket/s3.tar.gz") is None
+    kept.put("m", "s2", files["s2"], "w2")
+    kept.drop("m")
+    assert kept.get("m", "s2", files["s2"]) is None
+    assert samplers.Sampled(size=0).put("m", "s2", files["s2"], "w2") is None and not samplers.Sampled(0).entries

@@ -17,6 +17,13 @@ step, needs no load), and is cleared by every change of its weights (optim_step,
 other checkpoint is sampled on a borrowed slot: the model's live adapter is copied aside, NAME is loaded
 and sampled, and the live adapter is put back before the engine takes its next request (the engine runs
 one batch at a time, so no training request can see the borrowed weights), with the mark as it was.
+The weights a borrowed slot read from a checkpoint's file are kept in memory (the newest CACHE_ENV, default
+8, checkpoints of all models, each with its file's identity when it was read): sampling that checkpoint
+again, as an RL loop whose sampler lags its trainer or an evaluation of a fixed checkpoint does, inserts them
+instead of unpacking the file again (a sample of the 26M benchmark model: ~0.7 s -> ~0.2 s; 0.12 s with no
+borrowing). A save under the name, the model's deletion, or a file that is gone or no longer the one that was
+read drops the entry. A server of several jax processes reads the file every time: each process would
+otherwise decide on its own copy of the file, and their collective programs must stay in step.
 
 Snapshots: `save_weights_and_get_sampling_client()` (tinker) sends save_weights_for_sampler with a
 sampling_session_seq_id and no name; SkyRL names the file ss<N>_seq<M> and passes `persist=False` to the
@@ -46,7 +53,9 @@ from pathlib import PurePath
 NAME = "rlcli_samplers"
 KEEP_ENV = "RLCLI_SAMPLER_SNAPSHOTS"  # unnamed sampler snapshots kept per model (`serve start --sampler-snapshots`)
 DEFAULT_KEEP = 4
-VERSION = f"1.1 keep={os.environ.get(KEEP_ENV, '').strip() or DEFAULT_KEEP}"  # compared between processes
+CACHE_ENV = "RLCLI_SAMPLER_CACHE"  # sampler checkpoints whose weights stay in memory for borrowed slots (0: none)
+DEFAULT_CACHE = 8
+VERSION = f"1.2 keep={os.environ.get(KEEP_ENV, '').strip() or DEFAULT_KEEP}"  # compared between processes
 MARK = "_rlcli_sampler_checkpoints_kept_apart"
 SUFFIX = ".tar.gz"  # SkyRL names a sampler checkpoint's file NAME.tar.gz
 
@@ -62,6 +71,16 @@ def keep_count() -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise SystemExit(f"{NAME}: {KEEP_ENV}={raw!r}: give a whole number of at least 1 (unnamed sampler "
                          "snapshots kept per model)")
+    return int(raw)
+
+
+def cache_size() -> int:
+    raw = os.environ.get(CACHE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_CACHE
+    if not raw.isdigit():
+        raise SystemExit(f"{NAME}: {CACHE_ENV}={raw!r}: give a whole number (sampler checkpoints whose weights "
+                         "stay in memory; 0 reads the file at every borrowed-slot sample)")
     return int(raw)
 
 
@@ -90,6 +109,9 @@ def _targets():
         "ModelMetadata.loaded_checkpoint_id":
             "loaded_checkpoint_id" in getattr(types.ModelMetadata, "model_fields", {}),
         "SampleInput.checkpoint_id": "checkpoint_id" in getattr(types.SampleInput, "model_fields", {}),
+        "PreparedSampleBatch all_model_ids, all_checkpoint_ids, all_checkpoint_paths":
+            {"all_model_ids", "all_checkpoint_ids", "all_checkpoint_paths"}
+            <= set(getattr(types.PreparedSampleBatch, "model_fields", {})),
         "CheckpointDB key (model_id, checkpoint_id, checkpoint_type)": {"model_id", "checkpoint_id", "checkpoint_type"}
             <= set(getattr(db_models.CheckpointDB, "model_fields", {})),
         "JaxBackendImpl.save_sampler_checkpoint(persist=...)":
@@ -159,6 +181,64 @@ class Snapshots:
                 f"newest {self.keep} unnamed snapshots (save_weights_and_get_sampling_client) per model "
                 f"({KEEP_ENV}, `rlcli serve start --sampler-snapshots`); sample a newer one, or save named "
                 "weights (save_weights_for_sampler(name)) to sample them later")
+
+
+def file_identity(path) -> tuple | None:
+    """What tells one file from its replacement: device, inode, size, modification time. None for a file that
+    is gone or not on this machine's file system (a cloud path)."""
+    text = str(path)
+    if "://" in text:
+        return None
+    try:
+        st = os.stat(text)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class Sampled:
+    """The adapter weights of sampler checkpoints a borrowed slot read from their files, the newest `size`
+    (model_id, name) pairs first out last, each with its file's identity when it was read."""
+
+    def __init__(self, size: int):
+        import collections
+
+        self.size = size
+        self.entries: collections.OrderedDict = collections.OrderedDict()  # (model_id, name) -> (identity, state)
+
+    def get(self, model_id: str, name: str, path):
+        entry = self.entries.get((model_id, name))
+        if entry is None:
+            return None
+        if entry[0] != file_identity(path):  # deleted, or saved again under the name: the file decides
+            del self.entries[(model_id, name)]
+            return None
+        self.entries.move_to_end((model_id, name))
+        return entry[1]
+
+    def put(self, model_id: str, name: str, path, state) -> None:
+        identity = file_identity(path)
+        if identity is None or self.size < 1:
+            return
+        self.entries[(model_id, name)] = (identity, state)
+        self.entries.move_to_end((model_id, name))
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+
+    def drop(self, model_id: str, name: str | None = None) -> None:
+        for key in [k for k in self.entries if k[0] == model_id and name in (None, k[1])]:
+            del self.entries[key]
+
+
+def sampled(backend) -> Sampled | None:
+    """This process's kept sampler weights; None where they are not kept (off, or several jax processes)."""
+    found = backend.__dict__.get("_rlcli_sampled")
+    if found is None:
+        import jax
+
+        size = cache_size() if jax.process_count() == 1 else 0
+        found = backend.__dict__["_rlcli_sampled"] = Sampled(size)
+    return found if found.size > 0 else None
 
 
 def snapshots(backend) -> Snapshots:
@@ -241,6 +321,7 @@ def install() -> None:
     if getattr(impl.sample, MARK, False):
         return
     keep_count()  # a bad setting stops the start, not the first save
+    cache_size()
     install_snapshots(impl, tinker_engine)
     # Process 0's JaxBackend writes a probe file before the broadcast reaches JaxBackendImpl in every process:
     # room is made before that write too, or a disk full to the last byte would fail on the probe.
@@ -252,19 +333,35 @@ def install() -> None:
     def sample(self, prepared_batch):
         import jax
 
-        aside = {}  # model_id -> (its live adapter, its mark)
-        wanted = zip(prepared_batch.all_model_ids, prepared_batch.all_checkpoint_ids, strict=True)
-        for model_id, checkpoint_id in wanted:
+        kept = sampled(self)
+        aside = {}  # model_id -> (its live adapter, its mark, the checkpoint sampled, its file)
+        from_memory = set()  # models whose checkpoint came from kept weights, not from its file
+        wanted = zip(prepared_batch.all_model_ids, prepared_batch.all_checkpoint_ids,
+                     prepared_batch.all_checkpoint_paths, strict=True)
+        for model_id, checkpoint_id, path in wanted:
             meta = self.models.get(model_id) if model_id else None
             if meta is None or model_id in aside or meta.loaded_checkpoint_id == checkpoint_id:
                 continue
             with jax.set_mesh(self.mesh):
                 live = models.extract_adapter_state(meta.adapter_index, self.lora_params, meta.lora_config.rank)
-            aside[model_id] = (live, meta.loaded_checkpoint_id)
+            aside[model_id] = (live, meta.loaded_checkpoint_id, checkpoint_id, path)
+            weights = kept.get(model_id, checkpoint_id, path) if kept is not None else None
+            if weights is not None:
+                with jax.set_mesh(self.mesh):
+                    models.insert_adapter_state(meta.adapter_index, self.lora_params, weights, meta.lora_config.rank)
+                meta.loaded_checkpoint_id = checkpoint_id  # SkyRL's load_sampler_weights: the slot holds them
+                from_memory.add(model_id)
         try:
-            return original_sample(self, prepared_batch)
+            result = original_sample(self, prepared_batch)
+            for model_id, (_, _, checkpoint_id, path) in aside.items() if kept is not None else ():
+                meta = self.models.get(model_id)
+                if model_id not in from_memory and meta is not None and meta.loaded_checkpoint_id == checkpoint_id:
+                    with jax.set_mesh(self.mesh):  # read from its file just now: keep them for the next time
+                        kept.put(model_id, checkpoint_id, path, models.extract_adapter_state(
+                            meta.adapter_index, self.lora_params, meta.lora_config.rank))
+            return result
         finally:
-            for model_id, (live, mark) in aside.items():
+            for model_id, (live, mark, _, _) in aside.items():
                 meta = self.models.get(model_id)
                 if meta is None:
                     continue
@@ -277,6 +374,8 @@ def install() -> None:
         original_save(self, output_path, model_id, *args, **kwargs)
         name = checkpoint_name(output_path)
         self.models[model_id].loaded_checkpoint_id = name  # the slot holds them
+        if (kept := sampled(self)) is not None:
+            kept.drop(model_id, name)  # saved again under that name: the old weights are not these
         snapshots(self).saved(model_id, name, output_path, kwargs.get("persist", args[0] if args else True))
 
     @functools.wraps(original_optim)
@@ -308,6 +407,8 @@ def install_snapshots(impl, tinker_engine) -> None:
     def delete_model(self, model_id, *args, **kwargs):
         original_delete(self, model_id, *args, **kwargs)
         snapshots(self).model_gone(model_id)  # every process: unload and a timed-out session both come here
+        if (kept := sampled(self)) is not None:
+            kept.drop(model_id)
 
     @functools.wraps(original_init)
     def __init__(self, *args, **kwargs):
@@ -356,6 +457,7 @@ def install_snapshots(impl, tinker_engine) -> None:
 def describe() -> dict:
     """What the capabilities route says (API process; the engine refuses to start if install() fails)."""
     return {"sampler_checkpoints": "sampled on a borrowed slot; a training model's weights are never replaced",
+            "sampler_weights_in_memory": f"the newest {cache_size()} sampled checkpoints' weights ({CACHE_ENV})",
             "sampler_snapshots": f"the newest {keep_count()} unnamed snapshots per model are kept; all of a "
                                  "model's go when it is unloaded; named sampler checkpoints are never deleted"}
 
