@@ -278,6 +278,7 @@ def main() -> None:
     print(json.dumps(medians(results)))
     other = {str(args.compare_tree.resolve()): "COMPARE_TREE", str(args.compare_tree): "COMPARE_TREE"} \
         if args.compare_tree else {}
+    other[str(work)] = "MODELS"  # the rounds' model folders (built in this run's scratch folder)
     print(f"receipt: {write_receipt('server-start', body, names=other)}")
 
 
