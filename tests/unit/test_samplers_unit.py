@@ -68,12 +68,16 @@ def test_each_model_keeps_its_own_and_workers_record_no_rows(tmp_path):
     assert _on_disk(tmp_path / "b") == {"ss2_seq2.tar.gz", "ss2_seq2.tar.gz.probe"}
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
-def test_a_bad_kept_count_is_one_line(value, monkeypatch):
-    monkeypatch.setenv("RLCLI_SAMPLER_SNAPSHOTS", value)
-    with pytest.raises(SystemExit, match="RLCLI_SAMPLER_SNAPSHOTS"):
-        _samplers().keep_count()
-    with pytest.raises(UsageError, match="--sampler-snapshots"):
+@pytest.mark.parametrize(("variable", "value"), [*(("RLCLI_SAMPLER_SNAPSHOTS", v) for v in ("0", "-1", "two", "1.5")),
+                                               *(("RLCLI_SAMPLER_CACHE", v) for v in ("-1", "two", "1.5"))])
+def test_a_bad_sampler_setting_is_one_line(variable, value, monkeypatch):
+    """Refused by the engine at its start, and by `serve start` before one (the kept count names its flag)."""
+    monkeypatch.setenv(variable, value)
+    samplers = _samplers()
+    snapshots = variable == samplers.KEEP_ENV
+    with pytest.raises(SystemExit, match=variable):
+        samplers.keep_count() if snapshots else samplers.cache_size()
+    with pytest.raises(UsageError, match="--sampler-snapshots" if snapshots else variable):
         commands._snapshots_env(None)
 
 
@@ -85,15 +89,6 @@ def test_the_flag_wins_over_the_environment_and_the_default_is_the_extensions(mo
     assert commands._snapshots_env(None) == {}
     samplers = _samplers()
     assert samplers.keep_count() == samplers.DEFAULT_KEEP and samplers.VERSION.endswith(f"keep={samplers.DEFAULT_KEEP}")
-
-
-@pytest.mark.parametrize("value", ["-1", "two", "1.5"])
-def test_a_bad_sampler_cache_size_is_one_line(value, monkeypatch):
-    monkeypatch.setenv("RLCLI_SAMPLER_CACHE", value)
-    with pytest.raises(SystemExit, match="RLCLI_SAMPLER_CACHE"):
-        _samplers().cache_size()
-    with pytest.raises(UsageError, match="RLCLI_SAMPLER_CACHE"):
-        commands._snapshots_env(None)
 
 
 def test_kept_sampler_weights_follow_their_file_and_the_newest_stay(tmp_path):
