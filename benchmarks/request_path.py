@@ -13,6 +13,10 @@ In order:
    (8 x 64 tokens), optim_step, sample (1 prompt, 8 tokens): wall from submit to result in the client,
    engine time from the engine's own `(timing)` log lines, overhead = wall - engine;
 4. --reps SFT steps (forward_backward 8 x 64 + optim_step submitted back to back, as the cookbook does).
+The sampler is saved once, before the reps, so every sample is of a checkpoint older than the live weights:
+rlcli's server samples it on a borrowed slot (its weights kept in memory after the first read), as it does
+for an RL loop whose sampler lags its trainer; a sample of the checkpoint just saved needs no borrowing (on
+the 26M model ~0.12 s a sample against ~0.19 s borrowed, measured with the tinker client alone).
 Beside each request's wall time, the CPU time the server's processes spent while it ran (mean per request):
 on a machine shared with other work, wall times move with the neighbours, the CPU a request costs much less.
 After the reps, the server's resident memory (now and at its peak, all its processes).
