@@ -17,12 +17,12 @@ step, needs no load), and is cleared by every change of its weights (optim_step,
 other checkpoint is sampled on a borrowed slot: the model's live adapter is copied aside, NAME is loaded
 and sampled, and the live adapter is put back before the engine takes its next request (the engine runs
 one batch at a time, so no training request can see the borrowed weights), with the mark as it was.
-The weights a borrowed slot read from a checkpoint's file are kept in memory (the newest CACHE_ENV, default
-8, checkpoints of all models, each with its file's identity when it was read): sampling that checkpoint
-again, as an RL loop whose sampler lags its trainer or an evaluation of a fixed checkpoint does, inserts them
-instead of unpacking the file again (a sample of the 26M benchmark model: ~0.7 s -> ~0.2 s; 0.12 s with no
-borrowing). A save under the name, the model's deletion, or a file that is gone or no longer the one that was
-read drops the entry. A server of several jax processes reads the file every time: each process would
+The weights a borrowed slot read from a checkpoint's file are kept in memory (the CACHE_ENV, default 8, most
+recently sampled checkpoints of all models, each with its file's identity when it was read): sampling that
+checkpoint again, as an RL loop whose sampler lags its trainer or an evaluation of a fixed checkpoint does,
+inserts them instead of unpacking the file again (a sample of the 26M benchmark model: ~0.7 s -> ~0.2 s; 0.12
+s with no borrowing). A save under the name, the model's deletion, or a file that is gone or no longer the one
+that was read drops the entry. A server of several jax processes reads the file every time: each process would
 otherwise decide on its own copy of the file, and their collective programs must stay in step.
 
 Snapshots: `save_weights_and_get_sampling_client()` (tinker) sends save_weights_for_sampler with a
@@ -197,8 +197,8 @@ def file_identity(path) -> tuple | None:
 
 
 class Sampled:
-    """The adapter weights of sampler checkpoints a borrowed slot read from their files, the newest `size`
-    (model_id, name) pairs first out last, each with its file's identity when it was read."""
+    """The adapter weights of sampler checkpoints a borrowed slot read from their files: the `size` most recently
+    sampled (model_id, name) pairs, each with its file's identity when it was read."""
 
     def __init__(self, size: int):
         import collections
@@ -457,7 +457,8 @@ def install_snapshots(impl, tinker_engine) -> None:
 def describe() -> dict:
     """What the capabilities route says (API process; the engine refuses to start if install() fails)."""
     return {"sampler_checkpoints": "sampled on a borrowed slot; a training model's weights are never replaced",
-            "sampler_weights_in_memory": f"the newest {cache_size()} sampled checkpoints' weights ({CACHE_ENV})",
+            "sampler_weights_in_memory":
+                f"the weights of the {cache_size()} most recently sampled checkpoints ({CACHE_ENV})",
             "sampler_snapshots": f"the newest {keep_count()} unnamed snapshots per model are kept; all of a "
                                  "model's go when it is unloaded; named sampler checkpoints are never deleted"}
 
