@@ -64,24 +64,23 @@ def log(message: str) -> None:
     print(f"[{NAME} {VERSION}] {message}", file=sys.stderr, flush=True)
 
 
-def keep_count() -> int:
-    raw = os.environ.get(KEEP_ENV, "").strip()
+def _whole_number(variable: str, default: int, least: int, meaning: str) -> int:
+    raw = os.environ.get(variable, "").strip()
     if not raw:
-        return DEFAULT_KEEP
-    if not raw.isdigit() or int(raw) < 1:
-        raise SystemExit(f"{NAME}: {KEEP_ENV}={raw!r}: give a whole number of at least 1 (unnamed sampler "
-                         "snapshots kept per model)")
+        return default
+    if not raw.isdigit() or int(raw) < least:
+        at_least = f" of at least {least}" if least else ""
+        raise SystemExit(f"{NAME}: {variable}={raw!r}: give a whole number{at_least} ({meaning})")
     return int(raw)
+
+
+def keep_count() -> int:
+    return _whole_number(KEEP_ENV, DEFAULT_KEEP, 1, "unnamed sampler snapshots kept per model")
 
 
 def cache_size() -> int:
-    raw = os.environ.get(CACHE_ENV, "").strip()
-    if not raw:
-        return DEFAULT_CACHE
-    if not raw.isdigit():
-        raise SystemExit(f"{NAME}: {CACHE_ENV}={raw!r}: give a whole number (sampler checkpoints whose weights "
-                         "stay in memory; 0 reads the file at every borrowed-slot sample)")
-    return int(raw)
+    return _whole_number(CACHE_ENV, DEFAULT_CACHE, 0, "sampler checkpoints whose weights stay in memory; 0 reads "
+                                                      "the file at every borrowed-slot sample")
 
 
 def _targets():
