@@ -15,11 +15,14 @@ with the same line.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 
@@ -37,12 +40,34 @@ class ServerGone(RlcliError):
     exit_code = EXIT_SERVER_GONE
 
 
-def healthy(url: str, timeout_s: float) -> bool:
+def health(url: str, timeout_s: float) -> str:
+    """"ok"; "absent" when nothing listens there (refused, no such host, unreachable); "silent" when something
+    does but gives no healthy answer in time (frozen, reset, an error status)."""
     try:
         with urllib.request.urlopen(url + HEALTH_ROUTE, timeout=timeout_s) as resp:
-            return resp.status == 200
-    except (OSError, ValueError):  # refused, reset, timed out, or an HTTP error status
-        return False
+            return "ok" if resp.status == 200 else "silent"
+    except urllib.error.HTTPError:
+        return "silent"
+    except (urllib.error.URLError, OSError) as e:
+        reason = e.reason if isinstance(e, urllib.error.URLError) else e
+        return "absent" if isinstance(reason, (ConnectionRefusedError, socket.gaierror)) or (
+            isinstance(reason, OSError) and reason.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH)) else "silent"
+    except ValueError:  # not a URL at all
+        return "absent"
+
+
+def healthy(url: str, timeout_s: float) -> bool:
+    return health(url, timeout_s) == "ok"
+
+
+def no_server(url: str) -> str:
+    return f"no server answers at {url}: start one (`rlcli serve start`), or pass --base-url with your server's address"
+
+
+def stopped_answering(url: str) -> Callable[[float], str]:
+    """The line for a server that went silent (frozen, overloaded past the timeout, or gone after answering)."""
+    return lambda silent: (f"the server at {url} stopped answering (no answer for {silent:.0f} s): restart it "
+                           "(`rlcli serve restart`), then run the command again")
 
 
 class Watch:
@@ -54,6 +79,8 @@ class Watch:
         self.gone: ServerGone | None = None
         self.closed = False  # the block has been left: the command is unwinding on its own
         self.last_ok = time.monotonic()  # the last answer from the health route
+        self.answered = False  # whether the health route has answered since the watch began
+        self.state = "silent"  # what the last look found
         self.noticed_after_s: float | None = None  # from the last good answer to the verdict
         self._stop = threading.Event()
         self._main = threading.main_thread().ident
@@ -68,16 +95,29 @@ class Watch:
         if self._thread.is_alive() and self._thread is not threading.current_thread() and self.gone is None:
             self._thread.join(timeout=1.0)  # not mid-request while the interpreter shuts down
 
+    def verdict(self, silent: float) -> ServerGone:
+        """The error for a server silent this long: the command's own message, except where nothing has
+        answered since the watch began and nothing listens there: then no server was started (or a wrong
+        --base-url was given), and the line says to start one."""
+        never = not self.answered and self.state == "absent"
+        return ServerGone(no_server(self.url) if never else self.message(silent))
+
+    def look(self, timeout_s: float) -> bool:
+        self.state = health(self.url, timeout_s)
+        if self.state == "ok":
+            self.last_ok, self.answered = time.monotonic(), True
+        return self.state == "ok"
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            if healthy(self.url, min(10.0, max(self.timeout_s / 3, 1.0))):
-                self.last_ok = time.monotonic()
-                continue
-            silent = time.monotonic() - self.last_ok
-            if silent >= self.timeout_s and not self._stop.is_set():
-                self.noticed_after_s = silent
-                self.gone = ServerGone(self.message(silent))
-                self._interrupt()
+        while True:  # the first look at once: a command that fails fast must know whether anyone answered
+            if not self.look(min(10.0, max(self.timeout_s / 3, 1.0))):
+                silent = time.monotonic() - self.last_ok
+                if silent >= self.timeout_s and not self._stop.is_set():
+                    self.noticed_after_s = silent
+                    self.gone = self.verdict(silent)
+                    self._interrupt()
+                    return
+            if self._stop.wait(self.interval_s):
                 return
 
     def _interrupt(self) -> None:
@@ -99,9 +139,7 @@ def watch(url: str, timeout_s: float | None = DEFAULT_TIMEOUT_S,
     if not timeout_s or threading.current_thread() is not threading.main_thread():
         yield None
         return
-    message = message or (lambda silent: f"the server at {url} stopped answering (no answer for {silent:.0f} s): "
-                                         "restart it (`rlcli serve restart`), then run the command again")
-    w = Watch(url, timeout_s, message)
+    w = Watch(url, timeout_s, message or stopped_answering(url))
 
     def on_signal(signum: int, frame: object) -> None:
         if w.gone is not None:
@@ -112,9 +150,9 @@ def watch(url: str, timeout_s: float | None = DEFAULT_TIMEOUT_S,
     try:
         yield w
     except BaseException as e:
-        if w.gone is None and isinstance(e, Exception) and not isinstance(e, UsageError) and not healthy(url, 2.0):
+        if w.gone is None and isinstance(e, Exception) and not isinstance(e, UsageError) and not w.look(2.0):
             # A request of the command's own gave up first (its timeout is shorter): the same verdict, now.
-            w.gone = ServerGone(message(time.monotonic() - w.last_ok))
+            w.gone = w.verdict(time.monotonic() - w.last_ok)
         if w.gone is not None and e is not w.gone:
             raise w.gone from e  # whatever the dead server caused on the way (a failed request): one line
         raise

@@ -4,8 +4,8 @@ The real faults (kill -9, SIGSTOP, a full tmpfs) are in tests/faults/."""
 from __future__ import annotations
 
 import errno
-import http.server
 import json
+import socket
 import threading
 import time
 
@@ -14,31 +14,7 @@ import pytest
 from rlcli import errors, watchdog
 from rlcli.train import folder as runs
 from rlcli.train.hooks import sample_seed
-
-
-class Health(http.server.BaseHTTPRequestHandler):
-    answering = True
-
-    def do_GET(self):  # noqa: N802 - the stdlib's name
-        if not Health.answering:
-            time.sleep(5)  # silent: the client's request times out
-            return
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b'{"status": "ok"}')
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def health_server():
-    Health.answering = True
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
-    srv.daemon_threads = True
-    threading.Thread(target=srv.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits a poll
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+from tests.unit.conftest import Health
 
 
 def test_an_answering_server_is_never_declared_gone(health_server):
@@ -75,9 +51,35 @@ def test_an_error_of_an_answering_server_stays_itself(health_server):
         raise ValueError("a bad answer")
 
 
-def test_a_refused_connection_counts_as_silence():
-    with pytest.raises(watchdog.ServerGone), watchdog.watch("http://127.0.0.1:9", 0.5):
+def test_a_refused_connection_counts_as_silence_and_says_no_server_was_started():
+    with pytest.raises(watchdog.ServerGone) as gone, watchdog.watch("http://127.0.0.1:9", 0.5, lambda s: "gone"):
         threading.Event().wait(30)
+    assert str(gone.value) == watchdog.no_server("http://127.0.0.1:9")  # nothing ever answered: start one
+
+
+def test_a_command_failing_at_once_with_no_server_there_says_to_start_one():
+    with pytest.raises(watchdog.ServerGone) as gone, watchdog.watch("http://127.0.0.1:9", 60.0, lambda s: "gone"):
+        raise ConnectionRefusedError("the command's first request")
+    assert str(gone.value).startswith("no server answers at http://127.0.0.1:9: start one (`rlcli serve start`)")
+
+
+def test_a_listener_that_never_answers_is_a_stopped_server_not_a_missing_one():
+    """A frozen server (SIGSTOP) still accepts connections: restarting it is the fix, not starting one."""
+    with socket.create_server(("127.0.0.1", 0)) as frozen:
+        url = f"http://127.0.0.1:{frozen.getsockname()[1]}"
+        assert watchdog.health(url, 0.3) == "silent" and watchdog.health("http://127.0.0.1:9", 0.3) == "absent"
+        with pytest.raises(watchdog.ServerGone) as gone, watchdog.watch(url, 1.0, lambda s: "gone"):
+            threading.Event().wait(30)
+    assert str(gone.value) == "gone"
+
+
+def test_a_server_that_answered_then_vanished_gets_the_commands_own_line(health_server):
+    with pytest.raises(watchdog.ServerGone) as gone, watchdog.watch(health_server, 60.0, lambda s: "gone") as w:
+        while not w.answered:
+            time.sleep(0.01)
+        Health.answering = False
+        raise TimeoutError("the command's own request timed out")
+    assert str(gone.value) == "gone"
 
 
 def test_timeout_zero_watches_nothing():
