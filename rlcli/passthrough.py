@@ -6,10 +6,14 @@ Launch:  rlcli checkpoint list --run-id RUN        (any `tinker checkpoint|run|s
 
 The arguments go to the `tinker` console script of this venv unchanged, except:
   --base-url URL (anywhere)   removed; it becomes TINKER_BASE_URL (tinker has no such flag)
+  --server-timeout S          removed; seconds the server may go without answering before the command
+                              stops (default 60, 0: wait for ever), as in rlcli's own commands
   --format/-f table|json      moved in front of the group, where tinker's root group reads it
   tinker://RUN/ID             SkyRL's own sampler path, written the way tinker parses it
 Exit codes are tinker's. SkyRL 0.4.0 lacks some endpoints tinker calls: those failures become one line
-that says what to do instead, not tinker's traceback or a bare 404.
+that says what to do instead, not tinker's traceback or a bare 404. The tinker client retries a server
+that does not answer for ever, so a command finds out first whether one answers (one line and exit 75
+if not) and is ended, with one line, when its server stops answering for the timeout.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlcli import watchdog
 from rlcli.config import PLACEHOLDER_API_KEY, resolve_base_url
-from rlcli.errors import EXIT_FAILED, debug_enabled
+from rlcli.errors import EXIT_FAILED, UsageError, debug_enabled
 
 GROUPS = ("checkpoint", "run", "session")
+PRECHECK_S = 5.0  # how long the health route may take to answer before tinker is started
 
 # Checked against SkyRL 0.4.0 with tinker 0.25: what each missing piece should be replaced with.
 _EXPORT = "`rlcli export tinker://RUN/sampler_weights/ID --format peft -o DIR` downloads sampler weights"
@@ -52,23 +58,47 @@ def session(argv: list[str]) -> int:
     return run_tinker("session", argv)
 
 
-def split_base_url(args: list[str]) -> tuple[str | None, list[str]]:
-    """Remove every --base-url (last one wins) and rlcli's --debug; arguments after `--` stay as they are."""
-    url, out, i = None, [], 0
+def split_option(args: list[str], name: str) -> tuple[str | None, list[str]]:
+    """Remove every `name VALUE` / `name=VALUE` (the last one wins) and rlcli's --debug; arguments after `--`
+    stay as they are."""
+    value, out, i = None, [], 0
     while i < len(args):
         arg = args[i]
         if arg == "--":
             out += args[i:]
             break
-        if arg == "--base-url" and i + 1 < len(args):
-            url, i = args[i + 1], i + 2
+        if arg == name and i + 1 < len(args):
+            value, i = args[i + 1], i + 2
             continue
-        if arg.startswith("--base-url="):
-            url = arg.split("=", 1)[1]
+        if arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
         elif arg != "--debug":
             out.append(arg)
         i += 1
-    return url, out
+    return value, out
+
+
+def split_base_url(args: list[str]) -> tuple[str | None, list[str]]:
+    return split_option(args, "--base-url")
+
+
+def server_timeout(value: str | None) -> float:
+    if value is None:
+        return watchdog.DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also NaN
+        raise UsageError(f"--server-timeout {value}: give the seconds the server may go without answering "
+                         "(0: wait for ever)")
+    return seconds
+
+
+def wants_help(args: list[str]) -> bool:
+    """Help, or no subcommand (tinker prints the group's usage): nothing asks the server."""
+    head = args[:args.index("--")] if "--" in args else args
+    return not subcommand(head) or "--help" in head or "-h" in head
 
 
 def hoist_format(args: list[str]) -> tuple[list[str], list[str]]:
@@ -127,17 +157,37 @@ def unsupported_line(group: str, args: list[str], stderr: str, url: str) -> str 
 def run_tinker(group: str, argv: list[str]) -> int:
     """Run `tinker [--format F] GROUP ARGS...` against the resolved server; return tinker's exit code."""
     explicit, args = split_base_url(argv)
+    timeout, args = split_option(args, "--server-timeout")
+    timeout_s = server_timeout(timeout)
     root, args = hoist_format(args)
     args = [normalize_path(a) for a in args]
     url = resolve_base_url(explicit)
+    help_only = wants_help(args)  # tinker answers help and usage itself
+    state = "ok" if help_only else watchdog.health(url, PRECHECK_S)
+    if state == "absent" or (state == "silent" and timeout_s):  # --server-timeout 0 waits for a silent one
+        line = watchdog.no_server(url) if state == "absent" else watchdog.stopped_answering(url)(PRECHECK_S)
+        print(f"rlcli: error: {line}", file=sys.stderr)
+        return watchdog.ServerGone.exit_code
     env = dict(os.environ, TINKER_BASE_URL=url)
     env.setdefault("TINKER_API_KEY", PLACEHOLDER_API_KEY)
-    # stdout and stdin stay attached: tables, progress and delete's confirmation prompt work as usual.
-    proc = subprocess.run([*tinker_command(), *root, group, *args], env=env, stderr=subprocess.PIPE, text=True)
+    proc = None
+    try:
+        with watchdog.watch(url, 0 if help_only else timeout_s):
+            # stdout and stdin stay attached: tables, progress and delete's confirmation prompt work as usual.
+            proc = subprocess.Popen([*tinker_command(), *root, group, *args], env=env, stderr=subprocess.PIPE,
+                                    text=True)
+            _, stderr = proc.communicate()
+    except watchdog.ServerGone as gone:
+        print(f"rlcli: error: {gone}", file=sys.stderr)
+        return gone.exit_code
+    finally:
+        if proc is not None and proc.poll() is None:  # the server went away, or Ctrl-C: tinker goes too
+            proc.kill()
+            proc.wait()
     code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    line = unsupported_line(group, args, proc.stderr, url) if code != 0 else None
+    line = unsupported_line(group, args, stderr, url) if code != 0 else None
     if line is None or debug_enabled():
-        sys.stderr.write(proc.stderr)
+        sys.stderr.write(stderr)
     if line is not None:
         print(f"rlcli: error: {line}", file=sys.stderr)
         return code or EXIT_FAILED

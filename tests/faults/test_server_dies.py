@@ -50,9 +50,14 @@ def test_a_frozen_server_is_noticed_by_sample(fault_server, timeout_s):
         proc = run_rlcli("sample", "--prompt", "Hi", "--max-tokens", "2", "--base-url", fault_server.url,
                          "--server-timeout", str(timeout_s), env=fault_server.env, timeout=timeout_s + 120)
         took = time.monotonic() - started
+        # The official tinker CLI would retry it for ever: rlcli's passthrough looks first.
+        listing = run_rlcli("run", "list", "--base-url", fault_server.url, env=fault_server.env, timeout=120)
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
+    assert listing.returncode == EXIT_SERVER_GONE and listing.stdout == "", listing.stderr
+    assert listing.stderr.startswith(f"rlcli: error: the server at {fault_server.url} stopped answering (no answer "
+                                     "for 5 s): restart it"), listing.stderr
     record("server frozen (SIGSTOP) during rlcli sample", timeout_s=timeout_s, exit_s=round(took, 2),
            rc=proc.returncode, line=last_line(proc.stderr))
     assert proc.returncode == EXIT_SERVER_GONE, proc.stderr

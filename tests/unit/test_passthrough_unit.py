@@ -7,14 +7,20 @@ tinker CLI's --help, which needs neither.
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
-from rlcli import cli, passthrough
-from rlcli.passthrough import hoist_format, normalize_path, split_base_url, unsupported_line
+from rlcli import cli, passthrough, watchdog
+from rlcli.errors import EXIT_SERVER_GONE, EXIT_USAGE
+from rlcli.passthrough import hoist_format, normalize_path, split_base_url, unsupported_line, wants_help
+from tests.unit.conftest import Health
 
 URL = "http://127.0.0.1:9"
 
@@ -69,21 +75,29 @@ def test_a_traceback_becomes_one_line():
 
 
 FAKE_TINKER = textwrap.dedent("""
-    import json, os, sys
+    import json, os, sys, time
     print(json.dumps({"argv": sys.argv[1:], "url": os.environ.get("TINKER_BASE_URL"),
-                      "key": os.environ.get("TINKER_API_KEY")}))
+                      "key": os.environ.get("TINKER_API_KEY")}), flush=True)
+    if os.environ.get("FAKE_PIDFILE"):
+        with open(os.environ["FAKE_PIDFILE"], "w") as f:
+            f.write(str(os.getpid()))
+    time.sleep(float(os.environ.get("FAKE_SLEEP") or 0))  # as tinker does, retrying a server that is gone
     sys.stderr.write(os.environ.get("FAKE_STDERR", ""))
     sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
 """)
+REAL_HEALTH = watchdog.health
 
 
 @pytest.fixture
 def fake_tinker(tmp_path, monkeypatch):
+    """The fake tinker, and every URL taken for an answering server (these tests are about arguments)."""
     script = tmp_path / "fake_tinker.py"
     script.write_text(FAKE_TINKER)
     monkeypatch.setattr(passthrough, "tinker_command", lambda: [sys.executable, str(script)])
+    monkeypatch.setattr(watchdog, "health", lambda url, timeout_s: "ok")
     monkeypatch.setenv("RLCLI_HOME", str(tmp_path / "home"))
-    for var in ("TINKER_BASE_URL", "TINKER_API_KEY", "RLCLI_DEBUG", "FAKE_STDERR", "FAKE_EXIT"):
+    for var in ("TINKER_BASE_URL", "TINKER_API_KEY", "RLCLI_DEBUG", "FAKE_STDERR", "FAKE_EXIT", "FAKE_SLEEP",
+                "FAKE_PIDFILE"):
         monkeypatch.setenv(var, "")  # recorded, so that teardown also undoes what `rlcli --debug` sets
         monkeypatch.delenv(var)
 
@@ -159,3 +173,53 @@ def test_help_is_tinkers_own(capfd, monkeypatch):
     assert passthrough.run_tinker("checkpoint", ["--help"]) == 0
     out = capfd.readouterr().out
     assert "Usage: tinker checkpoint" in out and "download" in out
+
+
+def test_help_and_a_bare_group_ask_no_server():
+    assert wants_help(["--help"]) and wants_help(["list", "-h"]) and wants_help([])
+    assert not wants_help(["list", "--run-id", "r"]) and not wants_help(["info", "--", "--help"])
+
+
+def test_no_server_there_is_one_line_at_once_and_tinker_never_starts(fake_tinker, capfd, monkeypatch):
+    """tinker retries a server that is not there for ever: rlcli looks first."""
+    monkeypatch.setattr(watchdog, "health", REAL_HEALTH)
+    started = time.monotonic()
+    assert passthrough.run_tinker("checkpoint", ["list", "--base-url", "http://127.0.0.1:9"]) == EXIT_SERVER_GONE
+    out, err = capfd.readouterr()
+    assert out == "" and time.monotonic() - started < 5  # tinker was not started
+    assert err == f"rlcli: error: {watchdog.no_server('http://127.0.0.1:9')}\n"
+
+
+def test_a_frozen_server_is_one_line_that_says_restart(fake_tinker, capfd, monkeypatch):
+    monkeypatch.setattr(watchdog, "health", REAL_HEALTH)
+    monkeypatch.setattr(passthrough, "PRECHECK_S", 0.3)
+    with socket.create_server(("127.0.0.1", 0)) as frozen:  # accepts connections, never answers
+        url = f"http://127.0.0.1:{frozen.getsockname()[1]}"
+        assert passthrough.run_tinker("run", ["list", "--base-url", url]) == EXIT_SERVER_GONE
+    out, err = capfd.readouterr()
+    assert out == "" and err.startswith(f"rlcli: error: the server at {url} stopped answering")
+    assert "rlcli serve restart" in err and err.count("\n") == 1
+
+
+def test_a_server_gone_mid_command_ends_tinker_with_one_line(fake_tinker, capfd, monkeypatch, health_server,
+                                                             tmp_path):
+    monkeypatch.setattr(watchdog, "health", REAL_HEALTH)
+    monkeypatch.setattr(watchdog, "GRACE_S", 0.5)
+    monkeypatch.setenv("FAKE_SLEEP", "60")
+    monkeypatch.setenv("FAKE_PIDFILE", str(tmp_path / "pid"))
+    threading.Timer(1.0, setattr, (Health, "answering", False)).start()  # the server freezes after the look
+    started = time.monotonic()
+    code = passthrough.run_tinker("run", ["list", "--base-url", health_server, "--server-timeout", "1.5"])
+    took = time.monotonic() - started
+    out, err = capfd.readouterr()
+    assert code == EXIT_SERVER_GONE and took < 20, (code, took)
+    assert json.loads(out)["argv"] == ["run", "list"]  # tinker ran, without rlcli's own option
+    assert err.startswith(f"rlcli: error: the server at {health_server} stopped answering")
+    with pytest.raises(ProcessLookupError):  # and it is gone, not left retrying
+        os.kill(int((tmp_path / "pid").read_text()), 0)
+
+
+def test_a_bad_server_timeout_is_a_usage_line(fake_tinker, capfd):
+    assert cli.main(["session", "list", "--server-timeout", "soon"]) == EXIT_USAGE
+    out, err = capfd.readouterr()
+    assert out == "" and err.startswith("rlcli: error: --server-timeout soon: give the seconds")
