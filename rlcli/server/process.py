@@ -7,6 +7,7 @@ can be ended as a whole, even when the API was killed and left its engine behind
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -187,9 +188,14 @@ def _await_future(url: str, request_id: str, deadline: float) -> dict:
     raise TimeoutError
 
 
+READINESS_TAG = "rlcli-readiness"  # runtime/rlcli_losses.py deletes these sessions' unloaded models
+FORGET_ROUTE = "/api/v1/rlcli/forget_readiness_models"
+
+
 def engine_round_trip(url: str, base_model: str, deadline: float) -> None:
-    """Create a LoRA model and unload it: proves the engine, not just uvicorn, serves requests."""
-    session = request_json(f"{url}/api/v1/create_session", {"tags": ["rlcli-readiness"], "sdk_version": "rlcli"},
+    """Create a LoRA model and unload it: proves the engine, not just uvicorn, serves requests. Then, where
+    rlcli's extensions run, the probe's rows are deleted so that it is not listed as a training run."""
+    session = request_json(f"{url}/api/v1/create_session", {"tags": [READINESS_TAG], "sdk_version": "rlcli"},
                            timeout=10)
     created = request_json(
         f"{url}/api/v1/create_model",
@@ -198,6 +204,8 @@ def engine_round_trip(url: str, base_model: str, deadline: float) -> None:
     _await_future(url, created["request_id"], deadline)
     unloaded = request_json(f"{url}/api/v1/unload_model", {"model_id": created["model_id"]}, timeout=10)
     _await_future(url, unloaded["request_id"], deadline)
+    with contextlib.suppress(OSError, ValueError):  # 404: --no-extensions, stock SkyRL lists the probe
+        request_json(f"{url}{FORGET_ROUTE}", {}, timeout=10)
 
 
 def wait_ready(state: ServerState, log: Path, wait_s: float) -> None:

@@ -232,7 +232,7 @@ def sequence_mean_loss(output, mask: np.ndarray) -> float:
 def test_capabilities_route_says_gspo_is_fused(server):
     description, served = served_losses(server.url)
     assert served == {"cross_entropy", "importance_sampling", "ppo", "cispo", "gspo"}
-    assert description == "jax backend with rlcli_losses 1.0"
+    assert description == "jax backend with rlcli_losses 1.1"
     assert plan_loss("gspo", None, "auto", served).passes == 1
 
 

@@ -235,7 +235,7 @@ def test_kill_9_of_the_api_leaves_nothing_after_stop_and_start_works_again(tmp_p
              "--backend-config", '{"max_lora_adapters": 2}']
     run_rlcli(*start, env=env, check=True)
     state = process.read_state(tmp_path / "home" / "servers" / "default")
-    _one_sft_step(f"http://127.0.0.1:{port}", embedded_model)  # a shape for the restart to replay
+    users_run = _one_sft_step(f"http://127.0.0.1:{port}", embedded_model)  # a shape for the restart to replay
     members = process.live_members(state)
     # launcher, API, the engine (preloaded by the launcher) and its stand-in that the API started
     roles = sorted(_role(p) for p in members)
@@ -256,6 +256,9 @@ def test_kill_9_of_the_api_leaves_nothing_after_stop_and_start_works_again(tmp_p
     assert status.returncode == 0 and "start-up warmed 1 recorded batch shapes" in status.stdout, status.stdout
     # The restart ran the same programs on the same shapes (readiness round trip, warm-up): all from the cache.
     assert sorted(p.name for p in cache.iterdir()) == compiled
+    # Each start's readiness probe (a model made and unloaded) is deleted after it; the user's run is kept.
+    runs = request_json(f"http://127.0.0.1:{port}/api/v1/training_runs?limit=100")["training_runs"]
+    assert [r["training_run_id"] for r in runs] == [users_run], runs
     state2 = process.read_state(tmp_path / "home" / "servers" / "default")
     run_rlcli("serve", "stop", env=env, check=True)
     assert process.live_members(state2) == [] and _port_free(port)
@@ -264,8 +267,8 @@ def test_kill_9_of_the_api_leaves_nothing_after_stop_and_start_works_again(tmp_p
     assert oct(log.stat().st_mode & 0o777) == "0o600"  # the server's files are private
 
 
-def _one_sft_step(url: str, model: str) -> None:
-    """forward_backward (1 x 16 tokens) + optim_step on a new rank-1 LoRA, then unload it."""
+def _one_sft_step(url: str, model: str) -> str:
+    """forward_backward (1 x 16 tokens) + optim_step on a new rank-1 LoRA, then unload it; its model id."""
     import tinker
 
     trainer = tinker.ServiceClient(base_url=url, api_key="tml-test").create_lora_training_client(
@@ -275,6 +278,7 @@ def _one_sft_step(url: str, model: str) -> None:
     trainer.forward_backward([datum], "cross_entropy").result()
     trainer.optim_step(tinker.AdamParams(learning_rate=1e-3)).result()
     unload_model(url, trainer.model_id)
+    return trainer.model_id
 
 
 def _role(pid: int) -> str:

@@ -121,6 +121,7 @@ def test_every_route_is_checked_or_public(shared):
     assert call(srv.url + "/api/v1/healthz")[0] == 200
     assert call(srv.url + "/api/v1/no-such-route")[0] == 401  # unknown paths too: deny by default
     assert call(srv.url + "/profiling_status", key=keys["alice"])[0] == 404  # server-wide: not a tenant's
+    assert call(srv.url + "/api/v1/rlcli/forget_readiness_models", "POST", {}, key=keys["alice"])[0] == 404
 
 
 def _alice_trains(srv, key: str, monkeypatch):

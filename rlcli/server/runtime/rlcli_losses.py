@@ -16,7 +16,13 @@ refuses to start (the message is in the server log) if any check fails.
 api role: adds GET /api/v1/rlcli/capabilities -> {"backend", "losses", "extension", "extensions"[, "note"]}
 plus one entry per other loaded extension that has a describe() (e.g. "rlcli_wake": how the request
 path wakes), so a client can ask which losses this server computes in one forward_backward. A server without this
-extension answers 404 there; rlcli then assumes stock SkyRL.
+extension answers 404 there; rlcli then assumes stock SkyRL. And POST /api/v1/rlcli/forget_readiness_models:
+`serve start` proves the engine serves by creating a rank-1 model in a session tagged READINESS_TAG and
+unloading it; SkyRL keeps every model's row, so each start left one more "training run" in `rlcli run list`
+(SkyRL lists rows in insertion order, 20 to a page). After its round trip `serve start` asks this route to
+delete the rows of those sessions' unloaded models (their futures, then the sessions themselves where nothing
+else refers to them): the probes of this start and of every earlier one. Nothing a client made is touched;
+with --tenants the route is the internal key's alone (rlcli_tenants' ADMIN routes).
 
 Reduction: the jax backend reduces each sequence's token losses as sum(loss)/max(sum(weights), 1e-9)
 and averages over sequences. With 0/1 response weights that is GSPO's objective exactly (per-sequence
@@ -35,8 +41,10 @@ import os
 import sys
 
 NAME = "rlcli_losses"
-VERSION = "1.0"
+VERSION = "1.1"
 ROUTE = "/api/v1/rlcli/capabilities"
+FORGET_ROUTE = "/api/v1/rlcli/forget_readiness_models"
+READINESS_TAG = "rlcli-readiness"  # the session tag of `serve start`'s readiness probe (rlcli/server/process.py)
 FUSED = ("gspo",)
 # The four losses stock SkyRL 0.4.0's jax backend serves; a different registry means an upgrade that
 # this extension was not written against.
@@ -230,8 +238,41 @@ def register_api() -> None:
     async def rlcli_capabilities() -> dict:
         return capabilities(api.app.state.engine_config)
 
+    async def rlcli_forget_readiness_models() -> dict:
+        return await forget_readiness_models(api.app.state.db_engine)
+
     api.app.add_api_route(ROUTE, rlcli_capabilities, methods=["GET"])
-    log(f"GET {ROUTE} added")
+    api.app.add_api_route(FORGET_ROUTE, rlcli_forget_readiness_models, methods=["POST"])
+    log(f"GET {ROUTE} and POST {FORGET_ROUTE} added")
+
+
+async def forget_readiness_models(db_engine) -> dict:
+    """Delete the rows of the unloaded models of readiness sessions, their futures, and the sessions left
+    with nothing referring to them. A model still loaded (a start whose unload has not finished) stays."""
+    from skyrl.tinker.db_models import FutureDB, ModelDB, SamplingSessionDB, SessionDB
+    from sqlalchemy import String, cast, delete
+    from sqlmodel import select
+    from sqlmodel.ext.asyncio.session import AsyncSession
+
+    async with AsyncSession(db_engine) as session:
+        tagged = await session.exec(select(SessionDB.session_id, SessionDB.tags)
+                                    .where(cast(SessionDB.tags, String).like(f'%"{READINESS_TAG}"%')))
+        sessions = [sid for sid, tags in tagged.all() if READINESS_TAG in (tags or [])]
+        if not sessions:
+            return {"models": 0, "sessions": 0}
+        models = list((await session.exec(select(ModelDB.model_id).where(
+            ModelDB.session_id.in_(sessions), ModelDB.status == "unloaded"))).all())
+        if models:
+            await session.exec(delete(FutureDB).where(FutureDB.model_id.in_(models)))
+            await session.exec(delete(ModelDB).where(ModelDB.model_id.in_(models)))
+        held = set((await session.exec(select(ModelDB.session_id).where(ModelDB.session_id.in_(sessions)))).all())
+        held |= set((await session.exec(select(SamplingSessionDB.session_id)
+                                        .where(SamplingSessionDB.session_id.in_(sessions)))).all())
+        empty = [sid for sid in sessions if sid not in held]
+        if empty:
+            await session.exec(delete(SessionDB).where(SessionDB.session_id.in_(empty)))
+        await session.commit()
+    return {"models": len(models), "sessions": len(empty)}
 
 
 def register(role: str) -> None:

@@ -41,7 +41,8 @@ INTERNAL_ENV = "RLCLI_TENANTS_INTERNAL"
 INTERNAL_TENANT = "_rlcli"
 PUBLIC = {("GET", "/api/v1/healthz")}  # the only requests answered without a key
 # Server-wide controls (SkyRL's torch profiler): no tenant's business; they answer 404 as unknown paths do.
-ADMIN = {"/start_profiling", "/stop_profiling", "/profiling_status"}
+# Answered 404 to every key but the internal one: SkyRL's profiler, and rlcli's clean-up of its readiness probes.
+ADMIN = {"/start_profiling", "/stop_profiling", "/profiling_status", "/api/v1/rlcli/forget_readiness_models"}
 ID_FIELDS = ("session_id", "model_id", "sampling_session_id", "request_id", "sampler_id")
 RETRY_AFTER_S = 2
 # Routes that queue work for the engine (a future each): what max_queued counts and limits.
