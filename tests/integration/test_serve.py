@@ -231,40 +231,43 @@ def test_kill_9_of_the_api_leaves_nothing_after_stop_and_start_works_again(tmp_p
     """Its own server: start, kill -9 the API, `serve stop` leaves no process, `serve start` works again."""
     port = free_port()
     env = dict(os.environ, RLCLI_HOME=str(tmp_path / "home"), RLCLI_SERVER_VENV=str(shared_server_venv()))
-    start = ["serve", "start", "--base-model", embedded_model, "--port", str(port),
-             "--backend-config", '{"max_lora_adapters": 2}']
-    run_rlcli(*start, env=env, check=True)
-    state = process.read_state(tmp_path / "home" / "servers" / "default")
-    users_run = _one_sft_step(f"http://127.0.0.1:{port}", embedded_model)  # a shape for the restart to replay
-    members = process.live_members(state)
-    # launcher, API, the engine (preloaded by the launcher) and its stand-in that the API started
-    roles = sorted(_role(p) for p in members)
-    assert roles == ["api", "engine", "preload", "supervise"], roles
-    api_pid = next(p for p in members if _role(p) == "api")
-    os.kill(api_pid, signal.SIGKILL)
-    _wait(lambda: run_rlcli("serve", "status", env=env).stdout.startswith("dead"), 30)
-    run_rlcli("serve", "stop", env=env, check=True)
-    assert process.live_members(state) == []
-    assert _port_free(port)
+    try:
+        start = ["serve", "start", "--base-model", embedded_model, "--port", str(port),
+                 "--backend-config", '{"max_lora_adapters": 2}']
+        run_rlcli(*start, env=env, check=True)
+        state = process.read_state(tmp_path / "home" / "servers" / "default")
+        users_run = _one_sft_step(f"http://127.0.0.1:{port}", embedded_model)  # a shape for the restart to replay
+        members = process.live_members(state)
+        # launcher, API, the engine (preloaded by the launcher) and its stand-in that the API started
+        roles = sorted(_role(p) for p in members)
+        assert roles == ["api", "engine", "preload", "supervise"], roles
+        api_pid = next(p for p in members if _role(p) == "api")
+        os.kill(api_pid, signal.SIGKILL)
+        _wait(lambda: run_rlcli("serve", "status", env=env).stdout.startswith("dead"), 30)
+        run_rlcli("serve", "stop", env=env, check=True)
+        assert process.live_members(state) == []
+        assert _port_free(port)
 
-    cache = tmp_path / "home" / "cache" / "jax"
-    compiled = sorted(p.name for p in cache.iterdir())
-    assert compiled, "the first start's compiled programs were not kept in RLCLI_HOME/cache/jax"
-    run_rlcli(*start, env=env, check=True)
-    status = run_rlcli("serve", "status", env=env)
-    # runtime/rlcli_warmup.py: the restart replayed the step's shape before it was ready, and says so.
-    assert status.returncode == 0 and "start-up warmed 1 recorded batch shapes" in status.stdout, status.stdout
-    # The restart ran the same programs on the same shapes (readiness round trip, warm-up): all from the cache.
-    assert sorted(p.name for p in cache.iterdir()) == compiled
-    # Each start's readiness probe (a model made and unloaded) is deleted after it; the user's run is kept.
-    runs = request_json(f"http://127.0.0.1:{port}/api/v1/training_runs?limit=100")["training_runs"]
-    assert [r["training_run_id"] for r in runs] == [users_run], runs
-    state2 = process.read_state(tmp_path / "home" / "servers" / "default")
-    run_rlcli("serve", "stop", env=env, check=True)
-    assert process.live_members(state2) == [] and _port_free(port)
-    log = tmp_path / "home" / "servers" / "default" / "server.log"
-    assert "Starting background engine" in log.read_text()
-    assert oct(log.stat().st_mode & 0o777) == "0o600"  # the server's files are private
+        cache = tmp_path / "home" / "cache" / "jax"
+        compiled = sorted(p.name for p in cache.iterdir())
+        assert compiled, "the first start's compiled programs were not kept in RLCLI_HOME/cache/jax"
+        run_rlcli(*start, env=env, check=True)
+        status = run_rlcli("serve", "status", env=env)
+        # runtime/rlcli_warmup.py: the restart replayed the step's shape before it was ready, and says so.
+        assert status.returncode == 0 and "start-up warmed 1 recorded batch shapes" in status.stdout, status.stdout
+        # The restart ran the same programs on the same shapes (readiness round trip, warm-up): all from the cache.
+        assert sorted(p.name for p in cache.iterdir()) == compiled
+        # Each start's readiness probe (a model made and unloaded) is deleted after it; the user's run is kept.
+        runs = request_json(f"http://127.0.0.1:{port}/api/v1/training_runs?limit=100")["training_runs"]
+        assert [r["training_run_id"] for r in runs] == [users_run], runs
+        state2 = process.read_state(tmp_path / "home" / "servers" / "default")
+        run_rlcli("serve", "stop", env=env, check=True)
+        assert process.live_members(state2) == [] and _port_free(port)
+        log = tmp_path / "home" / "servers" / "default" / "server.log"
+        assert "Starting background engine" in log.read_text()
+        assert oct(log.stat().st_mode & 0o777) == "0o600"  # the server's files are private
+    finally:  # a failed check leaves no server running (a second stop finds none: exit 0)
+        run_rlcli("serve", "stop", env=env)
 
 
 def _one_sft_step(url: str, model: str) -> str:
