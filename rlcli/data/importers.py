@@ -323,3 +323,42 @@ IMPORTERS = {
     "langsmith": from_langsmith,
     "gemini": from_gemini,
 }
+
+
+def log_format(record: Any) -> str | None:
+    """The `rlcli import -f` format that reads this record into a trainable conversation (or a link of one, or
+    LangSmith feedback), None if none does: how a trainer given raw logs names the command that converts them.
+    The readers overlap (openai's and anthropic's take each other's request/response pairs, and a wrapped
+    {"messages": ...} request is a `messages` record too), so the name follows the record's marks: a LangSmith
+    run type, OTLP spans, Gemini contents, then the reply (`choices` or a Responses record: openai)."""
+    from rlcli.data import otel
+    from rlcli.data.validate import conversation_problem
+
+    def otel_record(record: Any, parts: Counter[str]) -> Any:
+        return next((c for s in otel.spans(record) or [] if isinstance(c := otel.from_span(s, parts), dict)), None)
+
+    def read(convert: Any) -> bool:
+        try:
+            made = convert(record, Counter())
+        except Exception:  # noqa: BLE001 - a reader refusing a record of another shape, in any way
+            return False
+        return isinstance(made, (Link, Feedback)) or (isinstance(made, dict) and conversation_problem(made) is None)
+
+    if not isinstance(record, (dict, list)):
+        return None
+    if isinstance(record, list) or set(record) <= {"messages", "conversations", "tools"}:  # no API call around it
+        return "messages" if read(from_messages) else None
+    if isinstance(record, dict) and "run_type" in record:  # LangSmith's runs: only its llm runs convert
+        return "langsmith" if read(from_langsmith) or record.get("run_type") != "llm" else None
+    for name, convert in (("langsmith", from_langsmith), ("otel", otel_record), ("gemini", from_gemini)):
+        if read(convert):
+            return name
+    if isinstance(record, dict) and read(from_openai):
+        reply = _find_response(record)
+        anthropic = isinstance(reply, dict) and "choices" not in reply and (
+            reply.get("type") == "message" or "stop_reason" in reply)
+        request = _find_request(record) or {}
+        if responses.split(record) is None and (anthropic or (reply is None and "system" in request)):
+            return "anthropic"
+        return "openai"
+    return "messages" if read(from_messages) else None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -68,13 +69,29 @@ def parse_dataset(lines: Iterator[str], source: str) -> Dataset:
     records, numbers = [], []
     for number, obj in numbered_json_lines(lines, source):
         if problem := conversation_problem(obj):
-            raise UsageError(f"{source} line {number}: {problem}; fix it, or rebuild with `rlcli import`")
+            raise UsageError(f"{source} line {number}: {problem}; {_fix(obj, lines, source)}")
         records.append({"messages": obj["messages"]})
         numbers.append(number)
     if not records:
         raise UsageError(f'{source} is empty: give one JSON object per line, {{"messages": [...]}}')
     payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
     return Dataset(source, records, numbers, payload, hashlib.sha256(payload).hexdigest())
+
+
+def _fix(record: Any, rest: Iterator[str], source: str, look_ahead: int = 100) -> str:
+    """What to do about a line that is no conversation: where it, or one of the next lines (a LangSmith
+    export starts with chain runs), is a logged record that `rlcli import` reads, its import command."""
+    from rlcli.data.importers import log_format
+
+    def following() -> Iterator[Any]:
+        for line in itertools.islice(rest, look_ahead):
+            with contextlib.suppress(ValueError):
+                yield json.loads(line)
+
+    if fmt := next(filter(None, map(log_format, itertools.chain([record], following()))), None):
+        return (f"it is a logged record `rlcli import -f {fmt}` converts: `rlcli import {source} -f {fmt} | "
+                "rlcli train sl --dataset - ...`")
+    return "fix it, or rebuild with `rlcli import`"
 
 
 def read_dataset(dataset: str, stdin: TextIO | None = None) -> Dataset:

@@ -55,6 +55,49 @@ def test_first_bad_line_is_named_with_its_number(bad, says):
     assert "\n" not in str(e.value)
 
 
+def test_a_bad_line_that_is_no_log_says_to_fix_it():
+    with pytest.raises(UsageError) as e:
+        sl.read_dataset("-", stdin=lines({"messages": [{"role": "user", "content": "hi"}]}, {"text": "hi"}))
+    assert str(e.value).endswith("no assistant message to train on; fix it, or rebuild with `rlcli import`")
+
+
+IMPORT_FIXTURES = REPO / "tests" / "fixtures" / "import"
+# Each fixture of `rlcli import`'s tests, and the -f that reads it (Responses records are openai's).
+LOG_FILES = {"openai.jsonl": "openai", "responses.jsonl": "openai", "anthropic.jsonl": "anthropic",
+             "gemini.jsonl": "gemini", "langsmith.jsonl": "langsmith", "langsmith_feedback.jsonl": "langsmith",
+             "otel.jsonl": "otel", "messages.jsonl": "messages"}
+
+
+@pytest.mark.parametrize(("name", "fmt"), sorted(LOG_FILES.items()))
+def test_raw_logs_given_to_train_sl_name_the_import_that_converts_them(name, fmt):
+    from rlcli.data.importers import log_format
+
+    records = [json.loads(line) for line in (IMPORT_FIXTURES / name).read_text().splitlines() if line.strip()]
+    # (gemini.jsonl holds one OpenAI record on purpose, to check -f gemini refuses it: it is openai's here)
+    named = [log_format(r) for r in records if not (isinstance(r, dict) and "an OpenAI record" in r.get("//", ""))]
+    assert set(named) - {None} == {fmt}, named  # no record of the file is taken for another format's
+    assert named.count(fmt) >= 2
+    with pytest.raises(UsageError) as e:
+        sl.read_dataset(str(IMPORT_FIXTURES / name))
+    assert f"`rlcli import {IMPORT_FIXTURES / name} -f {fmt} | rlcli train sl --dataset - ...`" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_format_named_follows_the_records_marks():
+    from rlcli.data.importers import log_format
+
+    ask = [{"role": "user", "content": "2 + 2?"}]
+    completion = {"choices": [{"message": {"role": "assistant", "content": "4"}}]}
+    assert log_format({"model": "m", "messages": ask, **completion}) == "openai"  # the plain Chat Completions log
+    assert log_format({"request": {"model": "m", "messages": ask}, "response": completion}) == "openai"
+    assert log_format({"request": {"messages": ask, "system": "s"}, "response": {
+        "type": "message", "content": [{"type": "text", "text": "4"}], "stop_reason": "end_turn"}}) == "anthropic"
+    assert log_format({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}) == "messages"
+    assert log_format({"run_type": "chain", "inputs": {"input": "q"}, "outputs": {"output": "a"}}) == "langsmith"
+    assert log_format({"messages": ask}) is None  # nothing to train on, in any format: fix it
+    assert log_format({"text": "hi"}) is None and log_format("hi") is None
+
+
 def test_empty_input_is_an_error():
     for text in ("", "\n  \n"):
         with pytest.raises(UsageError, match="empty"):
