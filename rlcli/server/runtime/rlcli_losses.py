@@ -20,9 +20,11 @@ extension answers 404 there; rlcli then assumes stock SkyRL. And POST /api/v1/rl
 `serve start` proves the engine serves by creating a rank-1 model in a session tagged READINESS_TAG and
 unloading it; SkyRL keeps every model's row, so each start left one more "training run" in `rlcli run list`
 (SkyRL lists rows in insertion order, 20 to a page). After its round trip `serve start` asks this route to
-delete the rows of those sessions' unloaded models (their futures, then the sessions themselves where nothing
-else refers to them): the probes of this start and of every earlier one. Nothing a client made is touched;
-with --tenants the route is the internal key's alone (rlcli_tenants' ADMIN routes).
+delete the rows of those sessions' unloaded models, then the sessions themselves where nothing else refers to
+them: the probes of this start and of every earlier one. Their futures stay: SQLite gives a new row the
+highest id + 1, so deleting the newest futures would hand their request ids to the next requests (and the
+tenant gate keys ownership by request id). Nothing a client made is touched; with --tenants the route is the
+internal key's alone (rlcli_tenants' ADMIN routes).
 
 Reduction: the jax backend reduces each sequence's token losses as sum(loss)/max(sum(weights), 1e-9)
 and averages over sequences. With 0/1 response weights that is GSPO's objective exactly (per-sequence
@@ -247,9 +249,9 @@ def register_api() -> None:
 
 
 async def forget_readiness_models(db_engine) -> dict:
-    """Delete the rows of the unloaded models of readiness sessions, their futures, and the sessions left
-    with nothing referring to them. A model still loaded (a start whose unload has not finished) stays."""
-    from skyrl.tinker.db_models import FutureDB, ModelDB, SamplingSessionDB, SessionDB
+    """Delete the rows of the unloaded models of readiness sessions and the sessions left with nothing
+    referring to them. A model still loaded (a start whose unload has not finished) stays."""
+    from skyrl.tinker.db_models import ModelDB, SamplingSessionDB, SessionDB
     from sqlalchemy import String, cast, delete
     from sqlmodel import select
     from sqlmodel.ext.asyncio.session import AsyncSession
@@ -262,8 +264,7 @@ async def forget_readiness_models(db_engine) -> dict:
             return {"models": 0, "sessions": 0}
         models = list((await session.exec(select(ModelDB.model_id).where(
             ModelDB.session_id.in_(sessions), ModelDB.status == "unloaded"))).all())
-        if models:
-            await session.exec(delete(FutureDB).where(FutureDB.model_id.in_(models)))
+        if models:  # their futures stay: sqlite would hand a deleted row's request id to the next request
             await session.exec(delete(ModelDB).where(ModelDB.model_id.in_(models)))
         held = set((await session.exec(select(ModelDB.session_id).where(ModelDB.session_id.in_(sessions)))).all())
         held |= set((await session.exec(select(SamplingSessionDB.session_id)
