@@ -87,3 +87,12 @@ def test_the_engine_reads_the_owners_file_as_it_grows_and_after_compaction(tmp_p
     owners.record("model", "m3", "bob")
     tenant_of.refresh()
     assert tenant_of("m1") == "alice" and tenant_of("m3") == "bob"
+
+
+def test_the_readiness_probe_the_server_forgets_is_the_one_serve_start_makes():
+    """rlcli_losses runs in the server venv and cannot import rlcli: the tag and route are written twice."""
+    from rlcli.server import process
+
+    losses, tenants = runtime("rlcli_losses"), runtime("rlcli_tenants")
+    assert (losses.READINESS_TAG, losses.FORGET_ROUTE) == (process.READINESS_TAG, process.FORGET_ROUTE)
+    assert process.FORGET_ROUTE in tenants.ADMIN  # a tenant's key never reaches it
