@@ -66,6 +66,7 @@ class Plan:
 
 
 def parse_dataset(lines: Iterator[str], source: str) -> Dataset:
+    """The conversations of `lines` (an iterator: a bad line's hint reads on from where the check stopped)."""
     records, numbers = [], []
     for number, obj in numbered_json_lines(lines, source):
         if problem := conversation_problem(obj):
@@ -89,7 +90,8 @@ def _fix(record: Any, rest: Iterator[str], source: str, look_ahead: int = 100) -
                 yield json.loads(line)
 
     if fmt := next(filter(None, map(log_format, itertools.chain([record], following()))), None):
-        return (f"it is a logged record `rlcli import -f {fmt}` converts: `rlcli import {source} -f {fmt} | "
+        given = "-" if source == "stdin" else source
+        return (f"the data holds logged records `rlcli import -f {fmt}` converts: `rlcli import {given} -f {fmt} | "
                 "rlcli train sl --dataset - ...`")
     return "fix it, or rebuild with `rlcli import`"
 

@@ -81,6 +81,9 @@ def test_raw_logs_given_to_train_sl_name_the_import_that_converts_them(name, fmt
         sl.read_dataset(str(IMPORT_FIXTURES / name))
     assert f"`rlcli import {IMPORT_FIXTURES / name} -f {fmt} | rlcli train sl --dataset - ...`" in str(e.value)
     assert "\n" not in str(e.value)
+    with pytest.raises(UsageError) as e:  # from stdin, the command reads stdin too
+        sl.read_dataset("-", stdin=io.StringIO((IMPORT_FIXTURES / name).read_text()))
+    assert f"`rlcli import - -f {fmt} | rlcli train sl --dataset - ...`" in str(e.value)
 
 
 def test_the_format_named_follows_the_records_marks():
