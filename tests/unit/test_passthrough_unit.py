@@ -183,10 +183,9 @@ def test_help_and_a_bare_group_ask_no_server():
 def test_no_server_there_is_one_line_at_once_and_tinker_never_starts(fake_tinker, capfd, monkeypatch):
     """tinker retries a server that is not there for ever: rlcli looks first."""
     monkeypatch.setattr(watchdog, "health", REAL_HEALTH)
-    started = time.monotonic()
     assert passthrough.run_tinker("checkpoint", ["list", "--base-url", "http://127.0.0.1:9"]) == EXIT_SERVER_GONE
     out, err = capfd.readouterr()
-    assert out == "" and time.monotonic() - started < 5  # tinker was not started
+    assert out == ""  # tinker was not started (the fake prints its arguments first)
     assert err == f"rlcli: error: {watchdog.no_server('http://127.0.0.1:9')}\n"
 
 
