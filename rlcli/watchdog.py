@@ -48,10 +48,11 @@ def health(url: str, timeout_s: float) -> str:
             return "ok" if resp.status == 200 else "silent"
     except urllib.error.HTTPError:
         return "silent"
-    except (urllib.error.URLError, OSError) as e:
+    except OSError as e:  # URLError (an OSError) carries the socket's error as its reason
         reason = e.reason if isinstance(e, urllib.error.URLError) else e
-        return "absent" if isinstance(reason, (ConnectionRefusedError, socket.gaierror)) or (
-            isinstance(reason, OSError) and reason.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH)) else "silent"
+        absent = isinstance(reason, (ConnectionRefusedError, socket.gaierror)) or (
+            isinstance(reason, OSError) and reason.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH))
+        return "absent" if absent else "silent"
     except ValueError:  # not a URL at all
         return "absent"
 
