@@ -38,8 +38,8 @@ COMMANDS: dict[str, Any] = {
         "logs": "print (or follow) the server log",
         "restart": "stop, then start with the same settings",
         "install": "build or verify the server venv without starting",
-    }) | {"worker": ("join another machine's multi-process jax server as one of its processes",
-                     "rlcli.server.scaling:worker")}),
+        "worker": "join another machine's multi-process jax server as one of its processes",
+    })),
     "demo": ("a short real job on the server: LoRA, SFT steps, save, sample", "rlcli.demo:demo"),
     "train": (
         "train a model on the server",
@@ -59,7 +59,8 @@ COMMANDS: dict[str, Any] = {
     "synth": (
         "problems synthesized from imported traces",
         {
-            "qa": ("{question, answer} problems from traces whose final answer is checkable", "rlcli.synth:qa"),
+            "qa": ("{question, answer} problems from traces whose final answer is checkable",
+                   "rlcli.problems.synth:qa"),
         },
     ),
     "harbor": (
@@ -89,10 +90,11 @@ COMMANDS: dict[str, Any] = {
             "promote": "make an iteration's candidate the champion by hand",
             "rollback": "move the champion alias back (the export follows)",
         })),
-    "model": ("the embedded tiny model", _functions_of("rlcli.model", {
-        "install": "put the shipped model in RLCLI_HOME (no build) and print its folder",
-        "build": "run the recipe that made the shipped model; say whether the bytes match",
-    })),
+    "model": ("the embedded tiny model", {
+        "install": ("put the shipped model in RLCLI_HOME (no build) and print its folder", "rlcli.model:install"),
+        "build": ("run the recipe that made the shipped model; say whether the bytes match",
+                  "rlcli.model.recipe:build"),
+    }),
 }
 
 # Commands whose raw arguments go to the official tinker CLI (`rlcli checkpoint list --run-id R`).

@@ -5,7 +5,7 @@ Launch:  rlcli eval --dataset arithmetic                               (the serv
          rlcli eval --dataset gsm8k --eval-size 1319 --checkpoint tinker://RUN/sampler_weights/ID
 
 The problems are exactly the ones `rlcli train rl` holds out for the same --dataset, --eval-size and
---max-operand (rlcli.train.heldout): never in a training batch of such a run, so a score before and a
+--max-operand (rlcli.problems.heldout): never in a training batch of such a run, so a score before and a
 score after training compare the same unseen problems. They are graded by the same env code as in
 training (the cookbook's; rlcli's for plain files). --temperature 0 (the default) scores the greedy
 answer; --temperature 1 --samples K scores K sampled answers per problem, as training samples them.
@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlcli.errors import UsageError
-from rlcli.train.heldout import Grader
+from rlcli.problems.heldout import Grader
+from rlcli.problems.traces import Env, Reward, Turn
 from rlcli.train.metrics import TEST_CORRECT as CORRECT
 from rlcli.train.metrics import TEST_REWARD as REWARD
-from rlcli.train.traces import Env, Reward, Turn
 
 Policy = Literal["oracle", "nop"]
 
@@ -101,8 +101,8 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
     """
     if policy:
         return _play(env, dataset, policy, match, output)
-    from rlcli.train.heldout import choose_dataset
-    from rlcli.train.traces import spec_from_flags
+    from rlcli.problems.heldout import choose_dataset
+    from rlcli.problems.traces import spec_from_flags
 
     check_numbers(samples, temperature, max_tokens, eval_size)
     if reward == "judge":
@@ -131,7 +131,7 @@ def evaluate(dataset: str | None = None, checkpoint: str | None = None, dataset_
 
 
 def _play(env: str, dataset: str | None, policy: str | None, match: str, output: str | None) -> int:
-    from rlcli.train import rewards, tools_env
+    from rlcli.problems import rewards, tools_env
 
     if env != "tools" or not policy or not dataset:
         raise UsageError("--policy oracle|nop plays --env tools --dataset TRACES.jsonl without a model: "
@@ -153,7 +153,8 @@ def _evaluate(name: str, path: str | None, grader: str, source: str | None, eval
 
     from rlcli import sample
     from rlcli.config import resolve_base_url
-    from rlcli.train import heldout, run
+    from rlcli.problems import heldout
+    from rlcli.train import run
 
     url = resolve_base_url(base_url)
     s = sample.open_sampler(source, None, url, None, max_tokens, temperature, 0)
@@ -165,7 +166,7 @@ def _evaluate(name: str, path: str | None, grader: str, source: str | None, eval
         from tinker_cookbook.completers import TinkerTokenCompleter
         from tinker_cookbook.rl.metric_util import RLTestSetEvaluator
 
-        from rlcli.train import envs
+        from rlcli.problems import envs
 
         data = envs.load_data(name, path, 1, None, grader, eval_size, max_operand or heldout.ARITHMETIC_MAX, spec)
         if not data.held_out:

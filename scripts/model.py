@@ -4,7 +4,8 @@
     python scripts/model.py build --seed 0          # rerun the recipe (~75 s) and compare with the shipped bytes
 """
 
-from rlcli.model import build, install
+from rlcli.model import install
+from rlcli.model.recipe import build
 from rlcli.scripting import fire_main
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
 """
 
 from rlcli.scripting import fire_main
-from rlcli.server import commands, scaling
+from rlcli.server import commands
 
 if __name__ == "__main__":
     fire_main({
@@ -18,5 +18,5 @@ if __name__ == "__main__":
         "logs": commands.logs,
         "restart": commands.restart,
         "install": commands.install,
-        "worker": scaling.worker,
+        "worker": commands.worker,
     })

@@ -4,8 +4,8 @@
     python scripts/synth.py qa traces.jsonl --output qa.jsonl --turn all
 """
 
+from rlcli.problems.synth import qa
 from rlcli.scripting import fire_main
-from rlcli.synth import qa
 
 if __name__ == "__main__":
     fire_main({"qa": qa})

@@ -176,7 +176,7 @@ class Run:
         """Convert each record and write it; Responses records that continue others are joined first."""
         emit = self.emitter(write)
         if importer is from_openai:  # the one importer whose records may continue one another (Links)
-            chains.stream(self, lines, importer, emit)
+            chains.stream(self, lines, importer, emit, parse_line)
             return
         for lineno, record in self.records(lines):
             if (conv := self.convert(record, lineno, importer)) is not None:

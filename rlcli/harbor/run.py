@@ -25,7 +25,6 @@ from typing import Any, Literal
 from rlcli.config import ensure_api_key, resolve_base_url
 from rlcli.errors import EXIT_FAILED, RlcliError, UsageError
 from rlcli.harbor.daemon import DEFAULT_DOCKER_TIMEOUT_S
-from rlcli.harbor.images import prepare_images
 from rlcli.harbor.summary import summary_table
 from rlcli.harbor.tasks import NetworkChoice, Task, load_tasks
 from rlcli.train import run as trainer
@@ -129,7 +128,7 @@ def run(task_dir: str, policy: Policy = "oracle", task_filter: str | None = None
     """
     from rlcli.harbor.agent import AgentSettings
     from rlcli.harbor.daemon import DockerGone
-    from rlcli.harbor.sandbox import remove_mine
+    from rlcli.harbor.sandbox import prepare_images, remove_mine
     if policy != "model" and (model or checkpoint):
         raise UsageError(f"--model and --checkpoint choose the agent of --policy model, not {policy}")
     trainer.check_numbers(max_turns=max_turns, max_tokens=max_tokens, temperature=temperature, limit=limit,

@@ -26,7 +26,6 @@ from typing import Any
 from rlcli.config import resolve_base_url
 from rlcli.errors import UsageError
 from rlcli.harbor.daemon import DEFAULT_DOCKER_TIMEOUT_S
-from rlcli.harbor.images import prepare_images
 from rlcli.harbor.tasks import NetworkChoice, Task, load_tasks, split_tasks, tasks_hash
 from rlcli.train import rl_loop, run
 from rlcli.train.losses import Passes
@@ -61,7 +60,7 @@ def sandboxes(tasks: list[Task], folder: Path) -> Iterator[Any]:
     """
     from rlcli.errors import RlcliError
     from rlcli.harbor.daemon import LOST, DockerGone
-    from rlcli.harbor.sandbox import remove_mine
+    from rlcli.harbor.sandbox import prepare_images, remove_mine
     from rlcli.train.folder import last_checkpoint
 
     client, failed = prepare_images(tasks)

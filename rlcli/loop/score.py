@@ -1,7 +1,7 @@
 """Evaluate stage: champion and candidate answer the same held-out and regression problems (greedy), each
 answer scored 0 or 1 against the logged reply under --match; the per-problem pairs go to the gate.
 
-Problems are the last assistant turn of each conversation (rlcli.train.traces), one per distinct prompt, the
+Problems are the last assistant turn of each conversation (rlcli.problems.traces), one per distinct prompt, the
 `eval_limit` with the smallest prompt hash: the same problems for both models, and a stable subset as the
 held-out set grows.
 """
@@ -17,7 +17,7 @@ from rlcli.loop.settings import LoopSettings
 
 
 def problems(rows: list[dict[str, Any]], limit: int, source: str) -> list[Any]:
-    from rlcli.train import traces
+    from rlcli.problems import traces
 
     if not rows:
         return []
@@ -36,8 +36,8 @@ def answers(model: Champion, prompts: list[list[dict[str, Any]]], s: LoopSetting
     from tinker_cookbook.tokenizer_utils import get_tokenizer
 
     from rlcli import sample
+    from rlcli.problems.replay import renderer_messages
     from rlcli.train import run
-    from rlcli.train.replay import renderer_messages
 
     if not prompts:
         return []
@@ -60,7 +60,7 @@ def answers(model: Champion, prompts: list[list[dict[str, Any]]], s: LoopSetting
 def score_sets(sets: dict[str, list[Any]], models: dict[str, Champion], s: LoopSettings, url: str,
                out: Path) -> dict[str, dict[str, list[float]]]:
     """{set: {model: per-problem scores}}; every answer is written to `out` (eval.jsonl) to read later."""
-    from rlcli.train.rewards import matches
+    from rlcli.problems.rewards import matches
 
     scores: dict[str, dict[str, list[float]]] = {name: {} for name in sets}
     lines = []

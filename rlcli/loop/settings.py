@@ -81,7 +81,7 @@ def check(s: LoopSettings) -> LoopSettings:
     for name in ("lr", "distill_lr", "save_every", "distill_steps", "seed"):
         if getattr(s, name) < 0:
             raise UsageError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(s, name)}")
-    from rlcli.train.rewards import check_match
+    from rlcli.problems.rewards import check_match
 
     check_match(s.match)
     return s

@@ -165,9 +165,7 @@ def start(
         print(f"rlcli: warning: binding {host}: SkyRL checks no credentials, so anyone who can reach "
               f"this port can train on and download from the server", file=sys.stderr)
     if backend == "jax":
-        from rlcli.doctor import map_count_warning, read_map_count
-
-        if warning := map_count_warning(read_map_count()):
+        if warning := hw.map_count_warning(hw.read_map_count()):
             print(f"rlcli: warning: {warning}", file=sys.stderr)
     venv_dir = server_venv.ensure_server_venv(backend, python, venv)
     if backend_cfg.get("use_ray") and backend == "jax" and not server_venv.has_extra(venv_dir, "ray"):
@@ -419,6 +417,41 @@ def install(backend: Backend = "jax", python: str | None = None, venv: str | Non
         server_venv.ensure_extra(path, "ray")
     print(path)
     return 0
+
+
+def worker(coordinator: str = "", processes: int = 0, process_id: int = 0, venv: str | None = None,
+           python: str | None = None, extensions: bool = True) -> int:
+    """Run jax process K of a multi-process server that another machine started; ends when that server ends.
+
+    Args:
+        coordinator: HOST:PORT the server was started with (`rlcli serve start --coordinator ...`)
+        processes: the server's --processes
+        process_id: this process's number, 1..processes-1, each once
+        venv: the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv); built if missing
+        python: a Python 3.12 interpreter to build the server venv with
+        extensions: load rlcli's server extensions; must match the server's (--no-extensions on both or neither)
+    """
+    if not coordinator or processes < 2:
+        raise UsageError("give --coordinator HOST:PORT and --processes N (N > 1) as the server was started with")
+    scaling.split_address(coordinator, "--coordinator")
+    if not 1 <= process_id < processes:
+        raise UsageError(f"--process-id {process_id} must be 1..{processes - 1} (0 is the server's engine)")
+    venv_dir = server_venv.ensure_server_venv("jax", python, venv)
+    # The model comes from the path (or hub id) the server names: a local folder must be at that path here too.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **compilation_cache_env(), **malloc_env("jax"),
+               RLCLI_SERVER_EXTENSIONS=SERVER_EXTENSIONS if extensions else "")
+    cmd = [str(venv_dir / "bin" / "python"), str(scaling.LAUNCHER), "worker", coordinator, str(processes),
+           str(process_id)]
+    print(f"rlcli: jax process {process_id} of {processes} joining {coordinator} (Ctrl-C to leave; the server "
+          "stops without it)", file=sys.stderr, flush=True)
+    try:
+        code = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL).returncode
+    except KeyboardInterrupt:
+        return 130
+    # The runtime ends a worker whose coordinator went away with an abort and jax's stack dump: say it plainly.
+    print(f"rlcli: jax process {process_id} ended (exit {code}): the server at {coordinator} stopped or lost "
+          "a process; start this worker again after the server", file=sys.stderr)
+    return 1 if code else 0
 
 
 # glibc's malloc for a jax engine that computes on the host's CPU (docs/decisions.md, "A jax engine on CPU

@@ -9,7 +9,7 @@ Launch:  rlcli train distill --prompts arithmetic --teacher base --load-checkpoi
          rlcli train distill --prompts traces.jsonl --teacher base --teacher-context answer   (self-distillation)
 
 --prompts FILE.jsonl is {"question", "answer"} lines or `rlcli import` conversations (read and held out by
-rlcli.train.traces, as `train rl --env replay` does). --teacher-context answer (rlcli.train.teacher_context):
+rlcli.problems.traces, as `train rl --env replay` does). --teacher-context answer (rlcli.train.teacher_context):
 the teacher's logprobs come from the prompt with the logged answer noted; the student trains on the plain one.
 
 The teacher (rlcli.train.teacher) and the loss are settled first: a bad flag, an unservable loss, a
@@ -28,15 +28,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rlcli.config import resolve_base_url
 from rlcli.errors import UsageError
-from rlcli.train import heldout, rl_loop, run, traces
-from rlcli.train.heldout import Grader
+from rlcli.problems import heldout, traces
+from rlcli.problems.heldout import Grader
+from rlcli.train import rl_loop, run
 from rlcli.train.rl import checkpoint_state
 from rlcli.train.rl_loop import RlSettings
 from rlcli.train.teacher_context import TeacherContext
 from rlcli.train.teacher_context import check as teacher_context_check
 
 if TYPE_CHECKING:
-    from rlcli.train.envs import Data
+    from rlcli.problems.heldout import Data
 
 RECIPE_NAME = "rlcli_train_distill"
 DistillLoss = Literal["importance_sampling", "ppo", "cispo", "gspo"]  # what the cookbook's distillation data suits
@@ -177,7 +178,8 @@ def train_distill(prompts: str | None = None, teacher: str | None = None, teache
     from rlcli.train import teacher as teachers
 
     chosen = teachers.resolve(teacher, teacher_url, url, t.model, dry_run)
-    from rlcli.train import distill_loop, envs  # the cookbook and `datasets`: only once the plan stands
+    from rlcli.problems import envs
+    from rlcli.train import distill_loop  # the cookbook and `datasets`: only once the plan stands
 
     data = envs.load_data(name, path, batch_size, max_steps, grader, held, max_operand or heldout.ARITHMETIC_MAX,
                           replay=conversations)

@@ -11,7 +11,7 @@ cannot serve fails in well under a second, before data is read or a model is mad
 client the recipe builds gets the planned route (fused, or GSPO's exact 2-pass form) and has its LoRA
 slot freed however the run ends. The recipe writes config.json, metrics.jsonl, checkpoints.jsonl;
 rlcli adds each step's loss and clip fraction, and held-out problems are scored every --eval-every
-steps (rlcli.train.heldout).
+steps (rlcli.problems.heldout).
 """
 
 from __future__ import annotations
@@ -22,15 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 from rlcli.config import resolve_base_url
 from rlcli.errors import UsageError
-from rlcli.train import heldout, rl_loop, run
+from rlcli.problems import heldout
+from rlcli.problems.heldout import Grader, choose_dataset
+from rlcli.problems.traces import Env, Reward, Turn, judge_settings, spec_from_flags
+from rlcli.train import rl_loop, run
 from rlcli.train.folder import last_checkpoint
-from rlcli.train.heldout import Grader, choose_dataset
 from rlcli.train.losses import Passes
 from rlcli.train.rl_loop import RlLoss, RlProgress, RlSettings
-from rlcli.train.traces import Env, Reward, Turn, judge_settings, spec_from_flags
 
 if TYPE_CHECKING:
-    from rlcli.train.envs import Data  # imports the cookbook: only for the type checker
+    from rlcli.problems.heldout import Data
 
 RECIPE_NAME = "rlcli_train_rl"
 RESUME_KEYS = ("model", "renderer", "loss", "batch_size", "group_size", "grader", "eval_size", "seed", "kl_coef")
@@ -82,7 +83,7 @@ def describe(plan: Any, data: Data, s: Settings, steps: int) -> str:
 def build_config(folder: Path, url: str, s: Settings, data: Data) -> Any:
     from tinker_cookbook.rl import train
 
-    from rlcli.train import envs
+    from rlcli.problems import envs
 
     builder = envs.dataset_builder(data, s.model, s.renderer, s.batch_size, s.group_size)
     # Only base_model: SkyRL refuses a sampling client that names a model_path too (docs/decisions.md).
@@ -169,7 +170,7 @@ def train_rl(loss: RlLoss = "gspo", dataset: str | None = None, dataset_path: st
     url = resolve_base_url(base_url)
     plan = rl_loop.plan_losses(url, loss, loss_config, passes)  # first: an unservable loss fails before real work
     t = run.target("rl", log_path, resume, url, model, renderer, dry_run, server_timeout)
-    from rlcli.train import envs  # the cookbook and `datasets`: only once the loss plan stands
+    from rlcli.problems import envs  # the cookbook and `datasets`: only once the loss plan stands
 
     data = envs.load_data(name, path, batch_size, max_steps, grader, 0 if eval_every == 0 else eval_size,
                           max_operand or heldout.ARITHMETIC_MAX, spec and spec.on_server(url))

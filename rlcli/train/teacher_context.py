@@ -53,8 +53,8 @@ def with_answer(messages: list[dict[str, Any]], answer: str) -> list[dict[str, A
 def env_prompt(env: Any) -> tuple[list[dict[str, Any]], str]:
     """(the conversation the env prompts with, its logged answer): replay traces or a problem env."""
     problem = getattr(env, "problem", None)
-    if problem is not None and hasattr(problem, "prompt") and hasattr(problem, "text"):  # rlcli.train.traces
-        from rlcli.train.replay import renderer_messages
+    if problem is not None and hasattr(problem, "prompt") and hasattr(problem, "text"):  # rlcli.problems.traces
+        from rlcli.problems.replay import renderer_messages
 
         return list(renderer_messages(problem.prompt)), problem.text
     if hasattr(env, "get_question") and hasattr(env, "get_reference_answer"):  # the cookbook's ProblemEnv

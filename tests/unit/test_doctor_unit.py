@@ -74,7 +74,7 @@ def test_serve_start_warns_in_one_line_about_a_low_map_count(monkeypatch, capsys
     from rlcli.errors import UsageError
     from rlcli.server import commands
 
-    monkeypatch.setattr(doctor, "read_map_count", lambda: 65530)
+    monkeypatch.setattr(commands.hw, "read_map_count", lambda: 65530)
 
     def stop_here(*args, **kwargs):
         raise UsageError("stopped before building anything")

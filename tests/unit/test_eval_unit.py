@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from rlcli import evaluate, model_pretrain
+from rlcli import evaluate
 from rlcli.errors import UsageError
-from rlcli.train import heldout, rl
+from rlcli.model import pretrain as model_pretrain
+from rlcli.problems import heldout
+from rlcli.train import rl
 from tests.conftest import run_rlcli
 
 

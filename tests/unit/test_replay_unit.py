@@ -12,7 +12,8 @@ from collections import Counter
 import pytest
 
 from rlcli.errors import UsageError
-from rlcli.train import renderers, rewards, traces
+from rlcli.problems import rewards, traces
+from rlcli.train import renderers
 from tests.conftest import REPO
 
 TRACES = REPO / "tests" / "fixtures" / "traces"
@@ -179,7 +180,7 @@ def tokenized(embedded_model):
 
 
 def env_for(tokenized, problem, **spec):
-    from rlcli.train.replay import ReplayEnv
+    from rlcli.problems.replay import ReplayEnv
 
     rubric = rewards.parse_rubric(spec.pop("rubric"), "r.json") if "rubric" in spec else None
     return ReplayEnv(problem, tokenized[0], traces.Spec("x", **spec), rubric)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlcli.errors import UsageError
-from rlcli.server import scaling
+from rlcli.server import commands, scaling
 
 
 def config(processes=2, local=None, coordinator=None, gpus=None, tp=1, insecure=False, backend="jax", given=None):
@@ -53,7 +53,7 @@ def test_bad_combinations_are_one_line_usage_errors(kwargs, words):
 
 def test_worker_refuses_a_bad_process_id_before_building_anything():
     with pytest.raises(UsageError, match="must be 1..2"):
-        scaling.worker("127.0.0.1:7777", processes=3, process_id=0)
+        commands.worker("127.0.0.1:7777", processes=3, process_id=0)
 
 
 def test_lost_worker_line_is_read_from_the_log():

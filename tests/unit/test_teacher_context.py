@@ -11,7 +11,8 @@ import stat
 import pytest
 
 from rlcli.errors import UsageError
-from rlcli.train import distill, traces
+from rlcli.problems import traces
+from rlcli.train import distill
 from rlcli.train.teacher_context import RECORD_FILE, ContextTeacher, check, with_answer
 from tests.unit.test_distill_unit import DEAD_URL, fake_server  # noqa: F401 (a fixture)
 

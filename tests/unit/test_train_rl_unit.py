@@ -17,8 +17,9 @@ import textwrap
 import pytest
 
 from rlcli.errors import UsageError
+from rlcli.problems import heldout
 from rlcli.train import folder as runs
-from rlcli.train import heldout, hooks, losses, metrics, renderers, rl, rl_loop, run, stats
+from rlcli.train import hooks, losses, metrics, renderers, rl, rl_loop, run, stats
 from tests.conftest import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "gsm8k_sample.jsonl"
@@ -29,7 +30,7 @@ STOCK_JAX = set(losses.STOCK_JAX)
 
 @pytest.fixture
 def envs():
-    from rlcli.train import envs  # imports the cookbook and `datasets` (a few seconds, once)
+    from rlcli.problems import envs  # imports the cookbook and `datasets` (a few seconds, once)
 
     return envs
 

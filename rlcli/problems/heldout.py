@@ -1,8 +1,8 @@
 """Which problem set an RL run's flags name, and the problems it keeps out of training, so that a score
 before and after training compares unseen ones.
 
-Pure and light: `rlcli train rl`, `rlcli eval`, the datasets (rlcli.train.envs) and the embedded
-model's pretraining (rlcli.model_pretrain, which keeps every pair listed here out of its chats) all
+Pure and light: `rlcli train rl`, `rlcli eval`, the datasets (rlcli.problems.envs) and the embedded
+model's pretraining (rlcli.model.pretrain, which keeps every pair listed here out of its chats) all
 draw the same problems from here.
 
 - files: EVAL_SIZE distinct questions (at most a tenth of them) drawn with a fixed seed; every copy
@@ -15,7 +15,8 @@ draw the same problems from here.
 from __future__ import annotations
 
 import random
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from rlcli.errors import UsageError
 
@@ -25,7 +26,7 @@ FILE_EVAL_SHARE = 10  # by default a file holds out at most 1/10 of its distinct
 ARITHMETIC_MAX = 100  # the cookbook's ArithmeticDataset draws x, y from 0..100
 ARITHMETIC_EVAL_MAX = 1000  # of its 5,151 distinct pairs (a smaller --max-operand: a third of its pairs)
 FEWSHOT_PAIR = (4, 5)  # ArithmeticEnv.standard_fewshot_prefix asks 4 + 5 in every prompt
-Grader = Literal["auto", "gsm8k", "numeric", "exact"]  # how a file's answers are graded (rlcli.train.envs)
+Grader = Literal["auto", "gsm8k", "numeric", "exact"]  # how a file's answers are graded (rlcli.problems.envs)
 
 
 def question_key(question: str) -> str:
@@ -117,3 +118,29 @@ def choose_dataset(dataset: str | None, dataset_path: str | None, grader: Grader
     if dataset == "gsm8k" and not dataset_path and grader not in ("auto", "gsm8k"):
         raise UsageError(f"--grader {grader} is for JSONL files; the hub's gsm8k is graded the cookbook's way")
     return dataset, dataset_path, "gsm8k" if dataset == "gsm8k" and grader == "auto" else grader
+
+
+@dataclass(frozen=True)
+class Problems:
+    """{"question", "answer"} records read from a file, checked, with the grader they get."""
+
+    source: str
+    records: list[dict[str, str]]
+    lines: list[int]
+    sha256: str
+    grader: str  # gsm8k, numeric or exact ("auto" resolved from the answers)
+
+
+@dataclass(frozen=True)
+class Data:
+    """What a run trains on, as the plan and --resume see it."""
+
+    label: str
+    problems: Problems | None  # a file's problems; None for the cookbook's own sets
+    size: int | None  # training problems; None for the synthetic set
+    batches: int  # steps in one pass
+    sha256: str  # identity checked by --resume
+    held_out: int  # problems scored every --eval-every steps, never trained on
+    grader: str
+    max_operand: int = ARITHMETIC_MAX  # arithmetic's x, y range: 0..max_operand
+    replay: Any = None  # --env replay's rlcli.problems.traces.Spec

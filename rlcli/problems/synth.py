@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.errors import UsageError
-from rlcli.train import rewards, traces
-from rlcli.train.heldout import question_key
+from rlcli.problems import rewards, traces
+from rlcli.problems.heldout import question_key
 
 SHORT_WORDS, SHORT_CHARS = 4, 40  # a short exact string: one line, at most this many words and characters
 TAIL_NUMBER = re.compile(r"(?:=|\banswer is|\bresult is|\btotal is)\s*\$?\s*([+-]?\d[\d,]*(?:\.\d+)?)\s*[.!]?\s*$",

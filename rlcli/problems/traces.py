@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from rlcli.data.validate import conversation_problem, numbered_json_lines
 from rlcli.errors import UsageError
-from rlcli.train import rewards
+from rlcli.problems import rewards
 
 Turn = Literal["last", "all"]
 Env = Literal["problems", "replay", "tools"]  # what `train rl` and `eval` run: a problem set, or traces
@@ -175,7 +175,7 @@ def with_verdicts(traces: Traces) -> Traces:
 
 def eval_size(problems: list[Problem], asked: int | None, source: str) -> int:
     """As heldout.file_eval_size: by default 32 prompts, at most a tenth of the distinct ones."""
-    from rlcli.train.heldout import held_out_size
+    from rlcli.problems.heldout import held_out_size
 
     return held_out_size(len({p.key for p in problems}), asked, source, "prompts")
 
@@ -206,8 +206,8 @@ class Spec:
     reward: str = "match"
     match: str = "normalized"
     rubric: str | None = None
-    judge: dict[str, Any] | None = None  # rlcli.train.judge.Judge settings, for --reward judge
-    env: str = "replay"  # or tools (rlcli.train.tools_env)
+    judge: dict[str, Any] | None = None  # rlcli.problems.judge.Judge settings, for --reward judge
+    env: str = "replay"  # or tools (rlcli.problems.tools_env)
 
     def on_server(self, url: str) -> Spec:
         """A Tinker judge without --judge-url runs on the training server."""
