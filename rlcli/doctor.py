@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rlcli import config
 from rlcli.errors import RlcliError
+from rlcli.options import BASE_URL, Record
 from rlcli.server.backend_config import map_count_warning, read_map_count
 from rlcli.server.server_venv import installed_version
 
@@ -323,19 +324,18 @@ def run_checks(srv: Server) -> list[Check]:
     return checks
 
 
-def doctor(base_url: str | None = None, api_key: str | None = None) -> int:
+@dataclass(frozen=True, kw_only=True)
+class DoctorOptions(Record):
+    """`rlcli doctor`'s options (--api-key, as for every command, goes to TINKER_API_KEY first: rlcli.cli)."""
+
+    base_url: str | None = BASE_URL(None)
+
+
+def doctor(o: DoctorOptions) -> int:
     """Check this machine and the server: Pythons, pins, venv, server, backend, CUDA, processes, Docker, disk,
-    memory, map count.
-
-    Args:
-        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
-        api_key: tenant key for a server started with --tenants (default: TINKER_API_KEY)
-    """
-    from rlcli.tenants import api_key as take_key
-
-    take_key(api_key)
-    explicit = bool(base_url or os.environ.get("TINKER_BASE_URL"))
-    checks = run_checks(Server(config.resolve_base_url(base_url), explicit))
+    memory, map count."""
+    explicit = bool(o.base_url or os.environ.get("TINKER_BASE_URL"))
+    checks = run_checks(Server(config.resolve_base_url(o.base_url), explicit))
     failed = [c.name for c in checks if c.status == "fail"]
     warned = sum(c.status == "warn" for c in checks)
     print(f"doctor: {len(checks) - len(failed) - warned} ok, {warned} warn, {len(failed)} fail"

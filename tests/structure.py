@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 # rlcli's layers, lowest first: a module imports only from its own layer or lower ones. A module belongs to the
 # layer of the longest prefix that names it ("rlcli" names the package's own __init__ only).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("rlcli.errors", "rlcli.config", "rlcli.files", "rlcli.lean_imports", "rlcli.choices",
+    ("base", ("rlcli.errors", "rlcli.config", "rlcli.files", "rlcli.lean_imports", "rlcli.options",
               "rlcli.locks")),
     ("data", ("rlcli.data",)),
     ("server", ("rlcli.client", "rlcli.slots", "rlcli.watchdog", "rlcli.server", "rlcli.tenants",
@@ -216,7 +216,7 @@ def figures(root: Path) -> dict[str, object]:
         homonyms = {}
     return {"modules": len(graph), "cycle_groups": len(groups), "elementary_cycles": cycle_count(graph),
             "cycles": groups, "upward": upward(graph), "range_checks": range_checks(root),
-            "flags_declared_more_than_once": twice(homonyms)}
+            "flags_declared_more_than_once": twice(homonyms), "homonyms": sorted(homonyms)}
 
 
 if __name__ == "__main__":

@@ -18,12 +18,13 @@ import re
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlcli.config import private_dir, rlcli_home
-from rlcli.errors import UsageError
 from rlcli.model import _locked, _stage, _summary, describe, shipped_record
+from rlcli.options import SEED, Record, option
 
 EMBEDDED_MODEL_NAME = "rlcli-tiny-qwen3-v1"
 BUILD_VERSION = 2  # bump when the corpus, template, pretraining or architecture changes (and ship new bytes)
@@ -304,16 +305,20 @@ def compare_with_shipped(folder: Path) -> tuple[bool, str]:
     )
 
 
-def build(seed: int = 0, output: str | None = None, steps: int | None = None) -> int:
-    """Run the recipe that made the shipped model, then say whether the bytes it produced match the shipped ones.
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions(Record):
+    """`rlcli model build`'s options."""
 
-    Args:
-        seed: torch seed for the weights (the shipped model is seed 0).
-        output: build into this folder (default RLCLI_HOME/models/rlcli-tiny-qwen3-v1-build[-seedN]).
-        steps: pretraining steps (default the shipped model's); fewer only to try the recipe quickly.
-    """
-    if steps is not None and steps < 1:
-        raise UsageError(f"--steps {steps}: give a positive number of pretraining steps")
+    seed: int = SEED(0)
+    output: str | None = option(None, "build into this folder (default RLCLI_HOME/models/rlcli-tiny-qwen3-v1-build"
+                                      "[-seedN])", short="-o")
+    steps: int | None = option(None, "pretraining steps (default the shipped model's); fewer only to try the "
+                                     "recipe quickly", low=1)
+
+
+def build(o: BuildOptions) -> int:
+    """Run the recipe that made the shipped model, then say whether the bytes it produced match the shipped ones."""
+    seed, output, steps = o.seed, o.output, o.steps
     start = time.monotonic()
     suffix = "" if seed == 0 else f"-seed{seed}"
     target = (Path(output).expanduser().resolve() if output

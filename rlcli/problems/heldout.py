@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rlcli.errors import UsageError
+from rlcli.options import Opt, Record
 
 EVAL_SIZE = 32  # held-out problems by default
 EVAL_SEED = 20_260_501  # the held-out draw's own seed: the training order uses the batch index as its seed
@@ -27,6 +28,30 @@ ARITHMETIC_MAX = 100  # the cookbook's ArithmeticDataset draws x, y from 0..100
 ARITHMETIC_EVAL_MAX = 1000  # of its 5,151 distinct pairs (a smaller --max-operand: a third of its pairs)
 FEWSHOT_PAIR = (4, 5)  # ArithmeticEnv.standard_fewshot_prefix asks 4 + 5 in every prompt
 Grader = Literal["auto", "gsm8k", "numeric", "exact"]  # how a file's answers are graded (rlcli.problems.envs)
+
+
+# The options that name a problem set and what it holds out (train rl, train distill, eval).
+DATASET = Opt('arithmetic, gsm8k, or a JSONL file of {"question", "answer"}: "42", or GSM8K-style "...#### 42"; '
+              "with --env replay|tools: traces as `rlcli import` writes them")
+DATASET_PATH = Opt("with gsm8k: read it from this JSONL file (offline) instead of the hub")
+GRADER = Opt("auto (a file whose answers end '#### N': gsm8k, else numeric), gsm8k (the cookbook's sympy grader), "
+             "numeric (numbers compared as numbers, other answers as text) or exact (as text)")
+MAX_OPERAND = Opt("with arithmetic: draw x and y from 0..N (default 100, the cookbook's range)", low=FEWSHOT_PAIR[1],
+                  high=10**6, why=f"the few-shot example asks {FEWSHOT_PAIR[0]} + {FEWSHOT_PAIR[1]}")
+HELD_OUT = Opt("problems held out of training, to score (default 32; a file: at most a tenth of it; arithmetic: "
+               "at most a third of its pairs; gsm8k: its first N test problems)", low=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProblemSet(Record):
+    """The problem set a command names, and how many of its problems are held out (choose_dataset checks them
+    together)."""
+
+    dataset: str | None = DATASET(None)
+    dataset_path: str | None = DATASET_PATH(None)
+    grader: Grader = GRADER("auto")
+    max_operand: int | None = MAX_OPERAND(None)
+    eval_size: int | None = HELD_OUT(None)
 
 
 def question_key(question: str) -> str:
@@ -71,9 +96,7 @@ def arithmetic_eval_size(eval_size: int | None, max_operand: int = ARITHMETIC_MA
 
 
 def check_arithmetic(eval_size: int, max_operand: int = ARITHMETIC_MAX) -> None:
-    if not FEWSHOT_PAIR[1] <= max_operand <= 10**6:
-        raise UsageError(f"--max-operand {max_operand}: give {FEWSHOT_PAIR[1]} to 1000000 (the few-shot example "
-                         f"asks {FEWSHOT_PAIR[0]} + {FEWSHOT_PAIR[1]})")
+    """The held-out count against the range (the range itself is MAX_OPERAND's bound)."""
     if eval_size > (most := arithmetic_eval_max(max_operand)):
         raise UsageError(f"--eval-size {eval_size}: arithmetic with operands 0..{max_operand} holds out at most "
                          f"{most} problems")

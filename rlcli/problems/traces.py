@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from rlcli.data.validate import conversation_problem, numbered_json_lines
 from rlcli.errors import UsageError
+from rlcli.options import Opt, Record
 from rlcli.problems import rewards
 
 Turn = Literal["last", "all"]
@@ -195,6 +196,25 @@ def split(problems: list[Problem], size: int) -> tuple[list[Problem], list[Probl
 
 
 Reward = Literal["match", "verdict", "rubric", "judge"]
+ENV = Opt("problems (--dataset is a problem set), or replay: --dataset is traces from `rlcli import`, the policy "
+          "writes a logged assistant turn and --reward scores it; or tools: traces that called tools, the logged "
+          "calls answer with their recorded output (answer match + call precision/recall)")
+REWARD = Opt("with --env replay: match (the logged reply), verdict (good-verdict replies are targets, bad ones "
+             "penalised), rubric (--rubric checks) or judge (a judge model ranks each group; training only)")
+MATCH = Opt("how a reply matches the logged one: exact, normalized, number, or regex:PATTERN")
+TURN = Opt("with --env replay: the last assistant turn of each conversation, or all of them")
+RUBRIC = Opt("JSON file of checks (contains, not_contains, regex, min/max_length, json, json_schema)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayOptions(Record):
+    """How traces become problems and how a reply is scored (spec_from_flags checks them together)."""
+
+    env: Env = ENV("problems")
+    reward: Reward = REWARD("match")
+    match: str = MATCH("normalized")
+    turn: Turn = TURN("last")
+    rubric: str | None = RUBRIC(None)
 
 
 @dataclass(frozen=True)

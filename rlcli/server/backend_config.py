@@ -26,9 +26,8 @@ def parse_backend_config(text: str | None) -> dict:
 
 
 def map_hardware(backend: str, gpus: int | None, nodes: int, tp: int) -> dict:
-    """SkyRL backend-config keys for the requested GPUs per node, node count and tensor parallelism."""
-    if nodes < 1 or tp < 1 or (gpus is not None and gpus < 1):
-        raise UsageError("--gpus, --nodes and --tp must be positive integers")
+    """SkyRL backend-config keys for the requested GPUs per node, node count and tensor parallelism (each at least 1:
+    rlcli.server.commands.StartOptions)."""
     if gpus is not None and gpus % tp:
         raise UsageError(f"--gpus {gpus} is not a multiple of --tp {tp}")
     if backend == "jax":
@@ -69,8 +68,6 @@ def slot_config(backend: str, slots: int | None, backend_cfg: dict) -> int | Non
         if slots is not None:
             raise UsageError(f"--slots sizes the jax backend's LoRA table; the {backend} backend has none")
         return None
-    if slots is not None and slots < 1:
-        raise UsageError("--slots must be at least 1")
     given = backend_cfg.get("max_lora_adapters")
     if given is not None:
         if slots is not None and given != slots + 1:

@@ -47,9 +47,8 @@ def _is_loopback(host: str) -> bool:
 def processes_config(backend: str, processes: int, local_processes: int | None, coordinator: str | None,
                      gpus: int | None, tp: int, insecure: bool, backend_cfg: dict,
                      ray_address: str | None = None, extensions: bool = True) -> int:
-    """Write the multi-process keys into backend_cfg; returns how many worker processes start on this machine."""
-    if processes < 1:
-        raise UsageError("--processes must be at least 1")
+    """Write the multi-process keys into backend_cfg; returns how many worker processes start on this machine
+    (processes and local_processes are in range: rlcli.server.commands.StartOptions)."""
     if backend == "jax" and ray_address and processes > 1:
         return _on_ray(processes, local_processes, coordinator, gpus, tp, backend_cfg, extensions)
     local = processes if local_processes is None else local_processes
@@ -63,8 +62,6 @@ def processes_config(backend: str, processes: int, local_processes: int | None, 
     if backend_cfg.get("use_ray"):
         raise UsageError("--processes starts jax processes itself; with use_ray Ray starts them "
                          "(give num_processes in --backend-config instead)")
-    if not 1 <= local <= processes:
-        raise UsageError(f"--local-processes {local} must be 1..{processes} (this machine runs process 0)")
     if coordinator is None:
         if local < processes:
             raise UsageError("workers on other machines need an address they can reach: pass --coordinator HOST:PORT")

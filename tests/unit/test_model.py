@@ -69,13 +69,13 @@ def homes(tmp_path_factory: pytest.TempPathFactory) -> dict:
             home = tmp_path_factory.mktemp("home_a")
             mp.setenv("RLCLI_HOME", str(home))
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                assert model_recipe.build(steps=QUICK_STEPS) == 0
+                assert model_recipe.build(model_recipe.BuildOptions(steps=QUICK_STEPS)) == 0
             built["a"] = home / "models" / f"{model.EMBEDDED_MODEL_NAME}-build"
             built["threads_after"] = (threads, torch.get_num_threads(), torch.are_deterministic_algorithms_enabled())
             out = tmp_path_factory.mktemp("explicit") / "seed1"
             stdout, stderr = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-                assert model_recipe.build(seed=1, output=str(out), steps=QUICK_STEPS) == 0
+                assert model_recipe.build(model_recipe.BuildOptions(seed=1, output=str(out), steps=QUICK_STEPS)) == 0
             built["quick1"], built["quick1_stdout"], built["quick1_stderr"] = out, stdout.getvalue(), stderr.getvalue()
     finally:
         cli_out, cli_err = cli.communicate(timeout=600)
@@ -315,7 +315,7 @@ def test_loads_in_transformers_and_runs(shipped: Path, tokenizer) -> None:
 def test_refuses_to_overwrite_a_foreign_folder(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(UsageError, match="not an rlcli model folder"):
-        model_recipe.build(output=str(tmp_path))
+        model_recipe.build(model_recipe.BuildOptions(output=str(tmp_path)))
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 

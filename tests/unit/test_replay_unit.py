@@ -239,9 +239,9 @@ def test_dry_run_plans_a_replay_run(monkeypatch, capsys, embedded_model, tmp_pat
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(var, "1")
     monkeypatch.setattr(losses, "served_losses", lambda url, timeout=10.0: ("fake", set(losses.STOCK_JAX)))
-    assert rl.train_rl(env="replay", dataset=str(VERDICTS), reward="verdict", batch_size=2, group_size=4,
-                       base_url="http://127.0.0.1:9", model=embedded_model, log_path=str(tmp_path / "run"),
-                       dry_run=True, eval_size=1) == 0
+    assert rl.train_rl(rl.RlOptions(env="replay", dataset=str(VERDICTS), reward="verdict", batch_size=2,
+                                    group_size=4, base_url="http://127.0.0.1:9", model=embedded_model,
+                                    log_path=str(tmp_path / "run"), dry_run=True, eval_size=1)) is None
     out = capsys.readouterr().out
     assert f"replay traces {VERDICTS} (skipped: 1 no_verdict): 6 problems" in out
     assert "grader replay/verdict:verdict, match normalized/turn:last; 1 held-out problems" in out

@@ -61,6 +61,6 @@ def test_nothing_checkable_is_one_line(tmp_path):
                                              {"role": "assistant", "content": "Once upon a time, there was a"
                                               " fox who lived in a very deep wood."}]}) + "\n")
     with pytest.raises(UsageError, match="no reply has a checkable final answer .*1 free_text"):
-        synth.qa(str(path), str(tmp_path / "qa.jsonl"))
+        synth.qa(synth.QaOptions(traces_file=str(path), output=str(tmp_path / "qa.jsonl")))
     with pytest.raises(UsageError, match="pass -o FILE.jsonl"):
-        synth.qa(str(path))
+        synth.QaOptions(traces_file=str(path))
