@@ -1,4 +1,5 @@
-"""`rlcli eval`: score a checkpoint, a run's final weights, or the base model on held-out problems.
+"""`rlcli eval`: score a checkpoint, a run's final weights, or the base model on held-out problems (the one
+scorer: rlcli.problems.score).
 
 Launch:  rlcli eval --dataset arithmetic                               (the server's base model)
          rlcli eval --dataset arithmetic --checkpoint RUN_FOLDER       (the run's last sampler weights)
@@ -144,19 +145,18 @@ def _evaluate(name: str, path: str | None, grader: str, source: str | None, eval
         model = s.base_model
         renderer = run.prepare_model(model, renderer)
         from tinker_cookbook.completers import TinkerTokenCompleter
-        from tinker_cookbook.rl.metric_util import RLTestSetEvaluator
 
-        from rlcli.problems import envs
+        from rlcli.problems import envs, score
 
         data = envs.load_data(name, path, 1, None, grader, eval_size, max_operand or heldout.ARITHMETIC_MAX, spec)
         if not data.held_out:
             raise UsageError(f"{data.label}: too few distinct prompts to hold any out: pass --eval-size N")
         _, test = asyncio.run(envs.dataset_builder(data, model, renderer, 1, 1)())
-        evaluator = RLTestSetEvaluator(test, max_tokens=max_tokens, name="test", num_groups_to_log=0)
+        problems = score.problems_of(test)
         rounds = []
         for r in range(samples):
             policy = TinkerTokenCompleter(s.client, max_tokens=max_tokens, temperature=temperature)
-            rounds.append(asyncio.run(evaluator.eval_token_completer(policy)))
+            rounds.append(score.means(problems, score.answer(problems, policy)))
             if samples > 1:
                 print(f"rlcli: eval round {r + 1}/{samples}: {rounds[-1][CORRECT]:.3f} correct", file=sys.stderr)
     finally:

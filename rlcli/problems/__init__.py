@@ -7,7 +7,8 @@ replay.py    `--env replay|tools` as cookbook envs and dataset builders over tho
 rewards.py   the match, verdict and rubric rewards, the format penalty and the echo guard (pure)
 judge.py     `--reward judge`: a judge model ranks each group (its prompt: judge_prompt_v1.txt)
 tools_env.py `--env tools`: logged calls answer with recorded outputs; precision/recall; oracle/nop
+score.py     the one scorer: a model answers problems, each graded by its env (`rlcli eval`, the loop's gate)
 synth.py     `rlcli synth qa`: {question, answer} problems from traces with checkable answers
-Trainers (rlcli.train) train on these; nothing here imports a trainer. envs and replay import the cookbook
-at the top: the others stay light.
+Trainers (rlcli.train) train on these; nothing here imports a trainer. envs, replay and score import the
+cookbook at the top: the others stay light.
 """

@@ -205,11 +205,18 @@ def datasets(spec: Spec, eval_size: int, batch_size: int, group_size: int, rende
     def group(p: Problem, size: int) -> ReplayGroup:
         return ReplayGroup(partial(env_class, p, renderer, spec, rubric), size, judge if size > 1 else None)
 
-    # A held-out problem is sampled once: the judge ranks a group, so alone it is scored by match instead.
-    test_spec = replace(spec, reward="match") if spec.reward == "judge" else spec
-    test_groups = [ReplayGroup(partial(env_class, p, renderer, test_spec, rubric), 1) for p in test]
+    test_groups = one_each(test, renderer, spec, rubric)
     return (ReplayDataset([group(p, group_size) for p in train], batch_size),
             ReplayDataset(test_groups, len(test_groups)) if test else None)
+
+
+def one_each(problems: list[Problem], renderer: renderers.Renderer, spec: Spec,
+             rubric: rewards.Rubric | None = None) -> list[ReplayGroup]:
+    """One sample of each problem, scored alone: the judge ranks a group, so a judged problem is scored by match
+    instead (held-out problems, and the loop's evaluation through rlcli.problems.score)."""
+    env_class = ToolsEnv if spec.env == "tools" else ReplayEnv
+    alone = replace(spec, reward="match") if spec.reward == "judge" else spec
+    return [ReplayGroup(partial(env_class, p, renderer, alone, rubric), 1) for p in problems]
 
 
 @chz.chz

@@ -164,6 +164,16 @@ def read_traces(path: str, turn: str = "last", tools_env: bool = False) -> Trace
     return traces
 
 
+def first_problems(rows: list[dict[str, Any]], limit: int, source: str) -> list[Problem]:
+    """The last assistant turn of each conversation, one problem per distinct prompt: the `limit` with the smallest
+    prompt hash (a stable subset as the rows grow)."""
+    if not rows:
+        return []
+    found = parse_traces(iter(json.dumps(r) for r in rows), source).problems
+    unique = {p.key: p for p in found}
+    return [unique[k] for k in sorted(unique)[:limit]]
+
+
 def with_verdicts(traces: Traces) -> Traces:
     """Only problems with a verdict (the verdict reward needs one); the others counted as skipped."""
     kept = [p for p in traces.problems if p.score is not None]
