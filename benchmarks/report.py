@@ -1,7 +1,7 @@
 """Write README.md's benchmark section from the newest receipts (never typed by hand).
 
-    .venv/bin/python benchmarks/report.py                  # rewrite README.md between the bench markers
-    .venv/bin/python benchmarks/report.py --print          # print the section instead
+    .venv/bin/python -m benchmarks.report                  # rewrite README.md between the bench markers
+    .venv/bin/python -m benchmarks.report --print          # print the section instead
 
 Reads benchmarks/receipts/*.json: the newest fused-vs-2pass receipt for each (model, loss) that a benchmark
 script wrote (receipts a notebook recorded carry an "origin" and stay out of the table), and the newest

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
+from benchmarks import common, report
 from tests.conftest import REPO
-
-spec = importlib.util.spec_from_file_location("bench_report", REPO / "benchmarks" / "report.py")
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
 
 LOAD = {"before": [1.2, 1.0, 0.9], "after": [1.6, 1.1, 0.9]}
 
@@ -127,9 +123,6 @@ def test_import_rows_take_the_newest_receipt_of_each_log_format(tmp_path):
 def test_receipts_tell_cpus_of_one_name_apart(tmp_path, monkeypatch):
     """Two machines named "AMD EPYC" ran the same step at 48 and 133 ms: receipts keep family/model and the vector
     features, read from /proc/cpuinfo's first processor."""
-    spec = importlib.util.spec_from_file_location("bench_common", REPO / "benchmarks" / "common.py")
-    common = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(common)
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nstepping\t: 1\ncpu MHz\t\t: 2400.000\n"
                        "flags\t\t: fpu sse4_2 avx avx2 avx512f avx512_bf16\n\nprocessor\t: 1\nflags\t\t: avx2\n")
