@@ -127,7 +127,8 @@ base-image: docker
 
 .PHONY: bench notebooks
 
-# Every benchmark (each starts and stops its own server; waits for a quiet machine), then the README table from the receipts.
+# Every benchmark (each starts and stops its own server; waits for a quiet machine), then the README table from the
+# receipts, then the receipts the tree no longer keeps deleted (benchmarks/README.md: the rule; history stays in git).
 bench: venv server-venv model
 	$(BIN)/python -m benchmarks.fused_vs_2pass --size tiny --losses gspo,ppo --prompts 4 --samples 4 --pairs 12
 	$(BIN)/python -m benchmarks.fused_vs_2pass --size large --losses gspo,ppo --prompts 2 --samples 4 --pairs 12
@@ -139,6 +140,7 @@ bench: venv server-venv model
 	$(BIN)/python -m benchmarks.request_path --size large --label 32slots --max-lora-adapters 32 --reps 10
 	$(BIN)/python -m benchmarks.faults --timeouts 5,15,60
 	$(BIN)/python -m benchmarks.report
+	$(BIN)/python -m benchmarks.retention --prune
 
 # The notebooks at laptop size through papermill (each starts and stops its own server); the executed copies,
 # outputs and plots included, go to notebooks/results/ beside the results they record.
