@@ -127,18 +127,20 @@ base-image: docker
 
 .PHONY: bench notebooks
 
-# Every benchmark (each starts and stops its own server; waits for a quiet machine), then the README table from the receipts.
+# Every benchmark (each starts and stops its own server; waits for a quiet machine), then the README table from the
+# receipts, then the receipts the tree no longer keeps deleted (benchmarks/README.md: the rule; history stays in git).
 bench: venv server-venv model
-	$(BIN)/python benchmarks/fused_vs_2pass.py --size tiny --losses gspo,ppo --prompts 4 --samples 4 --pairs 12
-	$(BIN)/python benchmarks/fused_vs_2pass.py --size large --losses gspo,ppo --prompts 2 --samples 4 --pairs 12
-	$(BIN)/python benchmarks/server_start.py --size tiny --rounds 3 --warm 2
-	$(BIN)/python benchmarks/server_start.py --size large --rounds 2 --warm 2
-	$(BIN)/python benchmarks/overhead.py --pairs 20
-	$(BIN)/python benchmarks/request_path.py --label 32slots --max-lora-adapters 32
-	$(BIN)/python benchmarks/request_path.py --label default-slots
-	$(BIN)/python benchmarks/request_path.py --size large --label 32slots --max-lora-adapters 32 --reps 10
-	$(BIN)/python benchmarks/faults.py --timeouts 5,15,60
-	$(BIN)/python benchmarks/report.py
+	$(BIN)/python -m benchmarks.fused_vs_2pass --size tiny --losses gspo,ppo --prompts 4 --samples 4 --pairs 12
+	$(BIN)/python -m benchmarks.fused_vs_2pass --size large --losses gspo,ppo --prompts 2 --samples 4 --pairs 12
+	$(BIN)/python -m benchmarks.server_start --size tiny --rounds 3 --warm 2
+	$(BIN)/python -m benchmarks.server_start --size large --rounds 2 --warm 2
+	$(BIN)/python -m benchmarks.overhead --pairs 20
+	$(BIN)/python -m benchmarks.request_path --label 32slots --max-lora-adapters 32
+	$(BIN)/python -m benchmarks.request_path --label default-slots
+	$(BIN)/python -m benchmarks.request_path --size large --label 32slots --max-lora-adapters 32 --reps 10
+	$(BIN)/python -m benchmarks.faults --timeouts 5,15,60
+	$(BIN)/python -m benchmarks.report
+	$(BIN)/python -m benchmarks.retention --prune
 
 # The notebooks at laptop size through papermill (each starts and stops its own server); the executed copies,
 # outputs and plots included, go to notebooks/results/ beside the results they record.
@@ -171,4 +173,4 @@ gpu-wheels: venv
 	  2> >(grep -v '^WARNING: Location' >&2)
 	$(GPU_PIP_DOWNLOAD) -d $(GPU_WHEELS)/fallback -r <(grep '#[[:space:]]*fallback$$' benchmarks/gpu/wheels.txt) \
 	  2> >(grep -v '^WARNING: Location' >&2)
-	$(BIN)/python benchmarks/gpu/wheelset.py check $(GPU_WHEELS)
+	$(BIN)/python -m benchmarks.gpu.wheelset check $(GPU_WHEELS)

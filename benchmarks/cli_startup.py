@@ -1,6 +1,6 @@
 """How fast `rlcli --help` and each subcommand's --help answer (target: under 0.3 s).
 
-    .venv/bin/python benchmarks/cli_startup.py [--runs 10]
+    .venv/bin/python -m benchmarks.cli_startup [--runs 10]
 
 Writes benchmarks/receipts/cli-startup-<time>.json with every raw timing.
 """
@@ -14,8 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import summary, versions, write_receipt  # noqa: E402
+from benchmarks.common import summary, versions, write_receipt
 
 COMMANDS = [["--help"], ["serve", "--help"], ["serve", "start", "--help"], ["train", "sl", "--help"],
             ["train", "rl", "--help"], ["import", "--help"], ["--version"]]

@@ -1,7 +1,7 @@
 """What a client process pays before its first request, with rlcli's lean imports (rlcli/lean_imports.py) and
 with transformers' stock imports (RLCLI_STOCK_IMPORTS=1).
 
-    .venv/bin/python benchmarks/client_start.py --rounds 8 [--base-url http://127.0.0.1:8000] --label L
+    .venv/bin/python -m benchmarks.client_start --rounds 8 [--base-url http://127.0.0.1:8000] --label L
 
 Each round starts fresh client processes once per arm, in alternating order (A B, B A, ...), so a loaded
 machine's drift falls on both arms:
@@ -26,11 +26,9 @@ from pathlib import Path
 
 import fire
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, summary, versions, write_receipt  # noqa: E402
-
-from rlcli import lean_imports  # noqa: E402
-from rlcli.demo import DEMO_CHATS  # noqa: E402
+from benchmarks.common import REPO, summary, versions, write_receipt
+from rlcli import lean_imports
+from rlcli.demo import DEMO_CHATS
 
 MODEL = REPO / "rlcli" / "assets" / "rlcli-tiny-qwen3-v1"
 ARMS = ("lean", "stock")

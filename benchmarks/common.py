@@ -74,13 +74,20 @@ def summary(values: list[float]) -> dict:
             "stdev": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
 
 
+def command_line() -> str:
+    """How this benchmark was launched, as a person would retype it: `python -m benchmarks.NAME ARGS`."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    launched = f"python -m {spec.name}" if spec else Path(sys.argv[0]).name
+    return " ".join([launched, *sys.argv[1:]])
+
+
 def write_receipt(name: str, body: dict, folder: Path | None = None, names: dict[str, str] | None = None) -> Path:
     """The receipt, in benchmarks/receipts/ or `folder` (tests and smoke runs keep theirs out of git). `names`:
     other paths of this machine the receipt may hold (e.g. a second checkout), each written as its name."""
     folder = folder or RECEIPTS
     folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    receipt = {"benchmark": name, "created_utc": stamp, "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    receipt = {"benchmark": name, "created_utc": stamp, "command": command_line(),
                "hardware": hardware(), **body}
     path = folder / f"{name}-{stamp}.json"
     # Receipts are committed: no paths of this machine in them (the repo becomes relative, home `~`).

@@ -1,7 +1,7 @@
 """How long the server engine's imports take in a fresh process, with and without the distributions' import
 names (top_level.txt) that rlcli writes into the server venv after each install.
 
-    .venv/bin/python benchmarks/engine_imports.py --rounds 8 --label names
+    .venv/bin/python -m benchmarks.engine_imports --rounds 8 --label names
 
 Each round starts the server venv's Python twice, once per state of the venv, in alternating order (A B, B A,
 ...), so a loaded machine's drift falls on both:
@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import fire
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import summary, versions, write_receipt  # noqa: E402
-
-from rlcli.config import server_venv_dir  # noqa: E402
-from rlcli.server import server_venv  # noqa: E402
-from rlcli.server.runtime.launcher import PRELOAD_MODULES  # noqa: E402
+from benchmarks.common import summary, versions, write_receipt
+from rlcli.config import server_venv_dir
+from rlcli.server import server_venv
+from rlcli.server.runtime.launcher import PRELOAD_MODULES
 
 CHILD = """
 import json, time, importlib

@@ -1,6 +1,6 @@
 """Time to notice each fault, and what the command said: the tests/faults suite run with its figures recorded.
 
-    .venv/bin/python benchmarks/faults.py [--timeouts 5,15,60]
+    .venv/bin/python -m benchmarks.faults [--timeouts 5,15,60]
 
 Runs tests/faults (real server, real kill -9, SIGSTOP, a filled tmpfs; see each test) and writes
 benchmarks/receipts/faults-<time>.json: per fault the --server-timeout, seconds from the fault to the
@@ -19,8 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, versions, write_receipt  # noqa: E402
+from benchmarks.common import REPO, versions, write_receipt
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Step time of a loss computed in one forward_backward (fused) against its 2-pass client route.
 
-    .venv/bin/python benchmarks/fused_vs_2pass.py --size large --losses gspo,ppo --pairs 12
-    .venv/bin/python benchmarks/fused_vs_2pass.py --size tiny --pairs 2 --warmup 1 --receipt-dir /tmp/r   # smoke
+    .venv/bin/python -m benchmarks.fused_vs_2pass --size large --losses gspo,ppo --pairs 12
+    .venv/bin/python -m benchmarks.fused_vs_2pass --size tiny --pairs 2 --warmup 1 --receipt-dir /tmp/r   # smoke
 
 Starts its own server for the model (benchmarks/models.py), samples one frozen batch of real rollouts
 (arithmetic prompts, several samples each; reward: 1 when the reply's last number is the sum, else half the
@@ -26,16 +26,14 @@ import os
 import random
 import re
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-from common import summary, versions  # noqa: E402
-from models import LogCursor, bench_server, describe_model, model_dir, server_versions, wait_for_quiet  # noqa: E402
+from benchmarks import common
+from benchmarks.common import summary, versions
+from benchmarks.models import LogCursor, bench_server, describe_model, model_dir, server_versions, wait_for_quiet
 
 STEP_REQUESTS = {"fused": ["forward_backward", "optim_step"], "two_pass": ["forward", "forward_backward", "optim_step"]}
 

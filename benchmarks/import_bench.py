@@ -1,8 +1,8 @@
 """Throughput and memory of `rlcli import` against a plain json-module loop.
 
-    .venv/bin/python benchmarks/import_bench.py                 # 100 MB dump, 3 runs each
-    .venv/bin/python benchmarks/import_bench.py --size_mb=10 --runs=5
-    .venv/bin/python benchmarks/import_bench.py --format=otel    # also responses, gemini (import_dumps.py)
+    .venv/bin/python -m benchmarks.import_bench                 # 100 MB dump, 3 runs each
+    .venv/bin/python -m benchmarks.import_bench --size_mb=10 --runs=5
+    .venv/bin/python -m benchmarks.import_bench --format=otel    # also responses, gemini (import_dumps.py)
 
 Generates a dump of realistic OpenAI request+response records (system prompts, multi-turn
 chats, tool calls, image parts, n>1 choices now and then) in a private temporary folder
@@ -14,8 +14,8 @@ chats, tool calls, image parts, n>1 choices now and then) in a private temporary
 --format picks the dump: openai (above), or the same calls logged as OpenAI Responses, Gemini or
 OpenTelemetry records (benchmarks/import_dumps.py, with a naive json loop for each).
 For those, json_passthrough also times (in-process) a loop that only copies each record's own message
-lists (no reshaping): the floor a first try sets. Writes benchmarks/receipts/import-<date>.json
-(import-<format>-<date>.json for the others): hardware, versions, config, every raw timing (wall, and
+lists (no reshaping): the floor a first try sets. Writes benchmarks/receipts/import-<time>.json
+(import-<format>-<time>.json for the others): hardware, versions, config, every raw timing (wall, and
 CPU seconds, which a loaded machine disturbs less), medians, spread and the ratios. The dump is deleted at the end.
 """
 
@@ -36,10 +36,9 @@ from pathlib import Path
 
 import fire
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # import_dumps beside this file, run from anywhere
-from import_dumps import BASELINES, GENERATORS, PASSTHROUGH  # noqa: E402
-
-from rlcli.config import portable  # noqa: E402
+from benchmarks.common import hardware
+from benchmarks.import_dumps import BASELINES, GENERATORS, PASSTHROUGH
+from rlcli.config import portable
 
 ROOT = Path(__file__).resolve().parent.parent
 # The naive importer: what a person writes first. Run in-process and as a child, same code.
@@ -220,15 +219,6 @@ def _versions() -> dict:
     }
 
 
-def _hardware() -> dict:
-    model = next(
-        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-        platform.processor(),
-    )
-    mem = next((int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal")), 0)
-    return {"cpu_model": model, "cpu_count": os.cpu_count(), "memory_gb": round(mem / 2**20, 1)}
-
-
 def _round(work: Path, dump: Path, clock: _Clock, rss: dict, format: str) -> None:
     from rlcli.data.import_cmd import ImportOptions, import_cmd
 
@@ -309,7 +299,8 @@ def main(
     finally:
         shutil.rmtree(work)
     label = "" if format == "openai" else f"{format}-"
-    out = Path(receipt_dir) / f"import-{label}{dt.date.today().isoformat()}.json"
+    stamp = dt.datetime.fromisoformat(receipt["date"]).strftime("%Y%m%dT%H%M%SZ")  # two runs a day: two receipts
+    out = Path(receipt_dir) / f"import-{label}{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(portable(json.dumps(receipt, indent=2), ROOT) + "\n")
     print(json.dumps({"receipt": str(out), **receipt["ratio"], "cpu": receipt["ratio_cpu"],
@@ -322,7 +313,7 @@ def _receipt(size: int, records: int, runs: int, seed: int, times: dict, rss: di
     return {
         "benchmark": f"rlcli import, {what}",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "hardware": _hardware(),
+        "hardware": hardware(),  # the CPU named as every receipt names it (machine)
         "versions": _versions(),
         "config": {
             "bytes": size,

@@ -1,6 +1,6 @@
 """The models benchmarks run on, the private server each benchmark starts, and how it is read and timed.
 
-    .venv/bin/python benchmarks/models.py --size large        # build (or find) the larger model, print its folder
+    .venv/bin/python -m benchmarks.models --size large        # build (or find) the larger model, print its folder
 
 Sizes:
 - tiny: rlcli's embedded model (~1M parameters), as `rlcli model build` makes it.

@@ -1,7 +1,7 @@
 """rlcli's per-step overhead: the same steps through rlcli's loss route and through a bare tinker client.
 
-    .venv/bin/python benchmarks/overhead.py --pairs 20
-    .venv/bin/python benchmarks/overhead.py --pairs 2 --warmup 1 --receipt-dir /tmp/r      # smoke
+    .venv/bin/python -m benchmarks.overhead --pairs 20
+    .venv/bin/python -m benchmarks.overhead --pairs 2 --warmup 1 --receipt-dir /tmp/r      # smoke
 
 On its own server with the embedded model (HTTP dominates there, so any overhead shows most), two LoRA
 clients with the same seed run forward_backward + optim_step on the same batch, alternating bare, rlcli,
@@ -20,15 +20,13 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-from common import versions  # noqa: E402
-from fused_vs_2pass import spread  # noqa: E402
-from models import bench_server, describe_model, model_dir, server_versions, wait_for_quiet  # noqa: E402
+from benchmarks import common
+from benchmarks.common import versions
+from benchmarks.fused_vs_2pass import spread
+from benchmarks.models import bench_server, describe_model, model_dir, server_versions, wait_for_quiet
 
 LOSSES = ("cross_entropy", "gspo")
 

@@ -1,6 +1,6 @@
 """SFT step time of the jax backend on 1 vs 2 processes (`rlcli serve start --processes N`), same model and batch.
 
-    .venv/bin/python benchmarks/processes.py [--size large] [--steps 8] [--batch 8] [--length 128]
+    .venv/bin/python -m benchmarks.processes [--size large] [--steps 8] [--batch 8] [--length 128]
 
 One private server per process count (the 26M-parameter 'large' model of benchmarks/models.py by default,
 a LoRA table of 4), the same seeded LoRA and batch on each: the first step (compilation) is recorded apart,
@@ -19,11 +19,9 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import summary, versions, write_receipt  # noqa: E402
-from models import describe_model, model_dir, server_versions, wait_for_quiet  # noqa: E402
-
-from rlcli.server.private import private_server  # noqa: E402
+from benchmarks.common import summary, versions, write_receipt
+from benchmarks.models import describe_model, model_dir, server_versions, wait_for_quiet
+from rlcli.server.private import private_server
 
 
 def batch(n: int, length: int):

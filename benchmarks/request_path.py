@@ -1,7 +1,7 @@
 """Where a request's time goes: wall (tinker client) vs the engine's own time, per request type, and idle CPU.
 
-    .venv/bin/python benchmarks/request_path.py --label after --max-lora-adapters 32
-    .venv/bin/python benchmarks/request_path.py --label before --rlcli-tree OTHER_CHECKOUT --max-lora-adapters 32
+    .venv/bin/python -m benchmarks.request_path --label after --max-lora-adapters 32
+    .venv/bin/python -m benchmarks.request_path --label before --rlcli-tree OTHER_CHECKOUT --max-lora-adapters 32
 
 One server of its own (`rlcli serve start` of --rlcli-tree, default this checkout, under a private RLCLI_HOME,
 on a free port), the embedded model (--size large: the 26M one of benchmarks/models.py), one rank-8 LoRA.
@@ -25,7 +25,7 @@ of the rlcli tree whose server ran.
 
 A/B in one run: --ab-env VAR=VALUE alternates --rounds pairs of servers, A as `serve start` runs it and B with
 VAR=VALUE in the server's environment (A B, B A, ...), and pools each arm's reps:
-    .venv/bin/python benchmarks/request_path.py --label NAME-ab --ab-env NAME=VALUE --rounds 4
+    .venv/bin/python -m benchmarks.request_path --label NAME-ab --ab-env NAME=VALUE --rounds 4
 """
 
 from __future__ import annotations
@@ -41,9 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, stop_servers_on_sigterm, versions, write_receipt  # noqa: E402
-from models import (  # noqa: E402
+from benchmarks.common import REPO, stop_servers_on_sigterm, versions, write_receipt
+from benchmarks.models import (
     LogCursor,
     describe_model,
     free_port,
@@ -52,8 +51,7 @@ from models import (  # noqa: E402
     server_versions,
     wait_for_quiet,
 )
-
-from rlcli.server import process  # noqa: E402
+from rlcli.server import process
 
 KINDS = ("forward", "forward_backward", "optim_step", "sample")
 

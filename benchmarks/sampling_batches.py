@@ -1,7 +1,7 @@
 """What sampling costs when the batch sizes vary, with rlcli's padded sampling batches (rlcli_warmup) and with
 SkyRL's exact ones (RLCLI_EXACT_SAMPLING_BATCHES=1).
 
-    .venv/bin/python benchmarks/sampling_batches.py [--rounds 1] [--label L]
+    .venv/bin/python -m benchmarks.sampling_batches [--rounds 1] [--label L]
 
 Each arm starts its own server on the embedded model under a new RLCLI_HOME, so its jax compilation cache
 starts empty (what a new batch shape costs the first time), with JAX_LOG_COMPILES=1. Against it, one sampling
@@ -14,21 +14,18 @@ Writes benchmarks/receipts/sampling-batches-<date>.json.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import fire
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import summary, versions, write_receipt  # noqa: E402
-from models import server_versions  # noqa: E402
-
-from rlcli.model import ensure_embedded_model  # noqa: E402
-from rlcli.server.private import private_server  # noqa: E402
+from benchmarks.common import summary, versions, write_receipt
+from benchmarks.models import server_versions
+from rlcli.model import ensure_embedded_model
+from rlcli.server.private import private_server
 
 COUNTS = (1, 3, 2, 5, 4, 7, 6, 12, 9, 16, 14, 17, 10, 3, 5)
 ARMS = {"padded": {}, "exact": {"RLCLI_EXACT_SAMPLING_BATCHES": "1"}}
@@ -44,13 +41,24 @@ def decode_batches(log_text: str) -> list[int]:
     return sizes
 
 
+@contextlib.contextmanager
+def arm_environment(arm: str):
+    """os.environ as one arm's server must see it (private_server hands it on), put back as it was on exit."""
+    saved = dict(os.environ)
+    os.environ.update({"JAX_LOG_COMPILES": "1", **ARMS[arm]})
+    for key in ARMS["exact"].keys() - ARMS[arm].keys():
+        os.environ.pop(key, None)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def one_arm(arm: str, model: str) -> dict:
     import tinker
 
-    with mock.patch.dict(os.environ, {"JAX_LOG_COMPILES": "1", **ARMS[arm]}):  # restored as it was on exit
-        for key in ARMS["exact"]:
-            if key not in ARMS[arm]:
-                os.environ.pop(key, None)
+    with arm_environment(arm):
         with private_server(model, "--slots", "3") as server:
             service = tinker.ServiceClient(base_url=server.url)
             sampler = service.create_sampling_client(base_model=model)

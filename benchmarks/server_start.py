@@ -1,7 +1,7 @@
 """How long `rlcli serve start` takes until the engine serves a request: a cold-ish start, then warm ones.
 
-    .venv/bin/python benchmarks/server_start.py --size tiny --rounds 3 --warm 2
-    .venv/bin/python benchmarks/server_start.py --size large --rounds 2 --warm 2
+    .venv/bin/python -m benchmarks.server_start --size tiny --rounds 3 --warm 2
+    .venv/bin/python -m benchmarks.server_start --size large --rounds 2 --warm 2
 
 Each round builds a new model folder (`rlcli model build --seed N --output DIR`, or the larger model of
 benchmarks/models.py), then starts a server on it under a new private RLCLI_HOME ("cold"), stops it,
@@ -37,15 +37,13 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, stop_servers_on_sigterm, summary, versions, write_receipt  # noqa: E402
-from models import (  # noqa: E402
+from benchmarks.common import REPO, stop_servers_on_sigterm, summary, versions, write_receipt
+from benchmarks.models import (
     RLCLI,
     build_large,
     engine_timings,
@@ -55,9 +53,8 @@ from models import (  # noqa: E402
     start_command,
     wait_for_quiet,
 )
-from request_path import sft_batch, tree_commit  # noqa: E402
-
-from rlcli.config import server_venv_dir  # noqa: E402
+from benchmarks.request_path import sft_batch, tree_commit
+from rlcli.config import server_venv_dir
 
 
 def healthy(url: str) -> bool:

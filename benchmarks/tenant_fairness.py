@@ -1,6 +1,6 @@
 """How long one tenant waits while another floods the queue (`serve start --tenants`), before and after fairness.
 
-    .venv/bin/python benchmarks/tenant_fairness.py [--size large] [--flood 24] [--reps 3] [--take 0]
+    .venv/bin/python -m benchmarks.tenant_fairness [--size large] [--flood 24] [--reps 3] [--take 0]
 
 One private server with tenants `flood` and `quiet`. Each rep: `quiet` times one forward_backward
 (8 x 64 tokens) on an idle server (alone), then `flood` submits --flood forward_backwards of the same
@@ -28,12 +28,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import summary, versions, write_receipt  # noqa: E402
-from models import describe_model, model_dir  # noqa: E402
-from tenant_overhead import sdk_forward_backward  # noqa: E402
-
-from rlcli.server.private import PACKAGE_PARENT, RLCLI, private_server  # noqa: E402
+from benchmarks.common import summary, versions, write_receipt
+from benchmarks.models import describe_model, model_dir
+from benchmarks.tenant_overhead import sdk_forward_backward
+from rlcli.server.private import PACKAGE_PARENT, RLCLI, private_server
 
 
 def post(url: str, key: str, payload: dict | bytes) -> dict:

@@ -1,39 +1,40 @@
 """What checking a tenant's key costs per request (target: under 1 ms): runtime/rlcli_tenants.py's gate.
 
-    .venv/bin/python benchmarks/tenant_overhead.py [--requests 20000] [--rounds 7]
+    .venv/bin/python -m benchmarks.tenant_overhead [--requests 20000] [--rounds 7]
 
-The gate is timed in-process around an ASGI app that answers at once, against that app alone, on the
-requests a training loop sends most: a forward_backward POST naming its model (key hash, tenants-file
-stat, body read and parsed, ownership lookup, the answer parsed and its new future appended to the owners file) and a
-retrieve_future POST. The difference per request is the gate's whole cost; the network and SkyRL's
-own work are the same with and without it. Writes benchmarks/receipts/tenant-overhead-<time>.json.
+The real gate, loaded in the server venv as the launcher loads it, is timed in-process around an ASGI app that
+answers at once, against that app alone, on the requests a training loop sends most: a forward_backward POST
+naming its model (key hash, tenants-file stat, body read and parsed, ownership lookup, the answer parsed and its
+new future appended to the owners file) and a retrieve_future POST. The difference per request is the gate's
+whole cost; the network and SkyRL's own work are the same with and without it. The app behind the gate is the
+control of that difference, not a stand-in for something measured: behind SkyRL's real app each request would
+also pay a database commit, whose jitter (milliseconds on a shared machine) would bury a cost of microseconds.
+What the gate does to requests on a real server under load is benchmarks/tenant_fairness.py's measure.
+Writes benchmarks/receipts/tenant-overhead-<time>.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, summary, versions, write_receipt  # noqa: E402
+from benchmarks.common import REPO, summary, versions, write_receipt
 
-GATE = REPO / "rlcli" / "server" / "runtime" / "rlcli_tenants.py"
+# The gate runs inside the server venv as the launcher loads it: its folder on the path, so that it finds its
+# siblings (tenant_owners.py) by their plain names.
+RUNTIME = REPO / "rlcli" / "server" / "runtime"
+GATE = "rlcli_tenants"
 
 
 def load_gate():
-    sys.path.insert(0, str(GATE.parent))  # its siblings (tenant_owners.py), as in the launcher
-    spec = importlib.util.spec_from_file_location("rlcli_tenants_bench", GATE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(GATE)
 
 
 def sdk_forward_backward(model_id: str, seq_id: int = 1) -> bytes:
@@ -82,9 +83,10 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "fb.bin").write_bytes(sdk_forward_backward("model_a"))
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        subprocess.run([str(server_venv_dir() / "bin" / "python"), __file__, "--inner", folder, "--requests",
-                        str(args.requests), "--rounds", str(args.rounds)], check=True, env=env)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(RUNTIME), str(REPO)]))
+        python = str(server_venv_dir() / "bin" / "python")
+        subprocess.run([python, "-m", "benchmarks.tenant_overhead", "--inner", folder, "--requests", str(args.requests),
+                        "--rounds", str(args.rounds)], check=True, env=env, cwd=REPO)
         measured = json.loads((Path(folder) / "results.json").read_text())
     worst = max(r["overhead_s"]["median"] for r in measured["results"].values())
     path = write_receipt("tenant-overhead", {
@@ -100,7 +102,7 @@ def inner(args, folder: Path) -> None:
     gate_mod = load_gate()
     answer = json.dumps({"request_id": "8", "model_id": "model_a"}).encode()
 
-    async def skyrl_stand_in(scope, receive, send):
+    async def answers_at_once(scope, receive, send):
         await receive()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": answer})
@@ -112,14 +114,14 @@ def inner(args, folder: Path) -> None:
         (Path(scratch) / "tenants.json").write_text(json.dumps({"tenants": tenants}))
         owners = gate_mod.Owners(Path(scratch) / "owners.jsonl")
         owners.owner.update({"model_a": "alice", "7": "alice"})
-        gate = gate_mod.TenantGate(skyrl_stand_in, gate_mod.Keys(Path(scratch) / "tenants.json", None), owners)
+        gate = gate_mod.TenantGate(answers_at_once, gate_mod.Keys(Path(scratch) / "tenants.json", None), owners)
         results = {}
         for name, (extra, body, content_type) in requests((folder / "fb.bin").read_bytes()).items():
             scope = {"type": "http", "method": "POST", "headers": [(b"x-api-key", key.encode()),
                      (b"content-type", content_type)], "query_string": b"", **extra}
             bare, gated = [], []
             for _ in range(args.rounds):
-                bare.append(asyncio.run(one_batch(skyrl_stand_in, scope, body, args.requests)))
+                bare.append(asyncio.run(one_batch(answers_at_once, scope, body, args.requests)))
                 gated.append(asyncio.run(one_batch(gate, scope, body, args.requests)))
             over = [g - b for g, b in zip(gated, bare, strict=True)]
             results[name] = {"body_bytes": len(body), "bare_s": summary(bare), "gated_s": summary(gated),

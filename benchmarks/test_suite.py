@@ -1,6 +1,6 @@
 """How long `make test` takes and where its time goes: the suite run once with each test's start and end recorded.
 
-    .venv/bin/python benchmarks/test_suite.py [--label NAME] [PYTEST ARGS...]
+    .venv/bin/python -m benchmarks.test_suite [--label NAME] [PYTEST ARGS...]
 
 Runs `make test` (warm: the venvs, Docker and the base image are expected in place; make builds what is
 missing, and that time counts) with a small pytest plugin that appends each test's worker, id, start and end to a
@@ -24,8 +24,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, versions, write_receipt  # noqa: E402
+from benchmarks.common import REPO, versions, write_receipt
 
 PLUGIN = "rlcli_suite_timeline"
 PLUGIN_SOURCE = '''

@@ -1,7 +1,7 @@
 """Building the server venv from its lock with pip and with uv: cold and warm cache, wall time and size.
 
-    .venv/bin/python benchmarks/venv_build.py                     # pip and uv, cold then warm, one round each
-    .venv/bin/python benchmarks/venv_build.py --tools uv --rounds 2
+    .venv/bin/python -m benchmarks.venv_build                     # pip and uv, cold then warm, one round each
+    .venv/bin/python -m benchmarks.venv_build --tools uv --rounds 2
 
 Both install exactly rlcli/server/env/server-jax.lock (hash-checked, no resolution) into a fresh Python 3.12
 venv, as `rlcli serve install` does. "cold" is an empty cache folder made for the run; "warm" reuses the cache
@@ -21,8 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import summary, versions, write_receipt
-
+from benchmarks.common import summary, versions, write_receipt
 from rlcli.locks import pins
 from rlcli.server import server_venv
 

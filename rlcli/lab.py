@@ -2,7 +2,7 @@
 
 Each step is an rlcli command run as a person would run it (`rlcli train rl ...`, `rlcli eval ...`),
 and every figure comes from what those commands write: a run folder's metrics.jsonl, `rlcli eval`'s
-JSON, a benchmark receipt. The fused-vs-2-pass notebook runs benchmarks/fused_vs_2pass.py as `make bench`
+JSON, a benchmark receipt. The fused-vs-2-pass notebook runs `python -m benchmarks.fused_vs_2pass` as `make bench`
 does (notebooks run from a checkout) and plots its receipt. A notebook given no server starts a private
 one (rlcli.server.private, the same as the tests' and the benchmarks').
 
@@ -68,9 +68,8 @@ def flags(**options: Any) -> list[str]:
 def fused_vs_2pass(loss: str, base_url: str | None, receipt_dir: str | None = None, **config: Any) -> tuple[dict, Path]:
     """benchmarks/fused_vs_2pass.py for one loss, as `make bench` runs it (config: its flags, pairs=10 ->
     --pairs 10; no wait for a quiet machine); the receipt it wrote, and where."""
-    script = ROOT / "benchmarks" / "fused_vs_2pass.py"
-    out = python([str(script), "--losses", loss, "--max-wait", "0",
-                  *flags(base_url=base_url, receipt_dir=receipt_dir, **config)], "benchmarks/fused_vs_2pass.py")
+    out = python(["-m", "benchmarks.fused_vs_2pass", "--losses", loss, "--max-wait", "0",  # from ROOT: the package
+                  *flags(base_url=base_url, receipt_dir=receipt_dir, **config)], "benchmarks.fused_vs_2pass")
     path = Path(out.strip().splitlines()[-1].removeprefix("receipt: "))
     return json.loads(path.read_text()), path
 

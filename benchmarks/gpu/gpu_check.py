@@ -1,7 +1,7 @@
 """The GPU check: rlcli's jax route on one NVIDIA GPU, with a 1.7B-shaped model, in one command and one receipt.
 
-    bash benchmarks/gpu/run.sh OUT_DIR                                  # on the GPU machine (README.md)
-    .venv/bin/python benchmarks/gpu/gpu_check.py --size tiny --out DIR  # dry run on CPU, against the server venv
+    bash benchmarks/gpu/run.sh OUT_DIR                                   # on the GPU machine (README.md)
+    .venv/bin/python -m benchmarks.gpu.gpu_check --size tiny --out DIR   # dry run on CPU, against the server venv
 
 Phases; the receipt OUT_DIR/gpu-check-<UTC time>.json is rewritten as each ends, so a run cut short still
 leaves one:
@@ -45,13 +45,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO / "benchmarks"), str(REPO)]
-import common  # noqa: E402
-from fused_vs_2pass import Config, bench_loss, headline, loss_config, rollouts  # noqa: E402
-from models import MARKER, TOKENIZER_FILES, LogCursor, bench_server, describe_model  # noqa: E402
+from benchmarks import common
+from benchmarks.fused_vs_2pass import Config, bench_loss, forward_only, headline, loss_config, rollouts
+from benchmarks.models import MARKER, TOKENIZER_FILES, LogCursor, bench_server, describe_model
+from rlcli.config import portable, server_venv_dir
 
-from rlcli.config import portable, server_venv_dir  # noqa: E402
+REPO = common.REPO
 
 EMBEDDED = "rlcli-tiny-qwen3-v1"
 DEFAULT_TOKENIZER = REPO / "rlcli" / "assets" / EMBEDDED
@@ -291,8 +290,6 @@ def sequence_mean_loss(result, weights: list) -> float:
 
 
 def forward_logprobs(client, data: list) -> list:
-    from fused_vs_2pass import forward_only
-
     return outputs(client.forward(forward_only(data), "cross_entropy").result(), "logprobs")
 
 
@@ -526,7 +523,7 @@ class Receipt:
         self.stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         self.path = out / f"gpu-check-{self.stamp}.json"
         self.body = {"benchmark": "gpu-check", "created_utc": self.stamp,
-                     "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "hardware": common.hardware(),
+                     "command": common.command_line(), "hardware": common.hardware(),
                      "gpu": gpu_snapshot(), **body, "phases": {}}
 
     def save(self) -> None:

@@ -5,7 +5,8 @@
 #     bash benchmarks/gpu/run.sh OUT_DIR [gpu_check.py options]
 #
 # Installs the wheels carried in benchmarks/gpu/wheels/ (`make gpu-wheels`) into a folder of their own
-# (never over the image's packages), then runs gpu_check.py with the image's Python for the server too.
+# (never over the image's packages), then runs `python -m benchmarks.gpu.gpu_check` with the image's Python,
+# for the server too.
 # Its output also goes to OUT_DIR/gpu-check.log. Environment: GPU_CHECK_PYTHON (default python3),
 # GPU_CHECK_SITE (default /tmp/site: where the wheels go), GPU_CHECK_PATH (more PYTHONPATH entries after
 # it, for the CPU stand-in of the image, README.md).
@@ -32,4 +33,4 @@ if ! "$python" -c 'import sys, flax; sys.exit(tuple(map(int, flax.__version__.sp
 fi
 echo "gpu-check: wheels installed in $(( $(date +%s) - start ))s"
 set -o pipefail
-"$python" benchmarks/gpu/gpu_check.py --out "$out" --python "$python" "$@" 2>&1 | tee "$out/gpu-check.log"
+"$python" -m benchmarks.gpu.gpu_check --out "$out" --python "$python" "$@" 2>&1 | tee "$out/gpu-check.log"

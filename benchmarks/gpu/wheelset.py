@@ -1,8 +1,8 @@
 """The wheels the GPU check carries: the pinned list, whether it covers what the carried packages need, and a
 stand-in for the GPU image on a CPU machine.
 
-    python benchmarks/gpu/wheelset.py check benchmarks/gpu/wheels       # after `make gpu-wheels`
-    python benchmarks/gpu/wheelset.py image-site --venv VENV --out DIR  # the image's packages, linked from VENV
+    python -m benchmarks.gpu.wheelset check benchmarks/gpu/wheels       # after `make gpu-wheels`
+    python -m benchmarks.gpu.wheelset image-site --venv VENV --out DIR  # the image's packages, linked from VENV
 
 `check` reads each downloaded wheel's METADATA and follows its Requires-Dist (skyrl's `tinker` and `jax`
 extras too; extras of a requirement, such as httpx[http2], are named in wheels.txt by hand): every name must

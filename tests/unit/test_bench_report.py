@@ -1,19 +1,20 @@
-"""benchmarks/report.py renders the README's benchmark section from receipts, and touches nothing else."""
+"""benchmarks/report.py renders the README's table of current figures from receipts, and touches nothing else."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
+from benchmarks import common, report
 from tests.conftest import REPO
 
-spec = importlib.util.spec_from_file_location("bench_report", REPO / "benchmarks" / "report.py")
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
-
 LOAD = {"before": [1.2, 1.0, 0.9], "after": [1.6, 1.1, 0.9]}
+EPYC = {"cpu": "AMD EPYC", "cpu_count": 2, "memory_gb": 23.5, "gpu": None}
+
+
+def cpu(fms: str) -> dict:
+    return {**EPYC, "cpu_detail": {"family_model_stepping": fms, "vector": ["avx2"]}}
 
 
 def spread(median: float, n: int = 12) -> dict:
@@ -21,14 +22,27 @@ def spread(median: float, n: int = 12) -> dict:
             "q1": median - 0.02, "q3": median + 0.01, "iqr": 0.03}
 
 
-def fused_receipt(stamp: str, size: str, ratios: dict[str, float]) -> dict:
+def fused_receipt(stamp: str, size: str, ratios: dict[str, float], hardware: dict = EPYC) -> dict:
     runs = {loss: {"summary": {"fused": spread(1.5), "two_pass": spread(1.5 / r), "ratio": spread(r)},
                    "batch": {"sequences": 8, "tokens_per_step": 1040},
                    "floor": {"floor_fb_over_fwd_plus_fb": 0.79}} for loss, r in ratios.items()}
     return {"benchmark": "fused-vs-2pass", "created_utc": stamp, "config": {"size": size},
             "model": {"params": 26_224_128 if size == "large" else 1_049_984}, "runs": runs,
-            "hardware": {"cpu": "AMD EPYC", "cpu_count": 2, "memory_gb": 23.5, "gpu": None},
-            "load_average_1_5_15": LOAD}
+            "hardware": hardware, "load_average_1_5_15": LOAD}
+
+
+def path_receipt(stamp: str, label: str, idle: float = 0.4, hardware: dict = EPYC, **more) -> dict:
+    results = {k: {"wall": {"p50": 0.05}, "overhead": {"p50": 0.012}} for k in ("forward", "optim_step")}
+    return {"benchmark": f"request-path-{label}", "label": label, "created_utc": stamp, "hardware": hardware,
+            "results": results | {"sft_step": {"wall": {"p50": 0.19}}}, "idle": {"percent_of_one_core": idle},
+            "rlcli_tree_commit": "0123456789abcdef", "config": {"max_lora_adapters": 32}, **more}
+
+
+def ab_receipt(stamp: str, label: str, **more) -> dict:
+    """An --ab-env receipt: its two arms' figures under "pooled", no "results" of its own (no row)."""
+    receipt = {**path_receipt(stamp, label, **more), "pooled": {"A": {}, "B": {}}}
+    del receipt["results"]
+    return receipt
 
 
 def others() -> list[dict]:
@@ -40,14 +54,8 @@ def others() -> list[dict]:
     imports = {"benchmark": "rlcli import, openai request+response records", "date": "2026-11-29T18:47:02+00:00",
                "config": {"bytes": 100_002_385}, "ratio": {"inprocess_speedup_vs_json": 2.47,
                                                            "subprocess_speedup_vs_json_subprocess": 2.04}}
-    path = {"results": {k: {"wall": {"p50": 0.05}, "overhead": {"p50": 0.012}} for k in ("forward", "optim_step")}
-                | {"sft_step": {"wall": {"p50": 0.19}}}, "idle": {"percent_of_one_core": 0.4},
-                "rlcli_tree_commit": "0123456789abcdef", "config": {"max_lora_adapters": 32},
-                "load_average_1_5_15": LOAD}
     return [{"benchmark": "server-start", "created_utc": "20261129T200000Z", "load_average_1_5_15": LOAD, **start},
-            {"benchmark": "request-path-after", "label": "after", "created_utc": "20261129T200200Z", **path},
-            {"benchmark": "request-path-after", "label": "after", "created_utc": "20261129T190000Z", **path,
-             "idle": {"percent_of_one_core": 9.9}},
+            path_receipt("20261129T200200Z", "after"), path_receipt("20261129T190000Z", "after", idle=9.9),
             {"benchmark": "overhead", "created_utc": "20261129T200100Z", **overhead}, imports]
 
 
@@ -57,28 +65,54 @@ def write(folder, receipts: list[dict]) -> None:
     (folder / "half-written.json").write_text('{"benchmark": ')
 
 
-def test_render_takes_the_newest_receipt_per_model_and_loss(tmp_path):
+def rows(text: str, start: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(f"| {start}")]
+
+
+def test_render_takes_the_newest_receipt_per_benchmark_and_model(tmp_path):
     write(tmp_path, [fused_receipt("20261129T100000Z", "large", {"gspo": 0.99, "ppo": 0.98}),
                      fused_receipt("20261129T120000Z", "large", {"gspo": 0.71}),
                      fused_receipt("20261129T110000Z", "tiny", {"gspo": 0.66, "ppo": 0.62}), *others()])
     text = report.render(report.load_receipts(tmp_path))
-    rows = [line for line in text.splitlines() if line.startswith("| large") or line.startswith("| tiny")]
-    assert len(rows) == 4, text
-    assert "**0.71**" in text and "**0.99**" not in text  # newer gspo wins; ppo comes from the older receipt
-    assert "**0.98**" in text and "large (26.2M)" in text and "tiny (1.0M)" in text
-    assert "IQR 0.69–0.72" in text and "| 12 |" in text and "1.2→1.6" in text
-    assert "cold-ish 30.0 s (n=3)" in text and "+1.0 ms per step" in text and "2.5× faster" in text
-    assert "built-in `gspo`" in text and "2-pass custom-loss route" in text
-    assert "AMD EPYC × 2 CPUs" in text
-    # The newer request-path receipt of the label "after", with the table size it ran with.
-    path_rows = [line for line in text.splitlines() if line.startswith("| request path")]
-    assert len(path_rows) == 1 and "after (rlcli 0123456, 31 slots)" in path_rows[0], path_rows
-    assert "forward 50 ms (overhead 12)" in path_rows[0] and "SFT step 8 x 64 190 ms" in path_rows[0]
-    assert "0.4% of a core" in path_rows[0]
+    fused = rows(text, "fused / 2-pass")
+    assert len(fused) == 2, text  # one row per model: the newest receipt's losses
+    large = next(r for r in fused if "large model (26.2M)" in r)
+    assert "gspo **0.71**" in large and "0.99" not in text and "ppo" not in large
+    assert "tiny model (1.0M)" in text and "gspo **0.66**" in text and "ppo **0.62**" in text
+    assert "IQR 0.69–0.72" in large and "12 pairs" in large and "floor 0.79" in large
+    assert "cold-ish 30.0 s (n=3)" in text and "+1.0 ms a step" in text and "2.5× a json loop" in text
+    assert "| 2× AMD EPYC |" in large
+    # The newer request-path receipt, with the table size it ran with.
+    path = rows(text, "request path")
+    assert len(path) == 1 and "tiny model, 31 slots" in path[0], path
+    assert "forward 50 (12)" in path[0] and "SFT step 8 × 64 190" in path[0] and "0.4% of a core" in path[0]
+
+
+def test_one_row_per_machine_and_none_for_a_label_or_an_unnamed_machine_superseded(tmp_path):
+    """The table is the newest per benchmark, model and machine: a newer label replaces an older one on the same
+    machine; another machine keeps its row; a receipt naming no CPU goes once a newer one names one."""
+    write(tmp_path, [path_receipt("20261201T000000Z", "old-label", idle=7.7),
+                     path_receipt("20261202T000000Z", "a", idle=1.1, hardware=cpu("25/17/1")),
+                     path_receipt("20261203T000000Z", "b", idle=2.2, hardware=cpu("25/17/1")),
+                     path_receipt("20261201T120000Z", "c", idle=3.3, hardware=cpu("26/2/1")),
+                     ab_receipt("20261204T000000Z", "ab", hardware=cpu("26/2/1")),
+                     ab_receipt("20261205T000000Z", "x")])
+    text = report.render(report.load_receipts(tmp_path))
+    path = rows(text, "request path")
+    assert [r.split("idle server ")[1].split("%")[0] for r in path] == ["2.2", "3.3"], path
+    assert "25/17/1" in path[0] and "26/2/1" in path[1]
 
 
 def test_render_without_receipts_says_how_to_make_them():
     assert "run `make bench`" in report.render([])
+
+
+def test_series_names_the_benchmark_without_its_label():
+    receipt = path_receipt("20261201T000000Z", "32slots", hardware=cpu("25/17/1"))
+    assert report.series(receipt) == report.Series("request-path", "tiny", "", "25/17/1 avx2", "32slots")
+    assert report.series(receipt, by_label=False).label == ""
+    imports = {"benchmark": "rlcli import, otel records", "config": {"format": "otel"}}
+    assert report.series(imports)[:2] == ("import", "otel")
 
 
 def test_replace_section_rewrites_only_between_the_markers():
@@ -94,6 +128,14 @@ def test_the_readme_has_the_markers():
     text = (REPO / "README.md").read_text()
     assert text.count(report.START) == 1 and text.count(report.END) == 1
     assert text.index(report.START) < text.index(report.END) < text.index("License:")
+
+
+def test_the_readmes_table_is_what_the_receipts_in_the_tree_render():
+    """A receipt added or removed without `python -m benchmarks.report` leaves the README's figures stale."""
+    text = (REPO / "README.md").read_text()
+    table = text.split(report.START + "\n", 1)[1].split("\n" + report.END, 1)[0]
+    expected = report.render(report.load_receipts(report.RECEIPTS), report.load_results(REPO / "notebooks" / "results"))
+    assert table == expected, "run `python -m benchmarks.report` and commit README.md"
 
 
 def test_render_adds_the_rl_notebooks_recorded_result():
@@ -117,19 +159,26 @@ def test_import_rows_take_the_newest_receipt_of_each_log_format(tmp_path):
     day = "2026-11-{}T10:00:00+00:00"
     write(tmp_path, [receipt("otel", day.format(30), 2.2), receipt("otel", day.format(29), 9.9),
                      receipt("gemini", day.format(30), 2.6)])  # fmt: skip
-    rows = [line for line in report.render(report.load_receipts(tmp_path)).splitlines() if "rlcli import" in line]
-    assert len(rows) == 2 and "9.9×" not in "".join(rows)
-    otel = next(r for r in rows if "OpenTelemetry traces" in r)
-    assert "2.2× faster in-process" in otel and "peak RSS 31 MB" in otel and "1.4× a loop that only copies" in otel
+    found = rows(report.render(report.load_receipts(tmp_path)), "`rlcli import`")
+    assert len(found) == 2 and "9.9×" not in "".join(found)
+    otel = next(r for r in found if "OpenTelemetry traces" in r)
+    assert "2.2× a json loop's speed in-process" in otel and "peak RSS 31 MB" in otel
     assert "(CPU time 2.3×, 2.1×)" in otel
+
+
+def test_the_gpu_check_row_gives_the_ratio_and_the_exactness(tmp_path):
+    pairs = {"fused_median_s": 0.218, "two_pass_median_s": 0.332, "ratio_median": 0.669, "floor": 0.77}
+    write(tmp_path, [{"benchmark": "gpu-check", "created_utc": "20261130T210229Z",
+                      "hardware": {"gpu": "NVIDIA H200, 143771 MiB", "cpu_count": 16},
+                      "model": {"params": 1_413_604_352, "dtype": "bfloat16"},
+                      "headline": {"pairs": pairs, "exactness": {"fused_loss_vs_float64": 3.9e-9}}}])
+    row = rows(report.render(report.load_receipts(tmp_path)), "GPU check")[0]
+    assert "1.41B-param bfloat16" in row and "**0.67**" in row and "3.9e-09" in row and "| NVIDIA H200 |" in row
 
 
 def test_receipts_tell_cpus_of_one_name_apart(tmp_path, monkeypatch):
     """Two machines named "AMD EPYC" ran the same step at 48 and 133 ms: receipts keep family/model and the vector
     features, read from /proc/cpuinfo's first processor."""
-    spec = importlib.util.spec_from_file_location("bench_common", REPO / "benchmarks" / "common.py")
-    common = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(common)
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nstepping\t: 1\ncpu MHz\t\t: 2400.000\n"
                        "flags\t\t: fpu sse4_2 avx avx2 avx512f avx512_bf16\n\nprocessor\t: 1\nflags\t\t: avx2\n")
@@ -143,11 +192,18 @@ def test_receipts_tell_cpus_of_one_name_apart(tmp_path, monkeypatch):
                                    "vector": ["avx2", "avx512f", "avx512_bf16"]}
 
 
+def test_a_receipt_records_how_to_run_it_again(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["/somewhere/benchmarks/request_path.py", "--label", "x"])
+    main = type("Main", (), {"__spec__": type("Spec", (), {"name": "benchmarks.request_path"})()})()
+    monkeypatch.setitem(__import__("sys").modules, "__main__", main)
+    assert common.command_line() == "python -m benchmarks.request_path --label x"
+
+
 def test_server_start_row_shows_the_compare_tree_of_an_ab_run(tmp_path):
     results = {k: {"ready_s": spread(17.0 if k != "warm_compare" else 25.0, 3), "health_s": spread(3.0, 3)}
                for k in ("cold", "warm", "warm_compare")}
     write(tmp_path, [{"benchmark": "server-start", "created_utc": "20261202T120000Z", "label": "ab",
                       "config": {"size": "tiny"}, "compare_tree_commit": "a3453c3159ca", "results": results,
                       "load_average_1_5_15": LOAD}])
-    row = next(line for line in report.render(report.load_receipts(tmp_path)).splitlines() if ", ab |" in line)
-    assert "warm 17.0 s (n=3)" in row and "the compare tree (a3453c3), alternating: warm 25.0 s (n=3)" in row
+    row = rows(report.render(report.load_receipts(tmp_path)), "`rlcli serve start`")[0]
+    assert "warm 17.0 s (n=3" in row and "the compare tree (a3453c3): warm 25.0 s" in row

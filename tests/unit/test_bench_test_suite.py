@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 
-from tests.conftest import REPO
-
-spec = importlib.util.spec_from_file_location("bench_test_suite", REPO / "benchmarks" / "test_suite.py")
-suite = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(suite)
+from benchmarks import test_suite as suite
 
 
 def row(worker: str, test: str, start: float, end: float) -> dict:

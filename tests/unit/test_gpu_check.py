@@ -3,7 +3,6 @@ and the carried wheel set (pinned once each, never the image's CUDA builds, comp
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -11,23 +10,10 @@ import sys
 import numpy as np
 import pytest
 
+from benchmarks.gpu import gpu_check as check
+from benchmarks.gpu import wheelset
 from rlcli.server import server_venv
 from rlcli.train.losses import gspo_reference
-from tests.conftest import REPO
-
-GPU = REPO / "benchmarks" / "gpu"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
-
-
-check = load("gpu_check")
-wheelset = load("wheelset")
 
 
 def test_the_default_plan_is_qwen3_1_7b_in_bf16_sized_for_the_main_server():

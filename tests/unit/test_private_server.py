@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -36,14 +37,19 @@ def test_a_given_home_is_the_callers_and_kept(tmp_path):
 
 
 def test_every_benchmark_imports_and_starts_its_server_here():
+    """Each module of the benchmarks package imports as `python -m benchmarks.NAME` would (a fresh process at the
+    checkout's root: no path set up by hand), and their servers are rlcli.server.private's."""
     import subprocess
     import sys
 
     repo = Path(__file__).resolve().parents[2]
-    names = sorted(p.stem for p in (repo / "benchmarks").glob("*.py"))
-    code = ("import sys; sys.path.insert(0, 'benchmarks')\n"
-            f"for name in {names!r}: __import__(name)\n"
-            "import models, rlcli.server.private as private\n"
+    names = sorted(".".join(p.relative_to(repo).with_suffix("").parts) for p in (repo / "benchmarks").rglob("*.py")
+                   if p.name != "__init__.py")
+    assert "benchmarks.gpu.gpu_check" in names and "benchmarks.report" in names
+    code = ("import importlib\n"
+            f"for name in {names!r}: importlib.import_module(name)\n"
+            "from benchmarks import models; import rlcli.server.private as private\n"
             "print(models.free_port is private.free_port and models.private_env is private.private_env)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, timeout=120, env=env)
     assert proc.stdout.strip() == "True", proc.stderr
