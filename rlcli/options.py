@@ -173,11 +173,6 @@ def _number(x: float | None) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def defaults(record: type) -> dict[str, Any]:
-    """{field: default} of a record type's options that have one."""
-    return {s.name: s.default for s in specs(record) if not s.required}
-
-
 def subset(record: type, *names: str, name: str) -> type:
     """A record of some of another's options, the same declarations and defaults (`serve restart` takes two of
     `serve start`'s)."""

@@ -164,7 +164,7 @@ def train_sl(o: SlOptions) -> run.Weights | None:
     """Fine-tune a LoRA on chat JSONL with tinker-cookbook's supervised recipe, on the server.
 
     Returns the final weights (None for a dry run)."""
-    data = read_dataset(o.dataset or "-")
+    data = read_dataset(str(o.dataset))  # given: the record refuses none
     from rlcli.train.rl import checkpoint_state
 
     state = checkpoint_state(o.load_checkpoint)

@@ -128,7 +128,6 @@ def test_the_validator_refuses_in_one_line(values, message):
 def test_the_validator_accepts_and_makes_an_int_a_float():
     made = Example(rate=2, name=None, mode="b", count=2)
     assert made.rate == 2.0 and isinstance(made.rate, float)
-    assert options.defaults(Example)["port"] == 80
 
 
 def test_a_field_without_a_declaration_is_refused():
