@@ -8,7 +8,7 @@ Generates a dump of realistic OpenAI request+response records (system prompts, m
 chats, tool calls, image parts, n>1 choices now and then) in a private temporary folder
 (0700), then times, in alternating rounds:
 - json_baseline: the naive importer, `json.loads` each line and write its messages;
-- import_inprocess: rlcli.data.import_cmd.import_cmd(dump, output=...);
+- import_inprocess: rlcli.data.import_cmd.import_cmd(ImportOptions(input=dump, output=...));
 - import_subprocess / json_baseline_subprocess: the same as child processes
   (`rlcli import DUMP -o OUT`), whose peak RSS comes from os.wait4.
 --format picks the dump: openai (above), or the same calls logged as OpenAI Responses, Gemini or
@@ -220,7 +220,7 @@ def _versions() -> dict:
 
 
 def _round(work: Path, dump: Path, clock: _Clock, rss: dict, format: str) -> None:
-    from rlcli.data.import_cmd import import_cmd
+    from rlcli.data.import_cmd import ImportOptions, import_cmd
 
     rlcli_bin = str(Path(sys.executable).with_name("rlcli"))
     code = BASELINES.get(format, BASELINE)
@@ -242,7 +242,8 @@ def _round(work: Path, dump: Path, clock: _Clock, rss: dict, format: str) -> Non
             clock.run("json_passthrough", exec, passthrough, {"__name__": "passthrough"})
         finally:
             sys.argv = saved
-    clock.run("import_inprocess", import_cmd, str(dump), fmt, str(work / "inproc.jsonl"))
+    options = ImportOptions(input=str(dump), format=fmt, output=str(work / "inproc.jsonl"))
+    clock.run("import_inprocess", import_cmd, options)
     for name, cmd in (
         ("import_subprocess", [rlcli_bin, "import", str(dump), "-f", fmt, "-o", str(work / "sub.jsonl")]),
         ("json_baseline_subprocess", [sys.executable, "-c", code, str(dump), str(work / "b.jsonl")]),

@@ -1,9 +1,9 @@
 """The `rlcli` command: a thin dispatcher over functions of the rlcli package.
 
-Each command is a plain function with typed, defaulted parameters and a docstring
-(`Args:` lines give each flag's help). The same functions are what
-`scripts/*.py` hand to fire, so `rlcli serve start` and
-`python scripts/serve.py start` run the same code.
+Each command is a function that takes one record of options (rlcli.options): its flags, their help, defaults
+and choices come from the record's fields, and its description from the function's docstring. scripts/*.py
+launch the same commands through `main` (rlcli.scripting), so `rlcli serve start` and
+`python scripts/serve.py start` parse the same flags and run the same code.
 
 Commands are named here as "module:function" strings and imported only when
 used, which keeps `rlcli --help` fast (no torch, tinker or jax on that path).
@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 from rlcli import __version__
-from rlcli.choices import choices_of
 from rlcli.errors import EXIT_USAGE, run_guarded
 
 
@@ -38,8 +37,8 @@ COMMANDS: dict[str, Any] = {
         "logs": "print (or follow) the server log",
         "restart": "stop, then start with the same settings",
         "install": "build or verify the server venv without starting",
-    }) | {"worker": ("join another machine's multi-process jax server as one of its processes",
-                     "rlcli.server.scaling:worker")}),
+        "worker": "join another machine's multi-process jax server as one of its processes",
+    })),
     "demo": ("a short real job on the server: LoRA, SFT steps, save, sample", "rlcli.demo:demo"),
     "train": (
         "train a model on the server",
@@ -59,7 +58,8 @@ COMMANDS: dict[str, Any] = {
     "synth": (
         "problems synthesized from imported traces",
         {
-            "qa": ("{question, answer} problems from traces whose final answer is checkable", "rlcli.synth:qa"),
+            "qa": ("{question, answer} problems from traces whose final answer is checkable",
+                   "rlcli.problems.synth:qa"),
         },
     ),
     "harbor": (
@@ -89,10 +89,11 @@ COMMANDS: dict[str, Any] = {
             "promote": "make an iteration's candidate the champion by hand",
             "rollback": "move the champion alias back (the export follows)",
         })),
-    "model": ("the embedded tiny model", _functions_of("rlcli.model", {
-        "install": "put the shipped model in RLCLI_HOME (no build) and print its folder",
-        "build": "run the recipe that made the shipped model; say whether the bytes match",
-    })),
+    "model": ("the embedded tiny model", {
+        "install": ("put the shipped model in RLCLI_HOME (no build) and print its folder", "rlcli.model:install"),
+        "build": ("run the recipe that made the shipped model; say whether the bytes match",
+                  "rlcli.model.recipe:build"),
+    }),
 }
 
 # Commands whose raw arguments go to the official tinker CLI (`rlcli checkpoint list --run-id R`).
@@ -118,67 +119,47 @@ def _load(target: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), attr)
 
 
-def _doc_args(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
-    """The docstring's summary and its `Args:` section as {name: help}."""
-    doc = inspect.getdoc(fn) or ""
-    summary = doc.split("\n\n")[0].replace("\n", " ")
-    helps: dict[str, str] = {}
-    in_args = False
-    current = None
-    for line in doc.splitlines():
-        if line.strip() == "Args:":
-            in_args = True
-            continue
-        if in_args:
-            if not line.strip():
-                break
-            if line.startswith("    ") and not line.startswith("        ") and ":" in line:
-                current, _, text = line.strip().partition(":")
-                helps[current.strip()] = text.strip()
-            elif current:
-                helps[current] += " " + line.strip()
-    return summary, helps
+def record_of(fn: Callable[..., Any]) -> type | None:
+    """The record a command takes (its one parameter's type), or None for a command without options."""
+    from rlcli import options  # here, not at the top: `rlcli --help` builds no command's flags
+
+    params = list(inspect.signature(fn).parameters)
+    if not params:
+        return None
+    hint = typing.get_type_hints(fn)[params[0]]
+    if not (isinstance(hint, type) and issubclass(hint, options.Record)):
+        raise TypeError(f"{fn.__qualname__} takes {hint}, not a record of options (rlcli.options)")
+    return hint
 
 
-def _base_type(annotation: Any) -> Any:
-    """`int | None` -> int; plain types as they are."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return args[0] if args else annotation
+def call(fn: Callable[..., Any], record: type, values: dict[str, Any]) -> Any:
+    """fn on its options as the command line gave them (checked as the record is made)."""
+    return fn(record(**values))
 
 
-def _add_function_args(parser: argparse.ArgumentParser, fn: Callable[..., Any]) -> None:
-    _, helps = _doc_args(fn)
-    hints = typing.get_type_hints(fn)
-    fixed = choices_of(fn)
-    for name, param in inspect.signature(fn).parameters.items():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+def _summary(fn: Callable[..., Any]) -> str:
+    return (inspect.getdoc(fn) or "").split("\n\n")[0].replace("\n", " ")
+
+
+def add_options(parser: argparse.ArgumentParser, record: type) -> None:
+    """A flag (or an argument) for each of the record's options, with its help, default and choices."""
+    from rlcli import options
+
+    for s in options.specs(record):
+        typ = s.kind if s.kind in (int, float) else str
+        if s.positional:
+            optional = {} if s.required else {"nargs": "?", "default": s.default, "metavar": s.name.upper()}
+            parser.add_argument(s.name, help=s.opt.help, type=typ, choices=s.choices, **optional)
             continue
-        kind = str if name in fixed else _base_type(hints.get(name, str))
-        help_text = helps.get(name, "")
-        if param.default is inspect.Parameter.empty:
-            parser.add_argument(name, help=help_text, type=kind if kind in (int, float) else str,
-                                choices=fixed.get(name))
-            continue
-        if name in _OPTIONAL_POSITIONALS.get(fn.__qualname__, ()):  # `rlcli loop rollback DIR [ITER]`
-            parser.add_argument(name, nargs="?", default=param.default, help=help_text,
-                                type=kind if kind in (int, float) else str, metavar=name.upper())
-            continue
-        flags = ["--" + name.replace("_", "-"), *_ALIASES.get(name, ())]
-        if kind is bool:
-            parser.add_argument(*flags, dest=name, default=param.default, help=help_text,
+        flags = [s.flag, *([s.opt.short] if s.opt.short else [])]
+        default = None if s.required else s.default
+        if s.kind is bool:
+            parser.add_argument(*flags, dest=s.name, default=default, help=s.opt.help,
                                 action=argparse.BooleanOptionalAction)
         else:
-            typ = kind if kind in (int, float) else str
-            shown = "" if param.default is None else f" (default: {param.default})"
-            parser.add_argument(*flags, dest=name, default=param.default, type=typ, choices=fixed.get(name),
-                                help=help_text + shown, metavar=name.upper())
-
-
-# Defaulted parameters given by position, as fire takes them: {function name: parameters}.
-_OPTIONAL_POSITIONALS: dict[str, tuple[str, ...]] = {"rollback": ("iteration",)}
-
-# Short flags that read naturally in a pipeline (`rlcli import f -f openai -o out`).
-_ALIASES: dict[str, tuple[str, ...]] = {"format": ("-f",), "output": ("-o",), "follow": ("-f",), "lines": ("-n",)}
+            shown = "" if default is None else f" (default: {default})"
+            parser.add_argument(*flags, dest=s.name, default=default, type=typ, choices=s.choices,
+                                required=s.required, help=s.opt.help + shown, metavar=s.name.upper())
 
 
 class _Parser(argparse.ArgumentParser):
@@ -188,8 +169,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
 
 
-def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
-    """Build only the parser the argv needs: the root, or one command's."""
+def _build_parser(argv: list[str], script: tuple[str, int] | None = None) -> tuple[argparse.ArgumentParser, list[str]]:
+    """Build only the parser the argv needs: the root, or one command's. script: (its name, how many of argv's
+    words it stands for), so a script's usage and errors name the script."""
     root = _Parser(
         prog="rlcli",
         description="Continual learning on your own hardware: serve, train, import, export.",
@@ -207,7 +189,8 @@ def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
         path.append(name)
         help_text, node = node[name]
     if path:
-        parser = _Parser(prog="rlcli " + " ".join(path), description=_lookup(path)[0])
+        prog = " ".join([script[0], *path[script[1]:]] if script else ["rlcli", *path])
+        parser = _Parser(prog=prog, description=_lookup(path)[0])
         parser.add_argument("--debug", action="store_true", help="show tracebacks")
     if isinstance(node, dict):
         sub = parser.add_subparsers(dest="_command", metavar="COMMAND")
@@ -215,11 +198,10 @@ def _build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
             sub.add_parser(name, help=help_text)
     else:
         fn = _load(node)
-        summary, _ = _doc_args(fn)
-        parser.description = summary
-        _add_function_args(parser, fn)
-        if "--api-key" not in parser._option_string_actions:  # every command takes it (main hands it on)
-            parser.add_argument("--api-key", metavar="KEY", dest="_api_key", help=API_KEY_HELP)
+        parser.description = _summary(fn)
+        if (record := record_of(fn)) is not None:
+            add_options(parser, record)
+        parser.add_argument("--api-key", metavar="KEY", dest="_api_key", help=API_KEY_HELP)  # main hands it on
     return parser, path
 
 
@@ -254,7 +236,8 @@ def _take_api_key(argv: list[str]) -> list[str]:
     return argv
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, script: tuple[str, int] | None = None) -> int:
+    """Run one command; its exit code. script: see _build_parser (scripts/*.py launch commands through here)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         argv = _take_api_key(argv)
@@ -270,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--version"]:
         print(versions())
         return 0
-    parser, path = _build_parser(argv)
+    parser, path = _build_parser(argv, script)
     rest = argv[len(path):]
     if not path or isinstance(_lookup(path)[1], dict):
         ns = parser.parse_args(rest)
@@ -280,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr if rest else sys.stdout)
         return EXIT_USAGE if rest or path else 0
     ns = parser.parse_args(rest)
-    kwargs = {k: v for k, v in vars(ns).items() if k not in ("debug", "_api_key")}
-    return run_guarded(_load(_lookup(path)[1]), **kwargs)
+    values = {k: v for k, v in vars(ns).items() if k not in ("debug", "_api_key")}
+    fn = _load(_lookup(path)[1])
+    record = record_of(fn)
+    return run_guarded(call, fn, record, values) if record else run_guarded(fn)
 
 
 def _raise(error: BaseException) -> None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 
 from rlcli.client import unload_model
 from rlcli.config import ensure_api_key, resolve_base_url
+from rlcli.options import BASE_URL, SEED, Record, option
+from rlcli.train.options import LR
 from rlcli.train.run import resolve_model
 
 DEMO_CHATS = [
@@ -42,17 +45,20 @@ def chat_datum(tokenizer, prompt: str, reply: str):
     )
 
 
-def demo(base_url: str | None = None, steps: int = 12, lr: float = 3e-3, rank: int = 8, seed: int = 0) -> int:
-    """Train a LoRA for a few steps on a fixed batch, save it for the sampler, sample a completion.
+@dataclass(frozen=True, kw_only=True)
+class DemoOptions(Record):
+    """`rlcli demo`'s options."""
 
-    Args:
-        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
-        steps: forward_backward + optim_step rounds on the fixed batch
-        lr: Adam learning rate
-        rank: LoRA rank
-        seed: LoRA initialisation and sampling seed
-    """
-    url = resolve_base_url(base_url)
+    base_url: str | None = BASE_URL(None)
+    steps: int = option(12, "forward_backward + optim_step rounds on the fixed batch", low=1)
+    lr: float = LR(3e-3)
+    rank: int = option(8, "LoRA rank", low=1)
+    seed: int = SEED(0)
+
+
+def demo(o: DemoOptions) -> int:
+    """Train a LoRA for a few steps on a fixed batch, save it for the sampler, sample a completion."""
+    url, steps, lr, rank, seed = resolve_base_url(o.base_url), o.steps, o.lr, o.rank, o.seed
     ensure_api_key()
     model = resolve_model(None, url, required=True)  # before the ~5 s of imports below: no server, one line
     print(f"demo: server {url}, base model {model}", file=sys.stderr)

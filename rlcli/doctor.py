@@ -18,6 +18,9 @@ from pathlib import Path
 
 from rlcli import config
 from rlcli.errors import RlcliError
+from rlcli.options import BASE_URL, Record
+from rlcli.server.backend_config import map_count_warning, read_map_count
+from rlcli.server.server_venv import installed_version
 
 GB = 1024**3
 HARBOR_IMAGE = "debian:bookworm"
@@ -61,13 +64,6 @@ def check_server_python() -> Check:
         if venv_python.exists():
             return Check("server-python", "warn", f"the server venv has one, but a rebuild would not: {e}")
         return Check("server-python", "fail", str(e))
-
-
-def installed_version(site_packages: Path, package: str) -> str | None:
-    """A package's version from its dist-info folder name: no interpreter started, nothing imported."""
-    for info in sorted(site_packages.glob(f"{package.replace('-', '_')}-*.dist-info")):
-        return info.name.removesuffix(".dist-info").split("-", 1)[1]
-    return None
 
 
 def compare_pins(client: str | None, server: str | None) -> tuple[str, str]:
@@ -240,28 +236,6 @@ def check_disk() -> Check:
     return Check("disk", status, f"{free / GB:.1f} GB free for {home}{fix}")
 
 
-# A long-lived jax server maps memory for every XLA program it keeps (docs/decisions.md: ~70k mappings after
-# 13 minutes of the test suite, still rising; Linux's default cap is 65530, and hitting it kills the engine).
-MAP_COUNT_NEEDED = 262144
-MAP_COUNT_FIX = "sysctl -w vm.max_map_count=1048576"
-
-
-def read_map_count(path: Path = Path("/proc/sys/vm/max_map_count")) -> int | None:
-    """Linux's cap on memory mappings per process; None where there is no such setting (not Linux)."""
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def map_count_warning(limit: int | None) -> str | None:
-    """One line when the cap is below what a long-lived jax server needs, else None."""
-    if limit is None or limit >= MAP_COUNT_NEEDED:
-        return None
-    return (f"vm.max_map_count is {limit}: a long-lived jax server maps more (~70k after 13 minutes of "
-            f"compiling) and its engine dies at the cap; raise it as root: {MAP_COUNT_FIX}")
-
-
 def check_map_count() -> Check:
     limit = read_map_count()
     warning = map_count_warning(limit)
@@ -350,19 +324,18 @@ def run_checks(srv: Server) -> list[Check]:
     return checks
 
 
-def doctor(base_url: str | None = None, api_key: str | None = None) -> int:
+@dataclass(frozen=True, kw_only=True)
+class DoctorOptions(Record):
+    """`rlcli doctor`'s options (--api-key, as for every command, goes to TINKER_API_KEY first: rlcli.cli)."""
+
+    base_url: str | None = BASE_URL(None)
+
+
+def doctor(o: DoctorOptions) -> int:
     """Check this machine and the server: Pythons, pins, venv, server, backend, CUDA, processes, Docker, disk,
-    memory, map count.
-
-    Args:
-        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
-        api_key: tenant key for a server started with --tenants (default: TINKER_API_KEY)
-    """
-    from rlcli.tenants import api_key as take_key
-
-    take_key(api_key)
-    explicit = bool(base_url or os.environ.get("TINKER_BASE_URL"))
-    checks = run_checks(Server(config.resolve_base_url(base_url), explicit))
+    memory, map count."""
+    explicit = bool(o.base_url or os.environ.get("TINKER_BASE_URL"))
+    checks = run_checks(Server(config.resolve_base_url(o.base_url), explicit))
     failed = [c.name for c in checks if c.status == "fail"]
     warned = sum(c.status == "warn" for c in checks)
     print(f"doctor: {len(checks) - len(failed) - warned} ok, {warned} warn, {len(failed)} fail"

@@ -18,6 +18,7 @@ import shutil
 import tarfile
 import tempfile
 import urllib.error
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -25,6 +26,7 @@ from rlcli.client import open_url, parse_tinker_path, training_run
 from rlcli.config import resolve_base_url
 from rlcli.errors import RlcliError, UsageError
 from rlcli.files import staged_folder
+from rlcli.options import CHECKPOINT, ServerOptions, option
 from rlcli.watchdog import watch
 
 Format = Literal["peft", "merged"]  # what --format writes
@@ -141,32 +143,34 @@ def _check_output(output: str | None, force: bool) -> Path:
     return out
 
 
-def export(checkpoint: str, format: Format = "peft", output: str | None = None, force: bool = False,
-           base_model: str | None = None, base_url: str | None = None, server_timeout: float = 60.0) -> int:
-    """Download sampler weights and write a PEFT adapter folder, or a full model with the LoRA merged in.
+@dataclass(frozen=True, kw_only=True)
+class ExportOptions(ServerOptions):
+    """`rlcli export`'s options."""
 
-    Args:
-        checkpoint: sampler weights, tinker://RUN/sampler_weights/ID
-        format: peft (adapter_config.json + adapter_model.safetensors) or merged (full Hugging Face weights)
-        output: the folder to write (must be absent or empty unless --force)
-        force: replace a non-empty output folder
-        base_model: local folder or hub id of the base model (default: the one the run was trained on)
-        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
-        server_timeout: seconds the server may go without answering before the command stops (0: wait for ever)
-    """
-    run_id, kind, ckpt = parse_tinker_path(checkpoint)
+    checkpoint: str = CHECKPOINT(positional=True)
+    format: Format = option("peft", "peft (adapter_config.json + adapter_model.safetensors) or merged (full Hugging "
+                                    "Face weights)", short="-f")
+    output: str | None = option(None, "the folder to write (must be absent or empty unless --force)", short="-o")
+    force: bool = option(False, "replace a non-empty output folder")
+    base_model: str | None = option(None, "local folder or hub id of the base model (default: the one the run was "
+                                          "trained on)")
+
+
+def export(o: ExportOptions) -> int:
+    """Download sampler weights and write a PEFT adapter folder, or a full model with the LoRA merged in."""
+    run_id, kind, ckpt = parse_tinker_path(o.checkpoint)
     if kind == "weights":
-        raise UsageError(f"{checkpoint} is a training checkpoint (optimizer state, not loadable weights): save "
+        raise UsageError(f"{o.checkpoint} is a training checkpoint (optimizer state, not loadable weights): save "
                          f"the model with save_weights_for_sampler and export its tinker://{run_id}/sampler_weights/"
                          "ID path")
-    out = _check_output(output, force)
-    url = resolve_base_url(base_url)
-    base = base_model or training_run(url, run_id)["base_model"]
+    out = _check_output(o.output, o.force)
+    url = resolve_base_url(o.base_url)
+    base = o.base_model or training_run(url, run_id)["base_model"]
     # A failed export leaves nothing half-written; the finished one is an ordinary folder of the user's.
-    with (watch(url, server_timeout), staged_folder(out, shared=True) as staging,
+    with (watch(url, o.server_timeout), staged_folder(out, shared=True) as staging,
           tempfile.TemporaryDirectory(prefix="rlcli-export-") as tmp):
         download_archive(url, run_id, ckpt, Path(tmp) / "archive.tar.gz")
         adapter = extract_adapter(Path(tmp) / "archive.tar.gz", Path(tmp))
-        (write_peft if format == "peft" else write_merged)(adapter, staging, base)
+        (write_peft if o.format == "peft" else write_merged)(adapter, staging, base)
     print(out)
     return 0

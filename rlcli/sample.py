@@ -12,6 +12,7 @@ reports for the checkpoint's run (a local folder loads offline; a hub id comes f
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from typing import Any
 from rlcli.client import NOT_LOADED, parse_tinker_path, server_base_model, training_run, unload_model
 from rlcli.config import ensure_api_key, resolve_base_url
 from rlcli.errors import RlcliError, UsageError, debug_enabled
-from rlcli.watchdog import DEFAULT_TIMEOUT_S, watch
+from rlcli.options import CHECKPOINT, MAX_TOKENS, MODEL, SEED, TEMPERATURE, ServerOptions, option
+from rlcli.watchdog import watch
 
 # Tokens that end an assistant turn in the chat templates rlcli meets (ChatML, Llama 3, Gemma).
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>")
@@ -162,59 +164,49 @@ def _messages(system: str | None, history: list[dict[str, str]]) -> list[dict[st
     return ([{"role": "system", "content": system}] if system else []) + history
 
 
-def sample(prompt: str | None = None, checkpoint: str | None = None, model: str | None = None,
-           system: str | None = None, max_tokens: int = 256, temperature: float = 0.7, n: int = 1, seed: int = 0,
-           base_url: str | None = None, tokenizer: str | None = None, server_timeout: float = DEFAULT_TIMEOUT_S) -> int:
-    """Sample completions for one prompt, rendered with the model's chat template.
+@dataclass(frozen=True, kw_only=True)
+class ChatOptions(ServerOptions):
+    """`rlcli chat`'s options (and `rlcli sample`'s, with its prompt)."""
 
-    Args:
-        prompt: the user message
-        checkpoint: sampler weights, tinker://RUN/sampler_weights/ID (default: the base model)
-        model: the base model to sample from (must be the one the server serves)
-        system: an optional system message
-        max_tokens: most tokens per completion
-        temperature: sampling temperature (0 = greedy)
-        n: how many completions
-        seed: sampling seed (completion i uses seed + i)
-        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
-        tokenizer: local folder or hub id of the tokenizer, when the server's base model is not on this machine
-        server_timeout: seconds the server may go without answering before the command stops (0: wait for ever)
-    """
-    if not prompt:
-        raise UsageError("--prompt TEXT is required (`rlcli chat` talks turn by turn)")
-    if n < 1 or max_tokens < 1:
-        raise UsageError("--n and --max-tokens must be at least 1")
-    with watch(resolve_base_url(base_url), server_timeout):
-        s = open_sampler(checkpoint, model, base_url, tokenizer, max_tokens, temperature, seed)
+    checkpoint: str | None = CHECKPOINT(None)
+    model: str | None = MODEL(None)
+    system: str | None = option(None, "an optional system message")
+    max_tokens: int = MAX_TOKENS(256)
+    temperature: float = TEMPERATURE(0.7)
+    seed: int = SEED(0)
+    tokenizer: str | None = option(None, "local folder or hub id of the tokenizer, when the server's base model is "
+                                         "not on this machine")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleOptions(ChatOptions):
+    prompt: str | None = option(None, "the user message")
+    n: int = option(1, "how many completions", low=1)
+
+    def problems(self) -> Iterator[str]:
+        if not self.prompt:
+            yield "--prompt TEXT is required (`rlcli chat` talks turn by turn)"
+
+
+def sample(o: SampleOptions) -> int:
+    """Sample completions for one prompt, rendered with the model's chat template."""
+    with watch(resolve_base_url(o.base_url), o.server_timeout):
+        s = open_sampler(o.checkpoint, o.model, o.base_url, o.tokenizer, o.max_tokens, o.temperature, o.seed)
         try:
-            completions = complete(s, _messages(system, [{"role": "user", "content": prompt}]), n)
+            completions = complete(s, _messages(o.system, [{"role": "user", "content": str(o.prompt)}]), o.n)
         finally:
             close(s)
     for i, text in enumerate(completions):
-        if n > 1:
-            print(f"--- completion {i + 1}/{n}")
+        if o.n > 1:
+            print(f"--- completion {i + 1}/{o.n}")
         print(text)
     return 0
 
 
-def chat(checkpoint: str | None = None, model: str | None = None, system: str | None = None, max_tokens: int = 256,
-         temperature: float = 0.7, seed: int = 0, base_url: str | None = None, tokenizer: str | None = None,
-         server_timeout: float = DEFAULT_TIMEOUT_S) -> int:
-    """Chat turn by turn: each stdin line is a user message; /reset clears the history, /exit or EOF ends.
-
-    Args:
-        checkpoint: sampler weights, tinker://RUN/sampler_weights/ID (default: the base model)
-        model: the base model to chat with (must be the one the server serves)
-        system: an optional system message
-        max_tokens: most tokens per reply
-        temperature: sampling temperature (0 = greedy)
-        seed: sampling seed (turn t uses seed + t)
-        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
-        tokenizer: local folder or hub id of the tokenizer, when the server's base model is not on this machine
-        server_timeout: seconds the server may go without answering before the chat ends (0: wait for ever)
-    """
-    with watch(resolve_base_url(base_url), server_timeout):
-        return _chat(checkpoint, model, system, max_tokens, temperature, seed, base_url, tokenizer)
+def chat(o: ChatOptions) -> int:
+    """Chat turn by turn: each stdin line is a user message; /reset clears the history, /exit or EOF ends."""
+    with watch(resolve_base_url(o.base_url), o.server_timeout):
+        return _chat(o.checkpoint, o.model, o.system, o.max_tokens, o.temperature, o.seed, o.base_url, o.tokenizer)
 
 
 def _chat(checkpoint: str | None, model: str | None, system: str | None, max_tokens: int, temperature: float,

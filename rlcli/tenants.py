@@ -21,11 +21,13 @@ import secrets
 import sqlite3
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlcli import config
 from rlcli.errors import UsageError
 from rlcli.files import staged_file
+from rlcli.options import Opt, Record, option
 from rlcli.server import process
 
 KEY_PREFIX = "tml-"  # the tinker client refuses keys without it
@@ -58,21 +60,43 @@ def _save(tenants: dict[str, dict]) -> None:
         f.write(json.dumps({"tenants": tenants}, indent=1, sort_keys=True).encode())
 
 
-def _quota(flag: str, value: int | None) -> int | None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise UsageError(f"--{flag} {value}: give a whole number of at least 1 (or leave it out for no limit)")
-    return value
+TENANT = Opt("the tenant's name: lower-case letters, digits, - and _, starting with a letter or digit")
+SERVER = Opt("which managed server (its sqlite database and owners record; a Postgres one is not read here)")
 
 
-def add(name: str, max_models: int | None = None, max_queued: int | None = None) -> int:
-    """Add a tenant and print its new API key once (only its hash is kept).
+@dataclass(frozen=True, kw_only=True)
+class AddOptions(Record):
+    name: str = TENANT(positional=True)
+    max_models: int | None = option(None, "LoRA models the tenant may hold at once on the server (default: no limit)",
+                                    low=1)
+    max_queued: int | None = option(None, "requests the tenant may have waiting in the engine's queue (default: no "
+                                          "limit)", low=1)
 
-    Args:
-        name: the tenant's name: lower-case letters, digits, - and _, starting with a letter or digit
-        max_models: LoRA models the tenant may hold at once on the server (default: no limit)
-        max_queued: requests the tenant may have waiting in the engine's queue (default: no limit)
-    """
-    name = str(name)
+
+@dataclass(frozen=True, kw_only=True)
+class Tenant(Record):
+    name: str = TENANT(positional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListOptions(Record):
+    name: str = process.NAME("default")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OrphansOptions(Record):
+    server: str = SERVER("default")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClaimOptions(OrphansOptions):
+    name: str = TENANT(positional=True)
+    runs: str = option(help="run (model) ids, comma-separated, as `rlcli tenant orphans` lists them", positional=True)
+
+
+def add(o: AddOptions) -> int:
+    """Add a tenant and print its new API key once (only its hash is kept)."""
+    name, max_models, max_queued = o.name, o.max_models, o.max_queued
     if not NAME_RE.match(name):
         raise UsageError(f"tenant name {name!r}: use 1-32 lower-case letters, digits, - or _, starting with a "
                          "letter or digit")
@@ -80,8 +104,8 @@ def add(name: str, max_models: int | None = None, max_queued: int | None = None)
     if name in tenants:
         raise UsageError(f"tenant {name!r} exists already: `rlcli tenant revoke {name}` first to give it a new key")
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    tenants[name] = {"key_sha256": key_hash(key), "max_models": _quota("max-models", max_models),
-                     "max_queued": _quota("max-queued", max_queued), "created": int(time.time())}
+    tenants[name] = {"key_sha256": key_hash(key), "max_models": max_models, "max_queued": max_queued,
+                     "created": int(time.time())}
     _save(tenants)
     print(f"rlcli: tenant {name!r} added; its key is printed once, below (give it as TINKER_API_KEY or "
           "--api-key; a lost key is replaced by revoke and add)", file=sys.stderr)
@@ -111,12 +135,9 @@ def models_held(server: str = "default") -> dict[str, int]:
     return {tenant: len(ids) for tenant, ids in held.items()}
 
 
-def list_(name: str = "default") -> int:
-    """List the tenants: name, quotas, models held on the server, when added (never keys).
-
-    Args:
-        name: which managed server's usage to show
-    """
+def list_(o: ListOptions) -> int:
+    """List the tenants: name, quotas, models held on the server, when added (never keys)."""
+    name = o.name
     tenants = load()
     if not tenants:
         print(f"no tenants in {tenants_file()}: `rlcli tenant add NAME`", file=sys.stderr)
@@ -130,12 +151,9 @@ def list_(name: str = "default") -> int:
     return 0
 
 
-def revoke(name: str) -> int:
-    """Remove a tenant: its key is refused from the server's next request on.
-
-    Args:
-        name: the tenant to remove
-    """
+def revoke(o: Tenant) -> int:
+    """Remove a tenant: its key is refused from the server's next request on."""
+    name = o.name
     tenants = load()
     if str(name) not in tenants:
         raise UsageError(f"no tenant {name!r} (`rlcli tenant list` shows them)")
@@ -162,12 +180,9 @@ def _owned(server: str) -> dict[str, str]:
     return owned
 
 
-def orphans(server: str = "default") -> int:
-    """List the runs nobody owns: created before `serve start --tenants` was on, so no tenant can see them.
-
-    Args:
-        server: which managed server (its sqlite database; a Postgres one is not read here)
-    """
+def orphans(o: OrphansOptions) -> int:
+    """List the runs nobody owns: created before `serve start --tenants` was on, so no tenant can see them."""
+    server = o.server
     database = config.server_state_dir(server) / "tinker.db"
     if not database.exists():
         raise UsageError(f"no sqlite database at {database}: a server with --database-url keeps its runs in "
@@ -181,18 +196,13 @@ def orphans(server: str = "default") -> int:
     return 0
 
 
-def claim(name: str, runs: str, server: str = "default") -> int:
+def claim(o: ClaimOptions) -> int:
     """Give runs nobody owns (made before --tenants was on) to a tenant: its key then reaches them and their
-    checkpoints. Only while the server is stopped (a running one keeps who owns what in memory).
-
-    Args:
-        name: the tenant that gets the runs
-        runs: run (model) ids, comma-separated, as `rlcli tenant orphans` lists them
-        server: which managed server
-    """
+    checkpoints. Only while the server is stopped (a running one keeps who owns what in memory)."""
+    name, server = o.name, o.server
     if str(name) not in load():
         raise UsageError(f"no tenant {name!r} (`rlcli tenant list` shows them)")
-    runs = [run.strip() for run in str(runs).split(",") if run.strip()]
+    runs = [run.strip() for run in o.runs.split(",") if run.strip()]
     if not runs:
         raise UsageError("name the runs to claim (`rlcli tenant orphans` lists the runs nobody owns)")
     state = process.read_state(config.server_state_dir(server))

@@ -3,8 +3,7 @@
     python scripts/serve.py start && python scripts/demo.py && python scripts/serve.py stop
 """
 
-from rlcli.demo import demo
-from rlcli.scripting import fire_main
+from rlcli.scripting import launch
 
 if __name__ == "__main__":
-    fire_main(demo)
+    launch("demo")

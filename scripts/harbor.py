@@ -6,9 +6,7 @@
     python scripts/harbor.py train --dataset terminal-bench@2.0 --dry-run        # offline: how to download it
 """
 
-from rlcli.harbor.run import run
-from rlcli.harbor.train import train_harbor
-from rlcli.scripting import fire_main
+from rlcli.scripting import launch_one_of
 
 if __name__ == "__main__":
-    fire_main({"run": run, "train": train_harbor})
+    launch_one_of({"run": ("harbor", "run"), "train": ("train", "harbor")})

@@ -1,13 +1,10 @@
-"""Convert chat logs to training JSONL (the same function as `rlcli import`).
+"""Convert chat logs to training JSONL (the same command as `rlcli import`).
 
     python scripts/import.py logs.jsonl --format openai --output train.jsonl
-    cat runs.jsonl | python scripts/import.py --input=- --format langsmith --min-score 0.5 --redact
-
-Stdin is `--input=-`: fire reads a bare `-` as its own separator.
+    cat runs.jsonl | python scripts/import.py - --format langsmith --min-score 0.5 --redact
 """
 
-from rlcli.data.import_cmd import import_cmd
-from rlcli.scripting import fire_main
+from rlcli.scripting import launch
 
 if __name__ == "__main__":
-    fire_main(import_cmd)
+    launch("import")

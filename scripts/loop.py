@@ -1,4 +1,4 @@
-"""The continual-learning loop over one folder (the same functions as `rlcli loop`).
+"""The continual-learning loop over one folder (the same commands as `rlcli loop`).
 
     python scripts/loop.py init loops/prod --traces 'logs/*.jsonl' --format openai --train sft,distill \
         --regression regression.jsonl
@@ -7,15 +7,7 @@
     python scripts/loop.py promote loops/prod 3 | rollback loops/prod
 """
 
-from rlcli.loop import commands
-from rlcli.scripting import fire_main
+from rlcli.scripting import launch
 
 if __name__ == "__main__":
-    fire_main({
-        "init": commands.init,
-        "run": commands.run,
-        "status": commands.status,
-        "history": commands.history,
-        "promote": commands.promote,
-        "rollback": commands.rollback,
-    })
+    launch("loop")

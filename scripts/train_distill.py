@@ -11,8 +11,7 @@ conversation before its last assistant turn; that reply: the answer). --teacher-
 teacher's logprobs on the prompt with that answer noted (written to the run's teacher_prompts.jsonl).
 """
 
-from rlcli.scripting import fire_main
-from rlcli.train.distill import train_distill
+from rlcli.scripting import launch
 
 if __name__ == "__main__":
-    fire_main(train_distill)
+    launch("train", "distill")

@@ -6,8 +6,7 @@
     python scripts/train_rl.py --loss cispo --dataset arithmetic --log-path runs/a --resume   # after a crash
 """
 
-from rlcli.scripting import fire_main
-from rlcli.train.rl import train_rl
+from rlcli.scripting import launch
 
 if __name__ == "__main__":
-    fire_main(train_rl)
+    launch("train", "rl")

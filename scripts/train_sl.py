@@ -5,8 +5,7 @@
     python scripts/train_sl.py --dataset chats.jsonl --log-path runs/a --resume   # after a crash
 """
 
-from rlcli.scripting import fire_main
-from rlcli.train.sl import train_sl
+from rlcli.scripting import launch
 
 if __name__ == "__main__":
-    fire_main(train_sl)
+    launch("train", "sl")

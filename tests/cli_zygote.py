@@ -33,7 +33,7 @@ CLI_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 # What a `train`, `eval`, `loop` or `distill` process imports before its first request (lean_imports comes with
 # rlcli). No module here starts a thread or reads a file at import that a command would read differently.
 PRELOAD = (
-    "rlcli.cli", "rlcli.client", "rlcli.train.sl", "rlcli.train.rl", "rlcli.train.sl_data", "rlcli.train.envs",
+    "rlcli.cli", "rlcli.client", "rlcli.train.sl", "rlcli.train.rl", "rlcli.train.sl_data", "rlcli.problems.envs",
     "rlcli.evaluate", "tinker", "tinker_cookbook.renderers", "tinker_cookbook.supervised.data",
     "tinker_cookbook.supervised.train", "tinker_cookbook.rl.train", "transformers.models.auto.tokenization_auto",
     "datasets", "torch",

@@ -151,9 +151,10 @@ def _regular_file(lines: Any) -> tuple[int, int]:
         return -1, 0
 
 
-def stream(run: Any, lines: Iterable[bytes], importer: Callable[..., Any], emit: Callable[[Conversation], Any]) -> None:
-    """Run.stream for records that may be Links: join them, then finish and emit every conversation."""
-    from rlcli.data.import_cmd import parse_line  # the caller's module: imported at call time
+def stream(run: Any, lines: Iterable[bytes], importer: Callable[..., Any], emit: Callable[[Conversation], Any],
+           parse_line: Callable[[bytes], Any]) -> None:
+    """Run.stream for records that may be Links: join them, then finish and emit every conversation. parse_line:
+    the caller's (rlcli.data.import_cmd's), handed in so this module imports nothing of its caller."""
 
     def reconvert(raw: bytes) -> Link:
         return importer(parse_line(raw), Counter())  # parts were counted the first time

@@ -50,6 +50,7 @@ from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmit
 from rlcli.data.messages import Conversation, Options, finalize
 from rlcli.errors import RlcliError, UsageError
 from rlcli.files import staged_file
+from rlcli.options import Opt, Record, option
 
 # run_id -> [(where the feedback record was read, its entry)]
 FeedbackTable = dict[str, list[tuple[str, dict[str, Any]]]]
@@ -176,7 +177,7 @@ class Run:
         """Convert each record and write it; Responses records that continue others are joined first."""
         emit = self.emitter(write)
         if importer is from_openai:  # the one importer whose records may continue one another (Links)
-            chains.stream(self, lines, importer, emit)
+            chains.stream(self, lines, importer, emit, parse_line)
             return
         for lineno, record in self.records(lines):
             if (conv := self.convert(record, lineno, importer)) is not None:
@@ -315,44 +316,41 @@ def _output(path: str) -> Iterator[IO[bytes]]:
         yield f
 
 
-def import_cmd(
-    input: str,
-    format: Format = "openai",
-    output: str = "-",
-    strict: bool = False,
-    skip_bad: bool = False,
-    redact: bool = False,
-    drop_tools: bool = False,
-    drop_thinking: bool = False,
-    min_score: float | None = None,
-    feedback: str | None = None,
-    dedupe: bool = False,
-    join_trace: bool = False,
-) -> int:
-    """Convert chat logs to training JSONL, one {"messages": [...]} per line; a summary goes to stderr.
+FORMAT = Opt("the records' shape: openai (Chat Completions and Responses), anthropic, gemini, messages, langsmith "
+             "or otel (OpenTelemetry spans)", short="-f")
+REDACT = Opt("replace emails, phones, API keys, IPs and card numbers with placeholders")
+DEDUPE = Opt("drop conversations identical to one already written (counted as duplicate)")
 
-    Args:
-        input: JSONL file of logged records (a .gz file is decompressed), or - for stdin
-        format: the records' shape: openai (Chat Completions and Responses), anthropic, gemini, messages,
-            langsmith or otel (OpenTelemetry spans)
-        output: file to write the conversations to; - for stdout
-        strict: make any dropped record or part an error that names its line
-        skip_bad: count and skip lines that are not valid JSON instead of stopping
-        redact: replace emails, phones, API keys, IPs and card numbers with placeholders
-        drop_tools: write text-only conversations (no tool calls, tool results or tool definitions)
-        drop_thinking: leave out the assistant's reasoning (thinking) text
-        min_score: langsmith only: keep runs whose mean feedback score is at least this
-        feedback: langsmith only: a JSONL file of feedback records to attach to their runs
-        dedupe: drop conversations identical to one already written (counted as duplicate)
-        join_trace: otel only: keep each trace's last LLM call (it holds the conversation so far)
-    """
-    if format != "langsmith" and (min_score is not None or feedback):
+
+@dataclass(frozen=True, kw_only=True)
+class ImportOptions(Record):
+    """`rlcli import`'s options."""
+
+    input: str = option(help="JSONL file of logged records (a .gz file is decompressed), or - for stdin",
+                        positional=True)
+    format: Format = FORMAT("openai")
+    output: str = option("-", "file to write the conversations to; - for stdout", short="-o")
+    strict: bool = option(False, "make any dropped record or part an error that names its line")
+    skip_bad: bool = option(False, "count and skip lines that are not valid JSON instead of stopping")
+    redact: bool = REDACT(False)
+    drop_tools: bool = option(False, "write text-only conversations (no tool calls, tool results or tool "
+                                     "definitions)")
+    drop_thinking: bool = option(False, "leave out the assistant's reasoning (thinking) text")
+    min_score: float | None = option(None, "langsmith only: keep runs whose mean feedback score is at least this")
+    feedback: str | None = option(None, "langsmith only: a JSONL file of feedback records to attach to their runs")
+    dedupe: bool = DEDUPE(False)
+    join_trace: bool = option(False, "otel only: keep each trace's last LLM call (it holds the conversation so far)")
+
+
+def import_cmd(o: ImportOptions) -> int:
+    """Convert chat logs to training JSONL, one {"messages": [...]} per line; a summary goes to stderr."""
+    if o.format != "langsmith" and (o.min_score is not None or o.feedback):
         raise UsageError("--min-score and --feedback apply to LangSmith runs; add -f langsmith or drop them")
-    if join_trace and format != "otel":
+    if o.join_trace and o.format != "otel":
         raise UsageError("--join-trace joins OpenTelemetry spans; add -f otel or drop it")
-    run = Run(Options(drop_tools, drop_thinking, redact, dedupe), strict, skip_bad)
+    run = Run(Options(o.drop_tools, o.drop_thinking, o.redact, o.dedupe), o.strict, o.skip_bad)
     try:
-        convert(run, input, format, output, min_score, feedback, join_trace)
+        convert(run, o.input, o.format, o.output, o.min_score, o.feedback, o.join_trace)
     except BrokenPipeError:  # `rlcli import ... | head`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     print(run.stats.summary(), file=sys.stderr)

@@ -16,10 +16,8 @@ remove (`forcerm`: also after a failed build).
 from __future__ import annotations
 
 import contextlib
-import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -134,27 +132,3 @@ def ensure_image(client: Any, task: Task) -> tuple[str, bool]:
             return tag, False
         build_image(client, task, tag)
     return tag, True
-
-
-def prepare_images(tasks: list[Task]) -> tuple[Any, dict[str, str]]:
-    """Connect to Docker, sweep dead runs' sandboxes, build each task image once.
-
-    Returns (client, {task name: why its image could not be made}): those tasks are left out, the rest run.
-    """
-    from rlcli.harbor.sandbox import connect, sweep
-
-    client = connect()
-    if removed := sweep(client):
-        print(f"removed {removed} sandbox(es) left by earlier runs that died", file=sys.stderr)
-    failed: dict[str, str] = {}
-    for task in {t.path: t for t in tasks}.values():
-        started = time.monotonic()
-        try:
-            image, built = ensure_image(client, task)
-        except RlcliError as e:
-            failed[task.name] = str(e)
-            print(f"rlcli: warning: skipped task {task.name}: {e}", file=sys.stderr)
-            continue
-        if built:
-            print(f"image {image} for {task.name}: built in {time.monotonic() - started:.1f}s", file=sys.stderr)
-    return client, failed

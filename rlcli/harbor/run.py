@@ -18,21 +18,45 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from dataclasses import asdict
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from rlcli.config import ensure_api_key, resolve_base_url
-from rlcli.errors import EXIT_FAILED, RlcliError, UsageError
+from rlcli.errors import EXIT_FAILED, RlcliError
 from rlcli.harbor.daemon import DEFAULT_DOCKER_TIMEOUT_S
-from rlcli.harbor.images import prepare_images
+from rlcli.harbor.options import COMMAND_TIMEOUT_S, HarborOptions
 from rlcli.harbor.summary import summary_table
-from rlcli.harbor.tasks import NetworkChoice, Task, load_tasks
+from rlcli.harbor.tasks import Task, load_tasks
+from rlcli.options import BASE_URL, CHECKPOINT, MAX_TOKENS, MODEL, RENDERER, TEMPERATURE, option
 from rlcli.train import run as trainer
 from rlcli.train.folder import run_folder
 
 Policy = Literal["oracle", "nop", "model"]
-DEFAULT_COMMAND_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class HarborRunOptions(HarborOptions):
+    """`rlcli harbor run`'s options."""
+
+    task_dir: str = option(help="a task folder, a folder of them, or NAME@VERSION (a dataset in the cache or "
+                                "Harbor's registry)", positional=True)
+    policy: Policy = option("oracle", "oracle (the task's solution/solve.sh), nop (nothing), or model (the server's "
+                                      "model, or --checkpoint, as the agent)")
+    model: str | None = MODEL(None)
+    checkpoint: str | None = CHECKPOINT(None)
+    base_url: str | None = BASE_URL(None)
+    renderer: str | None = RENDERER(None)
+    max_tokens: int = MAX_TOKENS(1024)
+    temperature: float = TEMPERATURE(1.0)
+    rollouts: int = option(1, "rollouts per task (k of pass@k)", low=1)
+    output: str | None = option(None, "folder for results.jsonl and trajectories (default: "
+                                      "RLCLI_HOME/runs/harbor-run-<time>)", short="-o")
+
+    def problems(self) -> Iterator[str]:
+        if self.policy != "model" and (self.model or self.checkpoint):
+            yield f"--model and --checkpoint choose the agent of --policy model, not {self.policy}"
 
 
 def status_of(record: Any) -> str:
@@ -95,60 +119,26 @@ async def run_all(tasks: list[Task], policy: str, client: Any, settings: Any, fo
     return list(await asyncio.gather(*(one(t, i) for t in tasks for i in range(rollouts))))
 
 
-def run(task_dir: str, policy: Policy = "oracle", task_filter: str | None = None, limit: int | None = None,
-        model: str | None = None, checkpoint: str | None = None, base_url: str | None = None,
-        renderer: str | None = None, max_turns: int = 10, max_tokens: int = 1024, temperature: float = 1.0,
-        command_timeout: float | None = None, sandbox_timeout: float | None = None, max_sandboxes: int = 4,
-        rollouts: int = 1, network: NetworkChoice = "task", reward_key: str | None = None,
-        output: str | None = None, docker_timeout: float = DEFAULT_DOCKER_TIMEOUT_S) -> int:
-    """Run Harbor tasks in local Docker and grade them with their tests, without training.
-
-    Args:
-        task_dir: a task folder, a folder of them, or NAME@VERSION (a dataset in the cache or Harbor's registry)
-        policy: oracle (the task's solution/solve.sh), nop (nothing), or model (the server's model as the agent)
-        task_filter: only tasks whose names match these comma-separated globs
-        limit: only the first N tasks (by name) after --task-filter
-        model: with --policy model: the server's base model (default: ask the server)
-        checkpoint: with --policy model: sample from this sampler checkpoint (tinker://...) instead
-        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
-        renderer: chat renderer (default: from the model name, or the tokenizer of a local folder)
-        max_turns: most assistant turns per task
-        max_tokens: most sampled tokens per turn
-        temperature: sampling temperature
-        command_timeout: seconds one command may run before it is killed inside the container (default: 120
-            for the model's commands; the oracle's solve.sh gets the agent's whole time)
-        sandbox_timeout: seconds the agent phase may take (default: the task's [agent] timeout_sec)
-        max_sandboxes: containers alive at once
-        rollouts: rollouts per task (k of pass@k)
-        network: task (each phase as task.toml says; Harbor's default is the public network) or none (no network
-            for any task, in any phase)
-        reward_key: the reward.json key that is the reward (default: "reward" if present, else the mean of the keys)
-        output: folder for results.jsonl and trajectories (default: RLCLI_HOME/runs/harbor-run-<time>)
-        docker_timeout: seconds to wait for a Docker daemon that stopped answering mid-run before stopping the run
-            (the rollouts in flight fail with that reason either way)
-    """
+def run(o: HarborRunOptions) -> int:
+    """Run Harbor tasks in local Docker and grade them with their tests, without training."""
     from rlcli.harbor.agent import AgentSettings
     from rlcli.harbor.daemon import DockerGone
-    from rlcli.harbor.sandbox import remove_mine
-    if policy != "model" and (model or checkpoint):
-        raise UsageError(f"--model and --checkpoint choose the agent of --policy model, not {policy}")
-    trainer.check_numbers(max_turns=max_turns, max_tokens=max_tokens, temperature=temperature, limit=limit,
-                  command_timeout=command_timeout, sandbox_timeout=sandbox_timeout, max_sandboxes=max_sandboxes,
-                  rollouts=rollouts, docker_timeout=docker_timeout)
+    from rlcli.harbor.sandbox import prepare_images, remove_mine
+
     skipped: list[tuple[str, str]] = []
-    tasks = load_tasks(task_dir, task_filter, limit, "harbor run", network, skipped)
-    folder = run_folder(output, False, kind="harbor-run")
-    sampler = sampling_policy(model, checkpoint, base_url, renderer, max_tokens, temperature) \
-        if policy == "model" else None
-    settings = AgentSettings(max_turns, command_timeout or DEFAULT_COMMAND_TIMEOUT_S, sandbox_timeout,
-                             solve_timeout_s=command_timeout, reward_key=reward_key)
+    tasks = load_tasks(o.task_dir, o.task_filter, o.limit, "harbor run", o.network, skipped)
+    folder = run_folder(o.output, False, kind="harbor-run")
+    sampler = sampling_policy(o.model, o.checkpoint, o.base_url, o.renderer, o.max_tokens, o.temperature) \
+        if o.policy == "model" else None
+    settings = AgentSettings(o.max_turns, o.command_timeout or COMMAND_TIMEOUT_S, o.sandbox_timeout,
+                             solve_timeout_s=o.command_timeout, reward_key=o.reward_key)
     client, unbuilt = prepare_images(tasks)
     runnable = [t for t in tasks if t.name not in unbuilt]
     folder.mkdir(parents=True, exist_ok=True)
     try:
         with trainer.sigterm_as_interrupt():
-            records = asyncio.run(run_all(runnable, policy, client, settings, folder, max_sandboxes, sampler,
-                                          rollouts, docker_timeout)) if runnable else []
+            records = asyncio.run(run_all(runnable, o.policy, client, settings, folder, o.max_sandboxes, sampler,
+                                          o.rollouts, o.docker_timeout)) if runnable else []
     except DockerGone as e:  # the rollouts in flight wrote their records with the reason; the run stops
         raise RlcliError(f"{e}: start it again (containers of this run are removed by the daemon as it starts), "
                          f"then rerun; trajectories so far are in {folder}") from None
@@ -157,9 +147,9 @@ def run(task_dir: str, policy: Policy = "oracle", task_filter: str | None = None
     with open(folder / "results.jsonl", "w") as f:
         for n, record in enumerate(records):
             row = {k: v for k, v in asdict(record).items() if k not in ("turns", "instruction", "verifier_output")}
-            stem = record.task.replace("/", "_") + (f"-{n % rollouts}" if rollouts > 1 else "")
+            stem = record.task.replace("/", "_") + (f"-{n % o.rollouts}" if o.rollouts > 1 else "")
             f.write(json.dumps({**row, "trajectory": str(folder / f"{stem}.md")}) + "\n")
-    print(summary_table(tasks, records, unbuilt, skipped, rollouts), file=sys.stderr)
+    print(summary_table(tasks, records, unbuilt, skipped, o.rollouts), file=sys.stderr)
     failed = sum(1 for r in records if r.error) + len(unbuilt)
     print(f"results: {folder / 'results.jsonl'}", file=sys.stderr)
     return EXIT_FAILED if failed or not records else 0

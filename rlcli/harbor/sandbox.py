@@ -434,3 +434,25 @@ class SandboxPool:
             await asyncio.shield(asyncio.to_thread(sandbox.remove))  # a cancelled rollout still removes it
         finally:
             self._slots.release()
+
+
+def prepare_images(tasks: list[Task]) -> tuple[Any, dict[str, str]]:
+    """Connect to Docker, sweep dead runs' sandboxes, build each task image once.
+
+    Returns (client, {task name: why its image could not be made}): those tasks are left out, the rest run.
+    """
+    client = connect()
+    if removed := sweep(client):
+        print(f"removed {removed} sandbox(es) left by earlier runs that died", file=sys.stderr)
+    failed: dict[str, str] = {}
+    for task in {t.path: t for t in tasks}.values():
+        started = time.monotonic()
+        try:
+            image, built = ensure_image(client, task)
+        except RlcliError as e:
+            failed[task.name] = str(e)
+            print(f"rlcli: warning: skipped task {task.name}: {e}", file=sys.stderr)
+            continue
+        if built:
+            print(f"image {image} for {task.name}: built in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    return client, failed

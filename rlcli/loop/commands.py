@@ -20,20 +20,57 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Literal
 
 from rlcli.errors import UsageError
 from rlcli.loop import data, settings, stages
 from rlcli.loop.ledger import Champion, Ledger, now, opened
 from rlcli.loop.settings import LoopSettings
 from rlcli.loop.stages import say
+from rlcli.options import Opt, Record, option
 
 LOCK = ".loop.lock"
-Gate = Literal["auto", "manual"]
-ExportFormat = Literal["peft", "merged"]
-TrainOn = Literal["all", "new"]
+DIR = Opt("the loop folder (`loop init` makes it: a new or empty one)")
+ITERATION = Opt("an iteration: promote's candidate; rollback's earlier champion (0: the base model; default: the "
+                "one before the current champion)", low=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Folder(Record):
+    """A loop command's one argument: its folder."""
+
+    dir: str = DIR(positional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InitOptions(LoopSettings):
+    """`rlcli loop init`'s options: loop.toml's settings, the folder and the regression set."""
+
+    dir: str = DIR(positional=True)
+    regression: str | None = option(None, "conversations (JSONL, as `rlcli import` writes) copied now and never "
+                                          "changed: the regression set every candidate is checked on")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions(Folder):
+    once: bool = option(False, "at most one iteration, then exit (the default when --watch is not given)")
+    watch: bool = option(False, "keep looking for new trace files, every --every")
+    every: str = option("1h", "how often --watch looks: 90s, 15m, 1h, 1d")
+
+    def problems(self) -> Iterator[str]:
+        if self.once and self.watch:
+            yield "--once and --watch exclude each other: pick one"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromoteOptions(Folder):
+    iteration: int = ITERATION(positional=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RollbackOptions(Folder):
+    iteration: int | None = ITERATION(None, positional=True)
 
 
 @contextlib.contextmanager
@@ -61,53 +98,15 @@ def _folder(dir: str, must_exist: bool = True) -> Path:
     return folder
 
 
-def init(dir: str, traces: str | None = None, format: settings.Format = "openai", regression: str | None = None,
-         train: str = "sft", train_on: TrainOn = "all", gate: Gate = "auto", match: str = "normalized",
-         heldout_share: float = 0.2,
-         eval_limit: int = 64, regression_margin: float = 0.05, export_format: ExportFormat = "peft",
-         hook: str = "", steps: int = 4, batch_size: int = 8, lr: float = 0.0, distill_lr: float = 0.0,
-         distill_steps: int = 0, redact: bool = True,
-         dedupe: bool = True, base_url: str = "") -> int:
-    """Make a loop folder: loop.toml (every setting; edit it later), the ledger, the frozen regression set.
-
-    Args:
-        dir: the loop folder (new, or empty)
-        traces: where new trace files appear: a glob ('logs/*.jsonl') or a folder (its *.jsonl)
-        format: the trace files' format, as `rlcli import -f`
-        regression: conversations (JSONL, as `rlcli import` writes) copied now and never changed: the
-            regression set every candidate is checked on
-        train: training stages in order, comma-separated: sft, rl (replay env), distill (from the champion)
-        train_on: sft and rl train on all data so far (new and a replay of earlier; less forgetting) or new
-        gate: auto (promote when the held-out gain is above 0 beyond its interval and regression holds) or
-            manual (wait for `rlcli loop promote`)
-        match: how a reply is scored against the logged one: exact, normalized, number or regex:PATTERN
-        heldout_share: share of new prompts held out (by a stable hash of the prompt)
-        eval_limit: at most this many problems per set in each evaluation
-        regression_margin: the largest regression drop the auto gate accepts (0.05: 5 points)
-        export_format: the champion's export in DIR/champion: peft or merged
-        hook: a shell command run after each promotion or rollback (RLCLI_LOOP_CHAMPION: the folder)
-        steps: training steps per stage
-        batch_size: examples (or prompts) per step
-        lr: learning rate (0: each trainer's default)
-        distill_lr: the distill stage's learning rate (0: --lr): gentler, so recovering the old keeps the new
-        distill_steps: the distill stage's steps (0: --steps; at most one pass over the earlier prompts)
-        redact: redact emails, keys, phone numbers... while importing
-        dedupe: drop repeated conversations (within a file and across the loop's history)
-        base_url: the server (default: TINKER_BASE_URL, else the managed server)
-    """
-    if not traces:
-        raise UsageError("pass --traces GLOB (or a folder): where new trace files appear")
-    folder = _folder(dir, must_exist=False)
+def init(o: InitOptions) -> int:
+    """Make a loop folder: loop.toml (every setting; edit it later), the ledger, the frozen regression set."""
+    folder = _folder(o.dir, must_exist=False)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise UsageError(f"{folder} exists and is not empty: pick a new loop folder")
+    traces = str(o.traces)
     pattern = traces if Path(traces).is_absolute() else str(Path.cwd() / traces)
-    s = settings.check(LoopSettings(traces=pattern, format=format, train=train, train_on=train_on, gate=gate,
-                                    match=match, heldout_share=heldout_share, eval_limit=eval_limit,
-                                    regression_margin=regression_margin, export_format=export_format, hook=hook,
-                                    steps=steps, batch_size=batch_size, lr=lr, distill_lr=distill_lr,
-                                    distill_steps=distill_steps, redact=redact, dedupe=dedupe,
-                                    base_url=base_url))
-    rows = data.check_regression(regression) if regression else []
+    s = LoopSettings(**{f.name: getattr(o, f.name) for f in fields(LoopSettings)} | {"traces": pattern})
+    rows = data.check_regression(o.regression) if o.regression else []
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)  # traces and answers: the user's data
     data.write_jsonl(folder / data.REGRESSION, rows)
@@ -115,7 +114,7 @@ def init(dir: str, traces: str | None = None, format: settings.Format = "openai"
     with opened(folder):
         pass
     print(f"loop folder {folder}: settings in {folder / settings.FILE}; {len(rows)} regression conversations "
-          f"frozen; next: rlcli loop run {dir} --once")
+          f"frozen; next: rlcli loop run {o.dir} --once")
     return 0
 
 
@@ -209,36 +208,22 @@ def parse_every(every: str) -> float:
     return float(found.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[found.group(2)]
 
 
-def run(dir: str, once: bool = False, watch: bool = False, every: str = "1h") -> int:
-    """Run the loop: the unfinished iteration first, then one iteration per arrival of new trace files.
-
-    Args:
-        dir: the loop folder (`rlcli loop init` made it)
-        once: at most one iteration, then exit (the default when --watch is not given)
-        watch: keep looking for new trace files, every --every
-        every: how often --watch looks: 90s, 15m, 1h, 1d
-    """
-    if once and watch:
-        raise UsageError("--once and --watch exclude each other: pick one")
-    wait = parse_every(every)
-    folder = _folder(dir)
+def run(o: RunOptions) -> int:
+    """Run the loop: the unfinished iteration first, then one iteration per arrival of new trace files."""
+    wait = parse_every(o.every)
+    folder = _folder(o.dir)
     with locked(folder) as ledger:
         while True:
             did = run_once(folder, ledger)
-            if not watch:
+            if not o.watch:
                 return 0
             if not did:
                 time.sleep(wait)
 
 
-def promote(dir: str, iteration: int) -> int:
-    """Make an iteration's candidate the champion by hand (a manual gate's pending one, or a rejected one).
-
-    Args:
-        dir: the loop folder
-        iteration: the iteration whose candidate to promote
-    """
-    folder = _folder(dir)
+def promote(o: PromoteOptions) -> int:
+    """Make an iteration's candidate the champion by hand (a manual gate's pending one, or a rejected one)."""
+    folder, iteration, dir = _folder(o.dir), o.iteration, o.dir
     with locked(folder) as ledger:
         it = ledger.iteration(iteration)
         if it is None:
@@ -259,15 +244,10 @@ def promote(dir: str, iteration: int) -> int:
     return 0
 
 
-def rollback(dir: str, iteration: int | None = None) -> int:
+def rollback(o: RollbackOptions) -> int:
     """Move the champion alias back: to the champion before the current one, or to ITER (0: the base model);
-    DIR/champion is exported again and the hook runs.
-
-    Args:
-        dir: the loop folder
-        iteration: an earlier champion's iteration (default: the one before the current champion)
-    """
-    folder = _folder(dir)
+    DIR/champion is exported again and the hook runs."""
+    folder, iteration = _folder(o.dir), o.iteration
     with locked(folder) as ledger:
         history = ledger.aliases()
         current = ledger.champion()
@@ -290,29 +270,21 @@ def rollback(dir: str, iteration: int | None = None) -> int:
     return 0
 
 
-def status(dir: str) -> int:
-    """The champion, the last iteration, and what is pending (an unfinished iteration, new files, promotions).
-
-    Args:
-        dir: the loop folder
-    """
+def status(o: Folder) -> int:
+    """The champion, the last iteration, and what is pending (an unfinished iteration, new files, promotions)."""
     from rlcli.loop.report import status_text
 
-    folder = _folder(dir)
+    folder = _folder(o.dir)
     with opened(folder) as ledger:
         print(status_text(folder, ledger, settings.read(folder)))
     return 0
 
 
-def history(dir: str) -> int:
-    """Every iteration as a table: data in, runs, scores (champion -> candidate, with intervals), decision, why.
-
-    Args:
-        dir: the loop folder
-    """
+def history(o: Folder) -> int:
+    """Every iteration as a table: data in, runs, scores (champion -> candidate, with intervals), decision, why."""
     from rlcli.loop.report import history_table
 
-    folder = _folder(dir)
+    folder = _folder(o.dir)
     with opened(folder) as ledger:
         print(history_table(ledger))
     return 0

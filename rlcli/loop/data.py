@@ -115,7 +115,7 @@ def prompt_of(conv: dict[str, Any]) -> list[dict[str, Any]]:
 
 def held_out(conv: dict[str, Any], share: float) -> bool:
     """Stable: the first 8 bytes of the prompt's SHA-256 as a fraction below share."""
-    from rlcli.train.traces import prompt_key
+    from rlcli.problems.traces import prompt_key
 
     return int(prompt_key(prompt_of(conv))[:16], 16) / 16**16 < share
 

@@ -8,83 +8,75 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
+from rlcli.data.import_cmd import DEDUPE, FORMAT, REDACT, Format
 from rlcli.errors import UsageError
+from rlcli.export import Format as ExportFormat
+from rlcli.options import BASE_URL, MAX_TOKENS, SEED, Record, option, specs
+from rlcli.problems.rewards import check_match
+from rlcli.problems.traces import MATCH
+from rlcli.train.options import BATCH, GROUP, LORA, SAVE, group_of_two
 
 FILE = "loop.toml"
 STAGES = ("sft", "rl", "distill")
-Format = Literal["openai", "anthropic", "messages", "langsmith", "gemini", "otel"]  # rlcli import's -f
-FORMATS = get_args(Format)
+Gate = Literal["auto", "manual"]
+TrainOn = Literal["all", "new"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoopSettings:
-    """Everything one iteration runs with. Paths are stored absolute (resolved at init)."""
+class LoopSettings(Record):
+    """Everything one iteration runs with: loop.toml, and `loop init`'s flags. Paths are stored absolute."""
 
-    traces: str  # a glob, or a folder (every *.jsonl in it)
-    format: str = "openai"
-    redact: bool = True
-    dedupe: bool = True
-    train: str = "sft"  # stages in order, comma-separated: sft, rl, distill
-    train_on: str = "all"  # sft and rl: all train data so far (new + a replay of earlier), or only the new
-    gate: str = "auto"  # auto | manual
-    heldout_share: float = 0.2  # of new prompts, held out by a stable hash
-    match: str = "normalized"  # how a reply is scored against the logged one (train rl's --match)
-    eval_limit: int = 64  # at most this many problems per set (held-out, regression), smallest hash first
-    regression_margin: float = 0.05  # the largest drop in regression score the gate accepts
-    confidence: float = 0.95  # of the paired bootstrap interval
-    bootstrap: int = 2000  # resamples of that interval
-    export_format: str = "peft"  # peft | merged: DIR/champion
-    hook: str = ""  # a command run after each promotion (and rollback), champion folder in RLCLI_LOOP_CHAMPION
-    batch_size: int = 8
-    lr: float = 0.0  # 0: each trainer's default
-    steps: int = 4  # max steps per training stage
-    distill_lr: float = 0.0  # distill's learning rate (0: lr): gentler than sft, so recovering the old keeps the new
-    distill_steps: int = 0  # distill's max steps (0: steps)
-    save_every: int = 2  # checkpoint every N steps (what a killed loop resumes from)
-    lora_rank: int = 32
-    group_size: int = 4  # rl and distill samples per prompt
-    max_tokens: int = 16  # rl, distill and evaluation: longest sampled reply
-    seed: int = 0
-    shuffle_answers: bool = False  # a deliberately bad candidate: SFT replies shuffled across chats (tests, demos)
-    base_url: str = ""  # "": TINKER_BASE_URL, else the managed server
+    traces: str | None = option(None, "where new trace files appear: a glob ('logs/*.jsonl') or a folder (its *.jsonl)")
+    format: Format = FORMAT("openai")
+    redact: bool = REDACT(True)
+    dedupe: bool = DEDUPE(True)
+    train: str = option("sft", "training stages in order, comma-separated: sft, rl (replay env), distill (from the "
+                               "champion)")
+    train_on: TrainOn = option("all", "sft and rl train on all data so far (new and a replay of earlier; less "
+                                      "forgetting) or new")
+    gate: Gate = option("auto", "auto (promote when the held-out gain is above 0 beyond its interval and regression "
+                                "holds) or manual (wait for `rlcli loop promote`)")
+    heldout_share: float = option(0.2, "share of new prompts held out (by a stable hash of the prompt)", low=0,
+                                  high=1, above=True, below=True)
+    match: str = MATCH("normalized")
+    eval_limit: int = option(64, "at most this many problems per set (held-out, regression) in each evaluation, "
+                                 "smallest prompt hash first", low=1)
+    regression_margin: float = option(0.05, "the largest regression drop the auto gate accepts (0.05: 5 points)",
+                                      low=0)
+    confidence: float = option(0.95, "of the paired bootstrap interval", low=0, high=1, above=True, below=True)
+    bootstrap: int = option(2000, "resamples of that interval", low=1)
+    export_format: ExportFormat = option("peft", "the champion's export in DIR/champion: peft or merged")
+    hook: str = option("", "a shell command run after each promotion or rollback (RLCLI_LOOP_CHAMPION: the folder)")
+    batch_size: int = BATCH(8)
+    lr: float = option(0.0, "the stages' learning rate (0: each trainer's default)", low=0)
+    steps: int = option(4, "training steps per stage", low=1)
+    distill_lr: float = option(0.0, "the distill stage's learning rate (0: --lr): gentler, so recovering the old "
+                                    "keeps the new", low=0)
+    distill_steps: int = option(0, "the distill stage's steps (0: --steps; at most one pass over the earlier "
+                                   "prompts)", low=0)
+    save_every: int = SAVE(2)
+    lora_rank: int = LORA(32)
+    group_size: int = GROUP(4)
+    max_tokens: int = MAX_TOKENS(16)
+    seed: int = SEED(0)
+    shuffle_answers: bool = option(False, "a deliberately bad candidate: SFT replies shuffled across chats (tests, "
+                                          "demos)")
+    base_url: str | None = BASE_URL(None)
 
-
-def check(s: LoopSettings) -> LoopSettings:
-    """Each value in range, or one line that names it."""
-    named = stages(s)
-    if not named or any(x not in STAGES for x in named):
-        raise UsageError(f"--train {s.train!r}: give stages from {', '.join(STAGES)}, comma-separated "
-                         "(e.g. sft,distill)")
-    if s.train_on not in ("all", "new"):
-        raise UsageError(f"--train-on {s.train_on!r}: choose all (new and earlier data) or new")
-    if s.gate not in ("auto", "manual"):
-        raise UsageError(f"--gate {s.gate!r}: choose auto or manual")
-    if s.format not in FORMATS:
-        raise UsageError(f"-f {s.format!r}: choose one of {', '.join(FORMATS)}")
-    if s.export_format not in ("peft", "merged"):
-        raise UsageError(f"--export-format {s.export_format!r}: choose peft or merged")
-    if not 0 < s.heldout_share < 1:
-        raise UsageError(f"--heldout-share must be between 0 and 1, got {s.heldout_share}")
-    if not 0 < s.confidence < 1:
-        raise UsageError(f"--confidence must be between 0 and 1, got {s.confidence}")
-    if s.regression_margin < 0:
-        raise UsageError(f"--regression-margin must be 0 or more, got {s.regression_margin}")
-    for name in ("eval_limit", "bootstrap", "batch_size", "steps", "lora_rank", "max_tokens"):
-        if getattr(s, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(s, name)}")
-    if s.group_size < 2:
-        raise UsageError(f"--group-size must be at least 2, got {s.group_size}")
-    for name in ("lr", "distill_lr", "save_every", "distill_steps", "seed"):
-        if getattr(s, name) < 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(s, name)}")
-    from rlcli.train.rewards import check_match
-
-    check_match(s.match)
-    return s
+    def problems(self) -> Iterator[str]:
+        if not self.traces:
+            yield "pass --traces GLOB (or a folder): where new trace files appear"
+        named = stages(self)
+        if not named or any(x not in STAGES for x in named):
+            yield (f"--train {self.train!r}: give stages from {', '.join(STAGES)}, comma-separated "
+                   "(e.g. sft,distill)")
+        yield from group_of_two(self.group_size)
+        check_match(self.match)
 
 
 def stages(s: LoopSettings) -> list[str]:
@@ -105,8 +97,9 @@ def _value(v: Any) -> str:
 
 
 def dumps(s: LoopSettings) -> str:
+    """One `key = value` line per setting, in field order; a setting left at None is left out (TOML has no null)."""
     lines = ["# rlcli loop settings (`rlcli loop init` wrote them; edit, then `rlcli loop run`)"]
-    lines += [f"{k} = {_value(v)}" for k, v in asdict(s).items()]
+    lines += [f"{k} = {_value(v)}" for k, v in asdict(s).items() if v is not None]
     return "\n".join(lines) + "\n"
 
 
@@ -124,19 +117,17 @@ def loads(text: str, source: str = FILE) -> LoopSettings:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"{source}: not valid TOML ({e}): fix it, or run `rlcli loop init` again") from None
-    known = {f.name: f.type for f in fields(LoopSettings)}
-    if unknown := sorted(set(data) - set(known)):
-        raise UsageError(f"{source}: unknown setting {unknown[0]!r}: remove it (settings: {', '.join(known)})")
-    defaults = asdict(LoopSettings(traces=""))
+    kinds = {spec.name: spec.kind for spec in specs(LoopSettings)}
+    if unknown := sorted(set(data) - set(kinds)):
+        raise UsageError(f"{source}: unknown setting {unknown[0]!r}: remove it (settings: {', '.join(kinds)})")
     for k, v in data.items():
-        want = type(defaults[k])
-        if want is float and isinstance(v, int) and not isinstance(v, bool):
+        if kinds[k] is float and isinstance(v, int) and not isinstance(v, bool):
             data[k] = float(v)
-        elif type(v) is not want:
-            raise UsageError(f"{source}: {k} = {v!r} should be a {want.__name__}")
+        elif type(v) is not kinds[k]:
+            raise UsageError(f"{source}: {k} = {v!r} should be a {kinds[k].__name__}")
     if "traces" not in data:
         raise UsageError(f"{source}: no traces setting: add traces = \"logs/*.jsonl\"")
-    return check(LoopSettings(**data))
+    return LoopSettings(**data)
 
 
 def read(folder: Path) -> LoopSettings:

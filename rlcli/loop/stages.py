@@ -1,8 +1,10 @@
 """The loop's model stages: train the candidate from the champion, evaluate both paired, gate, promote.
 
-Each trainer is called as a Python function (rlcli.train.sl/rl/distill), in this process, with a run folder
-of its own under iterations/N/: a killed `loop run` finds that folder's rlcli-run.json and calls the trainer
-again with resume=True (the trainer's own --resume). A stage is recorded in the ledger only once it is whole.
+Each trainer is called as a library function (rlcli.train.sl/rl/distill) on a record of its options that
+`stage_options` makes from loop.toml's settings, in this process, with a run folder of its own under
+iterations/N/; it returns the weights it made. A killed `loop run` finds that folder's rlcli-run.json and
+calls the trainer again with resume=True (the trainer's own --resume). A stage is recorded in the ledger only
+once it is whole.
 """
 
 from __future__ import annotations
@@ -13,14 +15,18 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rlcli.errors import RlcliError
-from rlcli.loop import data, gate, score
+from rlcli.loop import data, gate
 from rlcli.loop.ledger import Champion, Ledger
 from rlcli.loop.settings import LoopSettings, stages
+from rlcli.options import Record
+from rlcli.problems.traces import Problem, first_problems
 from rlcli.train import folder as runs
+from rlcli.train.run import Weights
 
 CHAMPION_DIR = "champion"
 CHAMPION_FILE = "rlcli-champion.json"
@@ -39,34 +45,31 @@ def _run_folder(path: Path) -> bool:
     return False
 
 
-def train_one(kind: str, folder: Path, dataset: Path, start: str | None, teacher: Champion, s: LoopSettings,
-              url: str) -> None:
-    """One trainer, from `start` (a training state; None: a fresh LoRA on the base model)."""
-    resume = _run_folder(folder)
+def stage(kind: str, folder: Path, dataset: Path, start: str | None, teacher: Champion, s: LoopSettings, url: str,
+          resume: bool) -> tuple[Callable[[Any], Weights | None], Record]:
+    """A stage's trainer and its options, from `start` (a training state; None: a fresh LoRA on the base model)."""
+    from rlcli.train.options import RL_LR
+
     common = dict(base_url=url, log_path=str(folder), resume=resume, seed=s.seed, save_every=s.save_every,
-                  max_steps=s.steps)
+                  max_steps=s.steps, lora_rank=s.lora_rank, eval_every=0, load_checkpoint=start)
     if kind == "sft":
-        from rlcli.train.sl import train_sl
+        from rlcli.train.sl import SlOptions, train_sl
 
         n = len(data.read_jsonl(dataset))
         batch = min(s.batch_size, n)
-        epochs = math.ceil(s.steps / max(n // batch, 1))
-        train_sl(dataset=str(dataset), batch_size=batch, epochs=epochs, eval_every=0, lora_rank=s.lora_rank,
-                 load_checkpoint=start, **({"lr": s.lr} if s.lr else {}), **common)
-    elif kind == "rl":
-        from rlcli.train.rl import train_rl
+        return train_sl, SlOptions(dataset=str(dataset), batch_size=batch, lr=s.lr or None,
+                                   epochs=math.ceil(s.steps / max(n // batch, 1)), **common)
+    if kind == "rl":
+        from rlcli.train.rl import RlOptions, train_rl
 
-        train_rl(env="replay", dataset=str(dataset), match=s.match, eval_every=0, batch_size=s.batch_size,
-                 group_size=s.group_size, max_tokens=s.max_tokens, lora_rank=s.lora_rank, load_checkpoint=start,
-                 **({"lr": s.lr} if s.lr else {}), **common)
-    else:
-        from rlcli.train.distill import train_distill
+        return train_rl, RlOptions(env="replay", dataset=str(dataset), match=s.match, batch_size=s.batch_size,
+                                   group_size=s.group_size, max_tokens=s.max_tokens, lr=s.lr or RL_LR, **common)
+    from rlcli.train.distill import DistillOptions, train_distill
 
-        lr = s.distill_lr or s.lr
-        common["max_steps"] = s.distill_steps or s.steps
-        train_distill(prompts=str(dataset), teacher=teacher.state_path or "base", load_checkpoint=start,
-                      eval_every=0, batch_size=s.batch_size, group_size=s.group_size, max_tokens=s.max_tokens,
-                      lora_rank=s.lora_rank, **({"lr": lr} if lr else {}), **common)
+    return train_distill, DistillOptions(prompts=str(dataset), teacher=teacher.state_path or "base",
+                                         batch_size=s.batch_size, group_size=s.group_size, max_tokens=s.max_tokens,
+                                         lr=s.distill_lr or s.lr or RL_LR,
+                                         **common | {"max_steps": s.distill_steps or s.steps})
 
 
 def train(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Champion, url: str) -> None:
@@ -97,15 +100,15 @@ def train(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Champ
             data.write_jsonl(dataset, earlier)
         run_dir = where / f"run-{i}-{kind}"
         say(f"iteration {n}: {kind} from {champion.label() if i == 0 else 'the previous stage'} -> {run_dir}")
-        train_one(kind, run_dir, dataset, start, champion, s, url)
-        final = runs.last_checkpoint(run_dir, "sampler_path") or {}
-        if not final.get("state_path"):
+        trainer, options = stage(kind, run_dir, dataset, start, champion, s, url, _run_folder(run_dir))
+        made = trainer(options)
+        if made is None or not made.state_path or not made.sampler_path:
             raise RlcliError(f"{run_dir} finished without final weights: rerun `rlcli loop run` to retry it")
-        start = final["state_path"]
+        start = made.state_path
         with ledger.transaction() as db:
             db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?)",
-                       (n, i, kind, str(run_dir), final["state_path"], final["sampler_path"]))
-            ledger.done(db, n, name, {"state_path": final["state_path"], "sampler_path": final["sampler_path"]})
+                       (n, i, kind, str(run_dir), made.state_path, made.sampler_path))
+            ledger.done(db, n, name, {"state_path": made.state_path, "sampler_path": made.sampler_path})
 
 
 def candidate(ledger: Ledger, n: int) -> Champion | None:
@@ -117,12 +120,12 @@ def candidate(ledger: Ledger, n: int) -> Champion | None:
 def evaluate(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Champion, url: str) -> dict[str, Any]:
     cand = candidate(ledger, n)
     assert cand is not None
-    sets = {"heldout": score.problems(data.all_rows(folder, ledger, "heldout.jsonl", n), s.eval_limit, "held-out"),
-            "regression": score.problems(data.read_jsonl(folder / data.REGRESSION), s.eval_limit, "regression")}
+    sets = {"heldout": first_problems(data.all_rows(folder, ledger, "heldout.jsonl", n), s.eval_limit, "held-out"),
+            "regression": first_problems(data.read_jsonl(folder / data.REGRESSION), s.eval_limit, "regression")}
     say(f"iteration {n}: evaluating {champion.label()} and the candidate on {len(sets['heldout'])} held-out and "
         f"{len(sets['regression'])} regression problems")
-    scores = score.score_sets(sets, {"champion": champion, "candidate": cand}, s, url,
-                              data.iteration_dir(folder, n) / "eval.jsonl")
+    scores = score_sets(sets, {"champion": champion, "candidate": cand}, s, url,
+                        data.iteration_dir(folder, n) / "eval.jsonl")
     result: dict[str, Any] = {"champion_iteration": champion.iteration}
     with ledger.transaction() as db:
         for name, by_model in scores.items():
@@ -133,6 +136,49 @@ def evaluate(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Ch
                            (n, who, name, getattr(cmp, who), cmp.n))
         ledger.done(db, n, "evaluate", result)
     return result
+
+
+def score_sets(sets: dict[str, list[Problem]], models: dict[str, Champion], s: LoopSettings, url: str,
+               out: Path) -> dict[str, dict[str, list[float]]]:
+    """{set: {model: per-problem scores}}: both models answer the same problems greedily, each answer scored 0
+    or 1 against the logged reply under --match (rlcli.problems.score); every answer goes to `out` (eval.jsonl)."""
+    scores: dict[str, dict[str, list[float]]] = {name: {} for name in sets}
+    lines = []
+    for who, model in models.items():
+        graded = iter(answers(model, [p for probs in sets.values() for p in probs], s, url))
+        for name, probs in sets.items():
+            got = [next(graded) for _ in probs]
+            scores[name][who] = [g.correct for g in got]
+            lines += [{"set": name, "model": who, "source": p.source, "prompt": p.last_user(), "logged": p.text,
+                       "reply": g.reply, "score": g.correct} for p, g in zip(probs, got, strict=True)]
+    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in lines))
+    return scores
+
+
+def answers(model: Champion, problems: list[Problem], s: LoopSettings, url: str) -> list[Any]:
+    """One model's graded answers, greedy, one request at a time (rlcli.problems.score.answer says why), rendered
+    and parsed by the renderer the trainers use: a model is asked as it was trained."""
+    from tinker_cookbook import renderers as cookbook
+    from tinker_cookbook.completers import TinkerTokenCompleter
+    from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+    from rlcli import sample
+    from rlcli.problems import replay, score
+    from rlcli.problems.traces import Spec
+    from rlcli.train import run
+
+    if not problems:
+        return []
+    smp = sample.open_sampler(model.sampler_path, None, url, None, s.max_tokens, 0.0, s.seed)
+    try:
+        sample.complete(smp, problems[0].prompt)  # serves an unloaded checkpoint again if need be
+        renderer = cookbook.get_renderer(run.prepare_model(smp.base_model, None), get_tokenizer(smp.base_model))
+        graded = score.answer(replay.one_each(problems, renderer, Spec("", match=s.match)),
+                              TinkerTokenCompleter(smp.client, max_tokens=s.max_tokens, temperature=0.0),
+                              one_at_a_time=True)
+        return score.per_problem(graded, renderer)
+    finally:
+        sample.close(smp)
 
 
 def comparisons(ledger: Ledger, n: int) -> tuple[gate.Comparison, gate.Comparison]:
@@ -150,9 +196,10 @@ def export_champion(folder: Path, champ: Champion, s: LoopSettings, url: str) ->
         with staged_folder(out, shared=True):
             pass
     else:
-        from rlcli.export import export
+        from rlcli.export import ExportOptions, export
 
-        export(checkpoint=champ.sampler_path or "", format=s.export_format, output=str(out), force=True, base_url=url)
+        export(ExportOptions(checkpoint=champ.sampler_path or "", format=s.export_format, output=str(out), force=True,
+                             base_url=url))
     with staged_file(out / CHAMPION_FILE) as f:
         f.write((json.dumps({"iteration": champ.iteration, "sampler_path": champ.sampler_path,
                              "state_path": champ.state_path, "format": s.export_format}, indent=1) + "\n").encode())

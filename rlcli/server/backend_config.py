@@ -26,9 +26,8 @@ def parse_backend_config(text: str | None) -> dict:
 
 
 def map_hardware(backend: str, gpus: int | None, nodes: int, tp: int) -> dict:
-    """SkyRL backend-config keys for the requested GPUs per node, node count and tensor parallelism."""
-    if nodes < 1 or tp < 1 or (gpus is not None and gpus < 1):
-        raise UsageError("--gpus, --nodes and --tp must be positive integers")
+    """SkyRL backend-config keys for the requested GPUs per node, node count and tensor parallelism (each at least 1:
+    rlcli.server.commands.StartOptions)."""
     if gpus is not None and gpus % tp:
         raise UsageError(f"--gpus {gpus} is not a multiple of --tp {tp}")
     if backend == "jax":
@@ -69,8 +68,6 @@ def slot_config(backend: str, slots: int | None, backend_cfg: dict) -> int | Non
         if slots is not None:
             raise UsageError(f"--slots sizes the jax backend's LoRA table; the {backend} backend has none")
         return None
-    if slots is not None and slots < 1:
-        raise UsageError("--slots must be at least 1")
     given = backend_cfg.get("max_lora_adapters")
     if given is not None:
         if slots is not None and given != slots + 1:
@@ -85,3 +82,25 @@ def slot_config(backend: str, slots: int | None, backend_cfg: dict) -> int | Non
 def has_cuda() -> bool:
     """A CUDA driver is present (checked without importing torch)."""
     return Path("/proc/driver/nvidia/version").exists() or any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+# A long-lived jax server maps memory for every XLA program it keeps (docs/decisions.md: ~70k mappings after
+# 13 minutes of the test suite, still rising; Linux's default cap is 65530, and hitting it kills the engine).
+MAP_COUNT_NEEDED = 262144
+MAP_COUNT_FIX = "sysctl -w vm.max_map_count=1048576"
+
+
+def read_map_count(path: Path = Path("/proc/sys/vm/max_map_count")) -> int | None:
+    """Linux's cap on memory mappings per process; None where there is no such setting (not Linux)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def map_count_warning(limit: int | None) -> str | None:
+    """One line when the cap is below what a long-lived jax server needs, else None."""
+    if limit is None or limit >= MAP_COUNT_NEEDED:
+        return None
+    return (f"vm.max_map_count is {limit}: a long-lived jax server maps more (~70k after 13 minutes of "
+            f"compiling) and its engine dies at the cap; raise it as root: {MAP_COUNT_FIX}")

@@ -1,7 +1,7 @@
 """`rlcli serve start|stop|status|logs|restart`: SkyRL's Tinker server, managed.
 
 Launch:  rlcli serve start [--base-model M] [--backend jax|fsdp|megatron] [--port 8000]
-         python scripts/serve.py start ...   (the same functions, through fire)
+         python scripts/serve.py start ...   (the same commands, the same flags)
 """
 
 from __future__ import annotations
@@ -11,10 +11,13 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlcli import config
 from rlcli.errors import RlcliError, UsageError
+from rlcli.options import Opt, Record, option, subset
 from rlcli.server import backend_config as hw
 from rlcli.server import process, scaling, server_venv
 from rlcli.server.server_venv import Backend
@@ -74,127 +77,163 @@ def skyrl_api_args(*, base_model: str, backend: str, host: str, port: int, backe
     return args
 
 
-def start(
-    base_model: str | None = None,
-    backend: Backend = "jax",
-    host: str = config.DEFAULT_HOST,
-    port: int = config.DEFAULT_PORT,
-    gpus: int | None = None,
-    nodes: int = 1,
-    tp: int = 1,
-    backend_config: str | None = None,
-    checkpoints_base: str | None = None,
-    wait: float = 600.0,
-    python: str | None = None,
-    venv: str | None = None,
-    ray_address: str | None = None,
-    name: str = "default",
-    extensions: bool = True,
-    slots: int | None = None,
-    tenants: bool = False,
-    insecure: bool = False,
-    database_url: str | None = None,
-    processes: int = 1,
-    local_processes: int | None = None,
-    coordinator: str | None = None,
-    sampler_snapshots: int | None = None,
-) -> int:
-    """Start SkyRL's Tinker API server and wait until its engine serves requests.
+BACKEND = Opt("jax (runs anywhere), fsdp or megatron (Linux + CUDA, on Ray)")
+PYTHON = Opt("a Python 3.12 interpreter to build the server venv with")
+VENV = Opt("the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv); built if missing")
+EXTENSIONS = Opt("load rlcli's server extensions (fused gspo on jax, clean LoRA slots, no polling waits, LoRA cost "
+                 "per adapter used); --no-extensions: stock SkyRL (a worker's must match its server's)")
+PROCESSES = Opt("jax processes (JAX's distributed runtime, model and batch sharded over all: fsdp); the engine is "
+                "process 0, the others are workers in this server's process group", low=1)
+COORDINATOR = Opt("HOST:PORT of the jax coordination service (default: a free loopback port); a non-loopback one "
+                  "needs --insecure")
 
-    Args:
-        base_model: Hugging Face id or local model folder; default: rlcli's embedded tiny model
-        backend: jax (runs anywhere), fsdp or megatron (Linux + CUDA, on Ray)
-        host: address to bind; anything but loopback needs --tenants (keys checked) or --insecure
-        port: port to bind
-        gpus: GPUs per node (fsdp/megatron placement; jax: devices used)
-        nodes: nodes for fsdp/megatron; more than one runs on an existing Ray cluster (--ray-address)
-        tp: tensor-parallel size
-        backend_config: JSON object of SkyRL backend config keys; wins over --gpus/--nodes/--tp
-        checkpoints_base: where checkpoints go (default: the server's state folder)
-        wait: seconds to wait for readiness; 0 returns once the processes are started
-        python: a Python 3.12 interpreter to build the server venv with
-        venv: the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv)
-        ray_address: address of an existing Ray cluster (fsdp/megatron several nodes; jax with --processes N:
-            every jax process a Ray actor)
-        name: which managed server (one state folder each)
-        extensions: load rlcli's server extensions (fused gspo on jax, clean LoRA slots, no polling waits,
-            LoRA cost per adapter used); --no-extensions: stock SkyRL
-        slots: LoRA models the jax server holds at once (default 4; each costs memory, and on stock SkyRL
-            step time too); a full server refuses a new model naming this flag
-        tenants: check API keys (`rlcli tenant add`) and keep each tenant's models, futures and checkpoints
-            its own; needed, or --insecure, for a --host other than loopback
-        insecure: allow a non-loopback --host without --tenants (a trusted network only: SkyRL checks no keys)
-        database_url: SkyRL's database, e.g. postgresql://USER:PASSWORD@HOST:5432/DB (default: RLCLI_DATABASE_URL,
-            else sqlite in the server's folder); the password goes to the server as PGPASSWORD, never argv
-        processes: jax processes (JAX's distributed runtime, model and batch sharded over all: fsdp); the
-            engine is process 0, the others are workers in this server's process group
-        local_processes: how many of them run on this machine (default all); the rest join with `rlcli serve worker`
-        coordinator: HOST:PORT of the jax coordination service (default: a free loopback port); a non-loopback
-            one needs --insecure
-        sampler_snapshots: unnamed sampler snapshots (the RL loops' per-step save_weights_and_get_sampling_client)
-            the jax server keeps per model; older ones are deleted (default: RLCLI_SAMPLER_SNAPSHOTS, else 4)
-    """
-    if backend != "jax" and not hw.has_cuda():
-        raise UsageError(f"the {backend} backend needs NVIDIA GPUs with CUDA and none was found; "
+
+@dataclass(frozen=True, kw_only=True)
+class StartOptions(Record):
+    """`rlcli serve start`'s options: what a restart starts again with."""
+
+    base_model: str | None = option(None, "Hugging Face id or local model folder; default: rlcli's embedded tiny "
+                                          "model")
+    backend: Backend = BACKEND("jax")
+    host: str = option(config.DEFAULT_HOST, "address to bind; anything but loopback needs --tenants (keys checked) "
+                                            "or --insecure")
+    port: int = option(config.DEFAULT_PORT, "port to bind", low=1, high=65535)
+    gpus: int | None = option(None, "GPUs per node (fsdp/megatron placement; jax: devices used)", low=1)
+    nodes: int = option(1, "nodes for fsdp/megatron; more than one runs on an existing Ray cluster (--ray-address)",
+                        low=1)
+    tp: int = option(1, "tensor-parallel size", low=1)
+    backend_config: str | None = option(None, "JSON object of SkyRL backend config keys; wins over "
+                                              "--gpus/--nodes/--tp")
+    checkpoints_base: str | None = option(None, "where checkpoints go (default: the server's state folder)")
+    wait: float = option(600.0, "seconds to wait for readiness; 0 returns once the processes are started", low=0)
+    python: str | None = PYTHON(None)
+    venv: str | None = VENV(None)
+    ray_address: str | None = option(None, "address of an existing Ray cluster (fsdp/megatron several nodes; jax "
+                                           "with --processes N: every jax process a Ray actor)")
+    name: str = process.NAME("default")
+    extensions: bool = EXTENSIONS(True)
+    slots: int | None = option(None, "LoRA models the jax server holds at once (default 4; each costs memory, and "
+                                     "on stock SkyRL step time too); a full server refuses a new model naming this "
+                                     "flag", low=1)
+    tenants: bool = option(False, "check API keys (`rlcli tenant add`) and keep each tenant's models, futures and "
+                                  "checkpoints its own; needed, or --insecure, for a --host other than loopback")
+    insecure: bool = option(False, "allow a non-loopback --host without --tenants (a trusted network only: SkyRL "
+                                   "checks no keys)")
+    database_url: str | None = option(None, "SkyRL's database, e.g. postgresql://USER:PASSWORD@HOST:5432/DB "
+                                            "(default: RLCLI_DATABASE_URL, else sqlite in the server's folder); the "
+                                            "password goes to the server as PGPASSWORD, never argv")
+    processes: int = PROCESSES(1)
+    local_processes: int | None = option(None, "how many of them run on this machine (default all); the rest join "
+                                               "with `rlcli serve worker`", low=1)
+    coordinator: str | None = COORDINATOR(None)
+    sampler_snapshots: int | None = option(None, "unnamed sampler snapshots (the RL loops' per-step "
+                                                 "save_weights_and_get_sampling_client) the jax server keeps per "
+                                                 "model; older ones are deleted (default: RLCLI_SAMPLER_SNAPSHOTS, "
+                                                 "else 4)", low=1)
+
+    def problems(self) -> Iterator[str]:
+        if self.processes > 1 and (self.local_processes or 1) > self.processes:
+            yield (f"--local-processes {self.local_processes} must be 1..{self.processes} (this machine runs "
+                   "process 0)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Named(Record):
+    name: str = process.NAME("default")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogsOptions(Named):
+    follow: bool = option(False, "keep printing new lines until Ctrl-C", short="-f")
+    lines: int = option(50, "how many of the last lines to print first", low=0, short="-n")
+
+
+RestartOptions = subset(StartOptions, "wait", "name", name="RestartOptions")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstallOptions(Record):
+    backend: Backend = BACKEND("jax")
+    python: str | None = PYTHON(None)
+    venv: str | None = VENV(None)
+    ray: bool = option(False, "add Ray (server-ray.lock) for the jax backend on a Ray cluster; never installed "
+                              "unless asked")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerOptions(Record):
+    coordinator: str | None = COORDINATOR(None)
+    processes: int = PROCESSES(1)
+    process_id: int = option(0, "this process's number, 1..processes-1, each once", low=0)
+    venv: str | None = VENV(None)
+    python: str | None = PYTHON(None)
+    extensions: bool = EXTENSIONS(True)
+
+    def problems(self) -> Iterator[str]:
+        if not self.coordinator or self.processes < 2:
+            yield "give --coordinator HOST:PORT and --processes N (N > 1) as the server was started with"
+        elif not 1 <= self.process_id < self.processes:
+            yield f"--process-id {self.process_id} must be 1..{self.processes - 1} (0 is the server's engine)"
+
+
+def start(o: StartOptions) -> int:
+    """Start SkyRL's Tinker API server and wait until its engine serves requests."""
+    if o.backend != "jax" and not hw.has_cuda():
+        raise UsageError(f"the {o.backend} backend needs NVIDIA GPUs with CUDA and none was found; "
                          "use --backend jax on this machine")
-    if nodes > 1 and backend != "jax" and not (ray_address or os.environ.get("RAY_ADDRESS")):
-        raise UsageError(f"--nodes {nodes} runs on an existing Ray cluster: start one (`ray start --head` on "
+    if o.nodes > 1 and o.backend != "jax" and not (o.ray_address or os.environ.get("RAY_ADDRESS")):
+        raise UsageError(f"--nodes {o.nodes} runs on an existing Ray cluster: start one (`ray start --head` on "
                          "the first node, `ray start --address ...` on the others) and pass --ray-address")
-    backend_cfg = hw.map_hardware(backend, gpus, nodes, tp)
-    backend_cfg.update(hw.parse_backend_config(backend_config))
-    slots = hw.slot_config(backend, slots, backend_cfg)
-    snapshots_env = _snapshots_env(sampler_snapshots)
-    local_workers = scaling.processes_config(backend, processes, local_processes, coordinator, gpus, tp, insecure,
-                                             backend_cfg, ray_address or os.environ.get("RAY_ADDRESS"), extensions)
-    state_dir = config.private_dir(config.server_state_dir(name))
+    backend_cfg = hw.map_hardware(o.backend, o.gpus, o.nodes, o.tp)
+    backend_cfg.update(hw.parse_backend_config(o.backend_config))
+    slots = hw.slot_config(o.backend, o.slots, backend_cfg)
+    snapshots_env = _snapshots_env(o.sampler_snapshots)
+    local_workers = scaling.processes_config(o.backend, o.processes, o.local_processes, o.coordinator, o.gpus, o.tp,
+                                             o.insecure, backend_cfg, o.ray_address or os.environ.get("RAY_ADDRESS"),
+                                             o.extensions)
+    state_dir = config.private_dir(config.server_state_dir(o.name))
     old = process.read_state(state_dir)
     if old and process.live_members(old):
-        raise UsageError(f"server {name!r} is already running or starting at {old.url} "
+        raise UsageError(f"server {o.name!r} is already running or starting at {old.url} "
                          "(`rlcli serve status`; `rlcli serve stop` first)")
-    process.check_port_free(host, port)
-    model = _resolve_model(base_model)
+    process.check_port_free(o.host, o.port)
+    model = _resolve_model(o.base_model)
     from rlcli import tenants as tenancy
 
-    tenancy.check_exposure(host, tenants, insecure, _is_loopback(host))
-    tenant_env, internal_key = tenancy.server_env() if tenants else ({}, None)
+    tenancy.check_exposure(o.host, o.tenants, o.insecure, _is_loopback(o.host))
+    tenant_env, internal_key = tenancy.server_env() if o.tenants else ({}, None)
     from rlcli.server import database
 
-    db_url, db_env = database.resolve(database_url)
+    db_url, db_env = database.resolve(o.database_url)
     tenant_env = {**tenant_env, **db_env, **snapshots_env}
-    if not _is_loopback(host) and not tenants:
-        print(f"rlcli: warning: binding {host}: SkyRL checks no credentials, so anyone who can reach "
+    if not _is_loopback(o.host) and not o.tenants:
+        print(f"rlcli: warning: binding {o.host}: SkyRL checks no credentials, so anyone who can reach "
               f"this port can train on and download from the server", file=sys.stderr)
-    if backend == "jax":
-        from rlcli.doctor import map_count_warning, read_map_count
-
-        if warning := map_count_warning(read_map_count()):
+    if o.backend == "jax":
+        if warning := hw.map_count_warning(hw.read_map_count()):
             print(f"rlcli: warning: {warning}", file=sys.stderr)
-    venv_dir = server_venv.ensure_server_venv(backend, python, venv)
-    if backend_cfg.get("use_ray") and backend == "jax" and not server_venv.has_extra(venv_dir, "ray"):
+    venv_dir = server_venv.ensure_server_venv(o.backend, o.python, o.venv)
+    if backend_cfg.get("use_ray") and o.backend == "jax" and not server_venv.has_extra(venv_dir, "ray"):
         raise UsageError(f"the jax backend on Ray needs Ray in the server venv {venv_dir}: "
                          "`rlcli serve install --ray` adds it (server-ray.lock)")
     lock_fd = process.acquire_lock(state_dir)
     try:
-        state = _spawn(venv_dir, state_dir, lock_fd, model, backend, host, port, backend_cfg,
-                       checkpoints_base, ray_address, extensions, tenant_env, db_url, local_workers)
+        state = _spawn(venv_dir, state_dir, lock_fd, model, o.backend, o.host, o.port, backend_cfg,
+                       o.checkpoints_base, o.ray_address, o.extensions, tenant_env, db_url, local_workers)
     finally:
         os.close(lock_fd)  # the launcher holds its own copy for as long as it lives
-    state.settings = dict(base_model=model, backend=backend, host=host, port=port, gpus=gpus, nodes=nodes,
-                          tp=tp, backend_config=backend_config, checkpoints_base=checkpoints_base,
-                          python=python, venv=venv, ray_address=ray_address, extensions=extensions,
-                          slots=slots, tenants=tenants, insecure=insecure, database_url=database_url,
-                          processes=processes, local_processes=local_processes, coordinator=coordinator,
-                          sampler_snapshots=sampler_snapshots)
+    state.settings = {k: v for k, v in asdict(o).items() if k not in RestartOptions.__dataclass_fields__} | {
+        "base_model": model, "slots": slots}
     process.write_state(state_dir, state)
     sized = f", {slots} LoRA slots" if slots else ""
-    sized += f", {processes} jax processes" if processes > 1 else ""
-    print(f"rlcli: server {name!r} starting at {state.url} (backend {backend}{sized}, model {model}); "
+    sized += f", {o.processes} jax processes" if o.processes > 1 else ""
+    print(f"rlcli: server {o.name!r} starting at {state.url} (backend {o.backend}{sized}, model {model}); "
           f"log: {process.layout(state_dir)['log']}", file=sys.stderr)
     if internal_key:
         os.environ["TINKER_API_KEY"] = internal_key  # this start's own key, for the readiness round trip
-    if wait > 0:
+    if o.wait > 0:
         try:
-            process.wait_ready(state, process.layout(state_dir)["log"], wait)
+            process.wait_ready(state, process.layout(state_dir)["log"], o.wait)
         except BaseException:
             process.stop_group(state)
             raise
@@ -282,12 +321,9 @@ def warmup_file(model: str, backend: str, backend_cfg: dict) -> Path:
     return folder / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def stop(name: str = "default") -> int:
-    """Stop the server and every process it started (SIGTERM, then SIGKILL).
-
-    Args:
-        name: which managed server
-    """
+def stop(o: Named) -> int:
+    """Stop the server and every process it started (SIGTERM, then SIGKILL)."""
+    name = o.name
     state_dir = config.server_state_dir(name)
     state = process.read_state(state_dir)
     if state is None:
@@ -322,12 +358,9 @@ def server_status(name: str = "default") -> tuple[str, process.ServerState | Non
     return ("unresponsive" if state.ready else "starting"), state
 
 
-def status(name: str = "default") -> int:
-    """Say whether the server is running, starting or dead (exit 0 only when running).
-
-    Args:
-        name: which managed server
-    """
+def status(o: Named) -> int:
+    """Say whether the server is running, starting or dead (exit 0 only when running)."""
+    name = o.name
     word, state = server_status(name)
     if state is None:
         print(f"absent: no server {name!r} has been started under {config.rlcli_home()}")
@@ -358,14 +391,9 @@ def _warmup_line(name: str) -> str | None:
     return "start-up " + found[-1].split("] ", 1)[1] if found else None
 
 
-def logs(follow: bool = False, lines: int = 50, name: str = "default") -> int:
-    """Print the last lines of the server log; --follow keeps printing as it grows.
-
-    Args:
-        follow: keep printing new lines until Ctrl-C
-        lines: how many of the last lines to print first
-        name: which managed server
-    """
+def logs(o: LogsOptions) -> int:
+    """Print the last lines of the server log; --follow keeps printing as it grows."""
+    follow, lines, name = o.follow, o.lines, o.name
     log = process.layout(config.server_state_dir(name))["log"]
     if not log.exists():
         raise UsageError(f"no log at {log}: start a server first (`rlcli serve start`)")
@@ -381,34 +409,23 @@ def logs(follow: bool = False, lines: int = 50, name: str = "default") -> int:
                 sys.stdout.write(chunk.decode(errors="replace"))
                 sys.stdout.flush()
             elif log.exists() and os.stat(log).st_ino != inode:  # rotated: reopen the new file
-                return logs(follow=True, lines=0, name=name)
+                return logs(LogsOptions(follow=True, lines=0, name=name))
             else:
                 time.sleep(0.5)
 
 
-def restart(wait: float = 600.0, name: str = "default") -> int:
-    """Stop the server, then start it again with the settings it was started with.
-
-    Args:
-        wait: seconds to wait for readiness
-        name: which managed server
-    """
-    state = process.read_state(config.server_state_dir(name))
+def restart(o: RestartOptions) -> int:  # type: ignore[valid-type]
+    """Stop the server, then start it again with the settings it was started with."""
+    state = process.read_state(config.server_state_dir(o.name))
     if state is None or not state.settings:
-        raise RlcliError(f"no server {name!r} to restart: use `rlcli serve start`")
-    stop(name=name)
-    return start(**{**state.settings, "wait": wait, "name": name})
+        raise RlcliError(f"no server {o.name!r} to restart: use `rlcli serve start`")
+    stop(Named(name=o.name))
+    return start(StartOptions(**{**state.settings, **asdict(o)}))
 
 
-def install(backend: Backend = "jax", python: str | None = None, venv: str | None = None, ray: bool = False) -> int:
-    """Build (or verify) the server venv from the lock in rlcli/server/env/, without starting a server.
-
-    Args:
-        backend: jax, fsdp or megatron
-        python: a Python 3.12 interpreter to build it with
-        venv: the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv)
-        ray: add Ray (server-ray.lock) for the jax backend on a Ray cluster; never installed unless asked
-    """
+def install(o: InstallOptions) -> int:
+    """Build (or verify) the server venv from the lock in rlcli/server/env/, without starting a server."""
+    backend, python, venv, ray = o.backend, o.python, o.venv, o.ray
     if backend != "jax" and not hw.has_cuda():
         raise UsageError(f"the {backend} backend needs NVIDIA GPUs with CUDA and none was found; "
                          "use --backend jax on this machine")
@@ -419,6 +436,29 @@ def install(backend: Backend = "jax", python: str | None = None, venv: str | Non
         server_venv.ensure_extra(path, "ray")
     print(path)
     return 0
+
+
+def worker(o: WorkerOptions) -> int:
+    """Run jax process K of a multi-process server that another machine started; ends when that server ends."""
+    coordinator, processes, process_id, venv, python, extensions = (str(o.coordinator), o.processes, o.process_id,
+                                                                    o.venv, o.python, o.extensions)
+    scaling.split_address(coordinator, "--coordinator")
+    venv_dir = server_venv.ensure_server_venv("jax", python, venv)
+    # The model comes from the path (or hub id) the server names: a local folder must be at that path here too.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **compilation_cache_env(), **malloc_env("jax"),
+               RLCLI_SERVER_EXTENSIONS=SERVER_EXTENSIONS if extensions else "")
+    cmd = [str(venv_dir / "bin" / "python"), str(scaling.LAUNCHER), "worker", coordinator, str(processes),
+           str(process_id)]
+    print(f"rlcli: jax process {process_id} of {processes} joining {coordinator} (Ctrl-C to leave; the server "
+          "stops without it)", file=sys.stderr, flush=True)
+    try:
+        code = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL).returncode
+    except KeyboardInterrupt:
+        return 130
+    # The runtime ends a worker whose coordinator went away with an abort and jax's stack dump: say it plainly.
+    print(f"rlcli: jax process {process_id} ended (exit {code}): the server at {coordinator} stopped or lost "
+          "a process; start this worker again after the server", file=sys.stderr)
+    return 1 if code else 0
 
 
 # glibc's malloc for a jax engine that computes on the host's CPU (docs/decisions.md, "A jax engine on CPU

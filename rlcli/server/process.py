@@ -23,6 +23,9 @@ from pathlib import Path
 
 from rlcli.client import request_json
 from rlcli.errors import RlcliError, UsageError
+from rlcli.options import Opt
+
+NAME = Opt("which managed server (one state folder each)")  # `serve --name`, `tenant list --name`
 
 STATE_FILE = "state.json"
 LOCK_FILE = "server.lock"

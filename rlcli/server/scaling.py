@@ -16,12 +16,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 from rlcli.errors import UsageError
-from rlcli.server import server_venv
 
 LAUNCHER = Path(__file__).resolve().parent / "runtime" / "launcher.py"
 WORKER_LOST = "[rlcli launcher] jax worker process"  # the launcher's line when a worker of its own dies
@@ -33,7 +30,7 @@ def _free_loopback_port() -> int:
         return s.getsockname()[1]
 
 
-def _split_address(address: str, flag: str) -> tuple[str, int]:
+def split_address(address: str, flag: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise UsageError(f"{flag} {address!r} is not HOST:PORT, e.g. 10.0.0.5:7777")
@@ -50,9 +47,8 @@ def _is_loopback(host: str) -> bool:
 def processes_config(backend: str, processes: int, local_processes: int | None, coordinator: str | None,
                      gpus: int | None, tp: int, insecure: bool, backend_cfg: dict,
                      ray_address: str | None = None, extensions: bool = True) -> int:
-    """Write the multi-process keys into backend_cfg; returns how many worker processes start on this machine."""
-    if processes < 1:
-        raise UsageError("--processes must be at least 1")
+    """Write the multi-process keys into backend_cfg; returns how many worker processes start on this machine
+    (processes and local_processes are in range: rlcli.server.commands.StartOptions)."""
     if backend == "jax" and ray_address and processes > 1:
         return _on_ray(processes, local_processes, coordinator, gpus, tp, backend_cfg, extensions)
     local = processes if local_processes is None else local_processes
@@ -66,13 +62,11 @@ def processes_config(backend: str, processes: int, local_processes: int | None, 
     if backend_cfg.get("use_ray"):
         raise UsageError("--processes starts jax processes itself; with use_ray Ray starts them "
                          "(give num_processes in --backend-config instead)")
-    if not 1 <= local <= processes:
-        raise UsageError(f"--local-processes {local} must be 1..{processes} (this machine runs process 0)")
     if coordinator is None:
         if local < processes:
             raise UsageError("workers on other machines need an address they can reach: pass --coordinator HOST:PORT")
         coordinator = f"127.0.0.1:{_free_loopback_port()}"
-    host, _port = _split_address(coordinator, "--coordinator")
+    host, _port = split_address(coordinator, "--coordinator")
     if not _is_loopback(host) and not insecure:
         raise UsageError(f"--coordinator {coordinator}: JAX's coordination service checks no credentials, so "
                          "any host that reaches it can join or stall the server; on a trusted network pass --insecure")
@@ -107,42 +101,6 @@ def _on_ray(processes: int, local_processes: int | None, coordinator: str | None
     return 0
 
 
-def worker(coordinator: str = "", processes: int = 0, process_id: int = 0, venv: str | None = None,
-           python: str | None = None, extensions: bool = True) -> int:
-    """Run jax process K of a multi-process server that another machine started; ends when that server ends.
-
-    Args:
-        coordinator: HOST:PORT the server was started with (`rlcli serve start --coordinator ...`)
-        processes: the server's --processes
-        process_id: this process's number, 1..processes-1, each once
-        venv: the server venv folder (default: RLCLI_SERVER_VENV or RLCLI_HOME/server-venv); built if missing
-        python: a Python 3.12 interpreter to build the server venv with
-        extensions: load rlcli's server extensions; must match the server's (--no-extensions on both or neither)
-    """
-    if not coordinator or processes < 2:
-        raise UsageError("give --coordinator HOST:PORT and --processes N (N > 1) as the server was started with")
-    _split_address(coordinator, "--coordinator")
-    if not 1 <= process_id < processes:
-        raise UsageError(f"--process-id {process_id} must be 1..{processes - 1} (0 is the server's engine)")
-    from rlcli.server.commands import SERVER_EXTENSIONS, compilation_cache_env, malloc_env
-
-    venv_dir = server_venv.ensure_server_venv("jax", python, venv)
-    # The model comes from the path (or hub id) the server names: a local folder must be at that path here too.
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **compilation_cache_env(), **malloc_env("jax"),
-               RLCLI_SERVER_EXTENSIONS=SERVER_EXTENSIONS if extensions else "")
-    cmd = [str(venv_dir / "bin" / "python"), str(LAUNCHER), "worker", coordinator, str(processes), str(process_id)]
-    print(f"rlcli: jax process {process_id} of {processes} joining {coordinator} (Ctrl-C to leave; the server "
-          "stops without it)", file=sys.stderr, flush=True)
-    try:
-        code = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL).returncode
-    except KeyboardInterrupt:
-        return 130
-    # The runtime ends a worker whose coordinator went away with an abort and jax's stack dump: say it plainly.
-    print(f"rlcli: jax process {process_id} ended (exit {code}): the server at {coordinator} stopped or lost "
-          "a process; start this worker again after the server", file=sys.stderr)
-    return 1 if code else 0
-
-
 def lost_worker_line(log_tail: str) -> str | None:
     """The launcher's line saying a worker of its own died, if the log's tail has one."""
     found = [line for line in log_tail.splitlines() if line.startswith(WORKER_LOST)]
@@ -151,7 +109,7 @@ def lost_worker_line(log_tail: str) -> str | None:
 
 def doctor_check(site_packages) -> tuple[str, str]:
     """(status, detail) for `rlcli doctor`: what a multi-process jax server needs on this machine."""
-    from rlcli.doctor import installed_version
+    from rlcli.server.server_venv import installed_version
 
     cores = os.cpu_count() or 1
     try:

@@ -53,6 +53,13 @@ def pinned_versions(backend: str = "jax") -> dict[str, str]:
     return {m.group(0): locked[_norm(m.group(0))] for m in named if m and _norm(m.group(0)) in locked}
 
 
+def installed_version(site_packages: Path, package: str) -> str | None:
+    """A package's version from its dist-info folder name: no interpreter started, nothing imported."""
+    for info in sorted(site_packages.glob(f"{package.replace('-', '_')}-*.dist-info")):
+        return info.name.removesuffix(".dist-info").split("-", 1)[1]
+    return None
+
+
 def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 

@@ -9,7 +9,7 @@ rl.py        `rlcli train rl`: RL with a server-side loss; rl_loop.py: what it s
 distill.py   `rlcli train distill`: on-policy distillation; distill_loop.py its loop, teacher.py its teacher
 losses.py    loss names, what each backend serves, GSPO's reference and exact 2-pass route
 stats.py     each RL step's loss and clip fraction; metrics.py: the metrics.jsonl keys
-envs.py      the RL problem sets as cookbook dataset builders; heldout.py: the problems they hold out
 renderers.py which renderer and tokenizer a model gets; a dry render of the data
-Nothing heavy is imported here: `rlcli train sl --help` must stay fast.
+Problem sets, held-out rules and rewards live in rlcli.problems. Nothing heavy is imported here:
+`rlcli train sl --help` must stay fast.
 """

@@ -144,7 +144,7 @@ def plan_loss(loss: str, loss_config_json: str | None, passes: Passes, served: s
 
 
 def parse_passes(passes: Passes | int) -> int | None:
-    """1, 2, or None for auto (the commands check the choice: rlcli.choices)."""
+    """1, 2, or None for auto (the records check the choice: rlcli.options)."""
     return {"auto": None, "1": 1, "2": 2}[str(passes)]
 
 

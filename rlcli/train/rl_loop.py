@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from rlcli.options import Opt
 from rlcli.train import metrics, run
 from rlcli.train.folder import last_checkpoint, read_jsonl
 
@@ -22,18 +22,9 @@ if TYPE_CHECKING:
     from rlcli.train.losses import Passes
 
 RlLoss = Literal["gspo", "cispo", "dppo", "ppo", "importance_sampling"]  # what the cookbook's RL data suits
+LOSS = Opt("the loss, computed on the server: gspo, cispo, dppo, ppo or importance_sampling (the server's defaults; "
+           "GSPO the paper's clip 3e-4/4e-4)")
 ROUTES = {1: "fused", 2: "2-pass"}
-
-
-@dataclass(frozen=True, kw_only=True)
-class RlSettings(run.TrainSettings):
-    lr: float = run.RL_LR
-    loss: str
-    loss_config: dict[str, Any] = field(default_factory=dict)
-    passes: int
-    group_size: int = run.GROUP_SIZE
-    max_tokens: int
-    temperature: float = run.TEMPERATURE
 
 
 def plan_losses(url: str, loss: RlLoss, loss_config: str | None, passes: Passes) -> Any:

@@ -1,11 +1,11 @@
 """The trainer skeleton: what every `rlcli train` command does the same way around tinker-cookbook's loops.
 
-A trainer (sl.py, rl.py, harbor/train.py) is its command function, a Settings dataclass built by
-keyword (extending TrainSettings), and the few functions that differ: what it reads, what it plans,
-its cookbook config, its progress line and its final report. The command checks its flags, calls
-`target` (run folder, server, model and renderer) and hands a Job to `execute`, which owns the rest:
-the dry run, the folder's lock, the resume check, the run info, slot hygiene, the progress line, and
-the final report. Nothing heavy is imported at module level: `rlcli train sl --help` must stay fast.
+A trainer (sl.py, rl.py, distill.py, harbor/train.py) is a function that takes its options (a record extending
+rlcli.train.options.TrainOptions, checked as it is made) and returns the weights it made, and the few functions
+that differ: what it reads, what it plans, its cookbook config, its progress line and its final report. It
+calls `target` (run folder, server, model and renderer) and hands a Job to `execute`, which owns the rest: the
+dry run, the folder's lock, the resume check, the run info, slot hygiene, the progress line, and the final
+report. Nothing heavy is imported at module level: `rlcli train sl --help` must stay fast.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,47 +26,20 @@ from rlcli.config import ensure_api_key
 from rlcli.errors import RlcliError, UsageError
 from rlcli.train import folder as runs
 from rlcli.train import renderers
+from rlcli.train.options import TrainOptions
 
-# Defaults every trainer shares.
-BATCH_SIZE = 8  # examples (sl) or problems (rl) per step
-LORA_RANK = 32  # SkyRL's jax backend caps the rank at 32 by default
-SAVE_EVERY = 20
-GROUP_SIZE = 4  # RL samples per problem
-TEMPERATURE = 1.0
-RL_LR = 4e-5  # the cookbook's RL recipes use 1e-5..4e-5; its get_lr is calibrated on supervised LoRA only
-SERVER_TIMEOUT = 60.0  # seconds a server may leave its health route unanswered before a run stops (watchdog.py)
-SEED = 0  # the run's seed when --seed is not given: LoRA init, sampling seeds (data order is fixed by the cookbook)
 EMBEDDED_LR = 5e-3  # SFT on the embedded model: measured, docs/decisions.md
 UNCALIBRATED_LR = 5e-4  # the cookbook's LoRA rate before its per-family scaling (5e-5 x its LoRA factor 10)
 
-# Each flag's lower bound (0: off); a flag not listed (lr, temperature, timeouts) must be positive.
-MINIMUMS = {"batch_size": 1, "epochs": 1, "lora_rank": 1, "max_length": 1, "max_steps": 1, "max_tokens": 1,
-            "group_size": 2, "groups_per_batch": 1, "max_turns": 1, "max_sandboxes": 1, "limit": 1, "samples": 1,
-            "save_every": 0, "eval_every": 0, "eval_size": 0, "test_size": 0, "eval_tasks": 0,
-            "server_timeout": 0, "seed": 0}
 
+@dataclass(frozen=True)
+class Weights:
+    """What a run made: its folder and its final weights (sampler_path to sample or export, state_path to train
+    on from), as its checkpoints.jsonl lists them."""
 
-@dataclass(frozen=True, kw_only=True)
-class TrainSettings:
-    """What every trainer runs with; kept in the run folder (rlcli-run.json) so --resume can check it."""
-
-    model: str
-    renderer: str
-    lr: float
-    lora_rank: int = LORA_RANK
-    max_steps: int | None = None
-    save_every: int = SAVE_EVERY
-    eval_every: int = 0
-    seed: int = SEED
-
-
-def check_numbers(**values: float | None) -> None:
-    """Each flag against its lower bound (a group needs two samples: advantages compare within it)."""
-    for name, value in values.items():
-        low = MINIMUMS.get(name, 0)
-        if value is not None and (value < low if name in MINIMUMS else not value > 0):
-            bound = f"at least {low}" if low else ("0 (off) or more" if name in MINIMUMS else "positive")
-            raise UsageError(f"--{name.replace('_', '-')} must be {bound}, got {value}")
+    folder: Path
+    sampler_path: str | None
+    state_path: str | None
 
 
 def resolve_model(model: str | None, base_url: str, required: bool) -> str:
@@ -120,15 +93,13 @@ class Target:
     url: str
     model: str
     renderer: str
-    server_timeout: float = SERVER_TIMEOUT  # seconds without an answer before the server counts as gone
+    server_timeout: float  # seconds without an answer before the server counts as gone
 
 
-def target(kind: str, log_path: str | None, resume: bool, url: str, model: str | None, renderer: str | None,
-           dry_run: bool, server_timeout: float = SERVER_TIMEOUT) -> Target:
-    check_numbers(server_timeout=server_timeout)
-    folder = runs.run_folder(log_path, resume, kind=kind)
-    model = resolve_model(model, url, required=not dry_run)
-    return Target(folder, url, model, prepare_model(model, renderer), server_timeout)
+def target(kind: str, o: TrainOptions, url: str) -> Target:
+    folder = runs.run_folder(o.log_path, o.resume, kind=kind)
+    model = resolve_model(o.model, url, required=not o.dry_run)
+    return Target(folder, url, model, prepare_model(model, o.renderer), o.server_timeout)
 
 
 class ProgressLine:
@@ -169,7 +140,7 @@ class ProgressLine:
 class Job:
     """One run, as a trainer hands it to `execute`."""
 
-    settings: TrainSettings
+    settings: dict[str, Any]  # what the run runs with (rlcli.train.options.kept): its run info, checked by --resume
     summary: str  # the plan, printed before anything is spent (and all a dry run prints)
     digest: tuple[str, str]  # (run-info key, this run's hash of its input): --resume refuses other input
     same_input: str  # what --resume must keep, e.g. "the same --dataset"
@@ -183,23 +154,25 @@ class Job:
     around: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext  # e.g. harbor's sandboxes
 
 
-def execute(job: Job, t: Target, resume: bool, dry_run: bool) -> int:
-    """Print the plan; unless a dry run: lock the folder, check a resume, record the run, train, report."""
+def execute(job: Job, t: Target, resume: bool, dry_run: bool) -> Weights | None:
+    """Print the plan; unless a dry run: lock the folder, check a resume, record the run, train, report. Returns
+    the final weights (None for a dry run)."""
     summary = f"{job.summary}\nrun folder: {t.folder}{' (resume)' * resume}\nserver: {t.url}"
     if dry_run:
         print(summary)
-        return 0
+        return None
     print(summary, file=sys.stderr)
     with runs.claim(t.folder), job.around():  # the lock first: a second trainer is refused before any work
         start = 0
         if resume:
             start = check_resume(t.folder, t.url, digest=job.digest, same_input=job.same_input,
                                  settings=job.settings, keys=job.resume_keys, resume_step=job.resume_step)
-        info = {job.digest[0]: job.digest[1], "base_url": t.url, **job.info, **asdict(job.settings)}
+        info = {job.digest[0]: job.digest[1], "base_url": t.url, **job.info, **job.settings}
         (t.folder / runs.RUN_INFO).write_text(json.dumps(info, indent=1) + "\n")
         run_recipe(t.folder, t.url, job, t.server_timeout, first_step=start)
     print(job.report(t.folder))
-    return 0
+    final = runs.last_checkpoint(t.folder, "sampler_path") or {}
+    return Weights(t.folder, final.get("sampler_path"), final.get("state_path"))
 
 
 def gone_message(folder: Path, url: str, progress: ProgressLine) -> Callable[[float], str]:
@@ -225,8 +198,7 @@ def save_failed_message(folder: Path) -> Callable[[str, str], str]:
     return message
 
 
-def run_recipe(folder: Path, url: str, job: Job, server_timeout: float = SERVER_TIMEOUT,
-               first_step: int = 0) -> None:
+def run_recipe(folder: Path, url: str, job: Job, server_timeout: float, first_step: int = 0) -> None:
     """The trainer's cookbook loop inside the hooks; whatever happens, the server slots it took are freed,
     and a server that stops answering for server_timeout seconds ends the run with one line. first_step: the
     step a resume begins at (the loops make one sampling client per step: its seeds continue from there)."""
@@ -235,19 +207,19 @@ def run_recipe(folder: Path, url: str, job: Job, server_timeout: float = SERVER_
 
     ensure_api_key()
     with (watchdog.watch(url, server_timeout, gone_message(folder, url, job.progress)) as watch,
-          sigterm_as_interrupt(), server_slots(folder, url, job.settings.model, watch),
-          seeded_lora(job.settings.seed), seeded_sampling(job.settings.seed, first_step),
+          sigterm_as_interrupt(), server_slots(folder, url, job.settings["model"], watch),
+          seeded_lora(job.settings["seed"]), seeded_sampling(job.settings["seed"], first_step),
           failed_saves(save_failed_message(folder)),
           job.recipe(folder, url) as start, cookbook_logging(job.progress)):
         start()
 
 
-def check_resume(folder: Path, url: str, *, digest: tuple[str, str], same_input: str, settings: TrainSettings,
+def check_resume(folder: Path, url: str, *, digest: tuple[str, str], same_input: str, settings: dict[str, Any],
                  keys: tuple[str, ...], resume_step: Callable[[dict[str, Any]], int] = lambda row: 0) -> int:
     """Refuse to resume a run folder on other input or settings (Job's fields of those names); free the
     slots a crashed attempt left; drop the metrics rows of the steps the resume will run again. Returns the
     step the resume begins at."""
-    info, (key, value), current = runs.read_info(folder), digest, asdict(settings)
+    info, (key, value), current = runs.read_info(folder), digest, settings
     if info.get(key, value) != value:
         raise UsageError(f"{folder} was trained on other {key.split('_')[0]}: resume with {same_input}, "
                          "or start a new --log-path")

@@ -19,15 +19,17 @@ import itertools
 import json
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from rlcli.config import resolve_base_url
 from rlcli.data.validate import conversation_problem, numbered_json_lines
 from rlcli.errors import UsageError
+from rlcli.options import option
 from rlcli.train import metrics, renderers, run
 from rlcli.train.folder import last_checkpoint, private_copy, read_jsonl
+from rlcli.train.options import BATCH, BATCH_SIZE, LOAD_CHECKPOINT, LR, TrainOptions, kept
 
 RECIPE_NAME = "rlcli_train_sl"
 RENDER_CHECK = 64  # records rendered before a real run; --dry-run renders all
@@ -45,13 +47,22 @@ class Dataset:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Settings(run.TrainSettings):
-    train_on_what: str
-    batch_size: int = run.BATCH_SIZE
-    epochs: int = 1
-    max_length: int = 2048
-    test_size: int = 0
-    load_checkpoint: str | None = None  # a training-state path the LoRA starts from (fresh optimizer)
+class SlOptions(TrainOptions):
+    """`rlcli train sl`'s options."""
+
+    dataset: str | None = option(None, 'JSONL file of {"messages": [{"role", "content"}, ...]} records, or - for '
+                                       "stdin")
+    lr: float | None = LR(None)
+    batch_size: int = BATCH(BATCH_SIZE)
+    epochs: int = option(1, "passes over the data", low=1)
+    max_length: int = option(2048, "longest example in tokens; longer ones are cut", low=1)
+    test_size: int = option(0, "hold out this many examples for evaluation (its NLL every --eval-every steps)",
+                            low=0)
+    load_checkpoint: str | None = LOAD_CHECKPOINT(None)
+
+    def problems(self) -> Iterator[str]:
+        if not self.dataset:
+            yield "pass --dataset FILE (a chat JSONL file), or --dataset - to read stdin"
 
 
 @dataclass(frozen=True)
@@ -131,7 +142,7 @@ def final_report(folder: Path, base_url: str | None) -> str:
     return "\n".join(lines)
 
 
-def describe(plan: Plan, data: Dataset, s: Settings, lr_source: str, lengths: list[tuple[int, int]],
+def describe(plan: Plan, data: Dataset, s: SlOptions, lr_source: str, lengths: list[tuple[int, int]],
              all_rendered: bool) -> str:
     tokens = sum(n for n, _ in lengths)
     truncated = sum(1 for n, _ in lengths if n >= s.max_length)
@@ -149,66 +160,33 @@ def describe(plan: Plan, data: Dataset, s: Settings, lr_source: str, lengths: li
     ])
 
 
-def train_sl(dataset: str | None = None, model: str | None = None, base_url: str | None = None,
-             renderer: str | None = None, batch_size: int = run.BATCH_SIZE, lr: float | None = None, epochs: int = 1,
-             max_steps: int | None = None, lora_rank: int = run.LORA_RANK, max_length: int = 2048,
-             save_every: int = run.SAVE_EVERY, eval_every: int = 10, test_size: int = 0, log_path: str | None = None,
-             resume: bool = False, dry_run: bool = False, seed: int = run.SEED,
-             server_timeout: float = run.SERVER_TIMEOUT, load_checkpoint: str | None = None) -> int:
+def train_sl(o: SlOptions) -> run.Weights | None:
     """Fine-tune a LoRA on chat JSONL with tinker-cookbook's supervised recipe, on the server.
 
-    Args:
-        dataset: JSONL file of {"messages": [{"role", "content"}, ...]} records, or - for stdin
-        model: the server's base model, exactly as it was started (default: ask the server)
-        base_url: server URL (default: TINKER_BASE_URL, else the managed server)
-        renderer: chat renderer (default: from the model name, or the tokenizer of a local folder)
-        batch_size: examples per step
-        lr: peak Adam learning rate, decayed linearly to 0 (default: the cookbook's get_lr for the model's
-            family; 5e-3 for the embedded model, as measured)
-        epochs: passes over the data
-        max_steps: stop after this many steps in all
-        lora_rank: LoRA rank (the server caps it; SkyRL's jax backend at 32 by default)
-        max_length: longest example in tokens; longer ones are cut
-        save_every: save a resumable checkpoint every N steps (0: only the final one)
-        eval_every: with --test-size, measure the held-out NLL every N steps
-        test_size: hold out this many examples for evaluation
-        log_path: run folder (default: RLCLI_HOME/runs/sl-<time>)
-        resume: continue the run in --log-path (default: the newest sl run) from its last checkpoint
-        dry_run: check the data, choose the renderer, print the plan; train nothing
-        seed: the run's seed (the LoRA's initialisation; kept in the run folder, --resume keeps it)
-        server_timeout: seconds the server may go without answering before the run stops (0: wait for ever)
-        load_checkpoint: start from these weights (fresh optimizer, the checkpoint's LoRA rank): a run folder
-            (its newest saved state) or tinker://RUN/weights/NAME
-    """
-    if not dataset:
-        raise UsageError("pass --dataset FILE (a chat JSONL file), or --dataset - to read stdin")
-    run.check_numbers(seed=seed, batch_size=batch_size, lr=lr, epochs=epochs, max_steps=max_steps, lora_rank=lora_rank,
-                      max_length=max_length, save_every=save_every, eval_every=eval_every, test_size=test_size)
-    data = read_dataset(dataset)
+    Returns the final weights (None for a dry run)."""
+    data = read_dataset(str(o.dataset))  # given: the record refuses none
     from rlcli.train.rl import checkpoint_state
 
-    state = checkpoint_state(load_checkpoint)
-    plan = make_plan(len(data.records), batch_size, epochs, max_steps, test_size)
-    t = run.target("sl", log_path, resume, resolve_base_url(base_url), model, renderer, dry_run, server_timeout)
-    lr, lr_source = (lr, "--lr") if lr else run.default_lr(t.model)
-    settings = Settings(model=t.model, renderer=t.renderer, train_on_what=renderers.train_on_what(data.records),
-                        batch_size=batch_size, lr=lr, epochs=epochs, max_steps=max_steps, lora_rank=lora_rank,
-                        max_length=max_length, save_every=save_every, eval_every=eval_every, test_size=test_size,
-                        seed=seed, load_checkpoint=state)
-    sample = data.records if dry_run else data.records[:RENDER_CHECK]
-    lengths = renderers.render_lengths(sample, t.model, t.renderer, max_length, settings.train_on_what, data.lines)
-    job = run.Job(settings=settings, summary=describe(plan, data, settings, lr_source, lengths,
-                                                      all_rendered=len(sample) == plan.examples),
+    state = checkpoint_state(o.load_checkpoint)
+    plan = make_plan(len(data.records), o.batch_size, o.epochs, o.max_steps, o.test_size)
+    t = run.target("sl", o, resolve_base_url(o.base_url))
+    lr, lr_source = (o.lr, "--lr") if o.lr else run.default_lr(t.model)
+    o = replace(o, model=t.model, renderer=t.renderer, lr=lr, load_checkpoint=state)
+    train_on_what = renderers.train_on_what(data.records)
+    sample = data.records if o.dry_run else data.records[:RENDER_CHECK]
+    lengths = renderers.render_lengths(sample, t.model, t.renderer, o.max_length, train_on_what, data.lines)
+    job = run.Job(settings=kept(o, train_on_what=train_on_what),
+                  summary=describe(plan, data, o, lr_source, lengths, all_rendered=len(sample) == plan.examples),
                   digest=("dataset_sha256", data.sha256), same_input="the same dataset",
                   resume_keys=RESUME_KEYS, info={"examples": plan.examples},
                   resume_step=lambda row: int(row.get("epoch", 0)) * plan.batches_per_epoch + int(row.get("batch", 0)),
-                  recipe=lambda folder, url: recipe(folder, url, data, settings), progress=SlProgress(plan.steps),
-                  report=lambda folder: final_report(folder, base_url))
-    return run.execute(job, t, resume, dry_run)
+                  recipe=lambda folder, url: recipe(folder, url, data, o, train_on_what),
+                  progress=SlProgress(plan.steps), report=lambda folder: final_report(folder, o.base_url))
+    return run.execute(job, t, o.resume, o.dry_run)
 
 
 @contextlib.contextmanager
-def recipe(folder: Path, url: str, data: Dataset, s: Settings) -> Iterator[Callable[[], Any]]:
+def recipe(folder: Path, url: str, data: Dataset, s: SlOptions, train_on_what: str) -> Iterator[Callable[[], Any]]:
     """The cookbook's SFT main over a private copy of the data (stdin has no path of its own); each periodic
     checkpoint records the batch its state is ready for, so --resume neither redoes nor skips a step."""
     import asyncio
@@ -223,7 +201,7 @@ def recipe(folder: Path, url: str, data: Dataset, s: Settings) -> Iterator[Calla
     with private_copy(data.payload) as data_path, sl_checkpoints_name_the_next_batch():
         common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=s.model, renderer_name=s.renderer,
                                                 max_length=s.max_length, batch_size=s.batch_size,
-                                                train_on_what=TrainOnWhat(s.train_on_what))
+                                                train_on_what=TrainOnWhat(train_on_what))
         builder = ConversationFileBuilder(common_config=common, file_path=data_path, test_size=s.test_size)
         config = train.Config(log_path=str(folder), model_name=s.model, recipe_name=RECIPE_NAME,
                               renderer_name=s.renderer, dataset_builder=builder, learning_rate=s.lr,

@@ -16,20 +16,17 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from rlcli.errors import UsageError
 
 TeacherContext = Literal["none", "answer"]
-CONTEXTS = get_args(TeacherContext)
 RECORD_FILE = "teacher_prompts.jsonl"
 NOTE = "\n\n(For reference, a correct answer is: {answer})"
 
 
 def check(context: str, prompts: str) -> None:
-    """Refuse an unknown context, and `answer` for prompts that carry no logged answer."""
-    if context not in CONTEXTS:
-        raise UsageError(f"--teacher-context {context}: give none or answer")
+    """Refuse `answer` for prompts that carry no logged answer (the choice itself: DistillOptions)."""
     if context == "answer" and prompts == "arithmetic":
         raise UsageError("--teacher-context answer needs prompts with logged answers (a FILE.jsonl of "
                          "{question, answer} or `rlcli import` conversations, or gsm8k); arithmetic's are "
@@ -53,8 +50,8 @@ def with_answer(messages: list[dict[str, Any]], answer: str) -> list[dict[str, A
 def env_prompt(env: Any) -> tuple[list[dict[str, Any]], str]:
     """(the conversation the env prompts with, its logged answer): replay traces or a problem env."""
     problem = getattr(env, "problem", None)
-    if problem is not None and hasattr(problem, "prompt") and hasattr(problem, "text"):  # rlcli.train.traces
-        from rlcli.train.replay import renderer_messages
+    if problem is not None and hasattr(problem, "prompt") and hasattr(problem, "text"):  # rlcli.problems.traces
+        from rlcli.problems.replay import renderer_messages
 
         return list(renderer_messages(problem.prompt)), problem.text
     if hasattr(env, "get_question") and hasattr(env, "get_reference_answer"):  # the cookbook's ProblemEnv

@@ -67,7 +67,7 @@ def test_fused_vs_2pass_notebook_records_its_medians(server, tmp_path):
                                                       receipt_dir=str(tmp_path / "receipts")))
     assert_finite(result, ("fused_median_s", "two_pass_median_s", "ratio_median", "floor"))
     receipt = json.loads(open(result["receipt"]).read())
-    assert receipt["command"].startswith("fused_vs_2pass.py --losses gspo")  # the script, as `make bench` runs it
+    assert receipt["command"].startswith("python -m benchmarks.fused_vs_2pass --losses gspo")  # as `make bench` runs it
     assert len(receipt["runs"]["gspo"]["raw_s"]["fused"]) == 2 and receipt["headline"]["gspo"] == {
         k: result[k] for k in ("fused_median_s", "two_pass_median_s", "ratio_median", "floor")}
 

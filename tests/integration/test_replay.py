@@ -79,7 +79,7 @@ def test_eval_replay_scores_the_held_out_prompts(server, tmp_path):
 
 
 def test_judge_reward_through_an_openai_endpoint_and_a_tinker_judge_that_fails(server, tmp_path):
-    from rlcli.train import judge
+    from rlcli.problems import judge
     from tests.unit.test_judge_unit import JudgeServer, ranker
 
     srv = JudgeServer(ranker)

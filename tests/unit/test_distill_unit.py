@@ -116,13 +116,13 @@ def test_the_mask_travels_as_weights_and_explicit_weights_win():
     ({"teacher": "no/such/run"}, "nor a run folder"),
     ({"teacher": "tinker://m/bogus/x/y"}, "is not a checkpoint path"),
     ({"teacher_context": "answer"}, "--teacher-context answer needs prompts with logged answers"),
-    ({"teacher_context": "bogus"}, "--teacher-context bogus: give none or answer"),
+    ({"teacher_context": "bogus"}, "--teacher-context bogus: choose from none, answer"),
 ])
 def test_bad_flags_fail_in_one_line_before_any_model(fake_server, embedded_model, tmp_path, flags, message):
     args = dict(prompts="arithmetic", teacher="base", base_url=DEAD_URL, model=embedded_model,
                 log_path=str(tmp_path / "run"), dry_run=True) | flags
     with pytest.raises(UsageError, match=message):
-        distill.train_distill(**args)
+        distill.train_distill(distill.DistillOptions(**args))
     assert not (tmp_path / "run").exists()
 
 
@@ -134,9 +134,9 @@ def fake_server(monkeypatch):
 
 
 def test_dry_run_prints_the_plan(fake_server, embedded_model, tmp_path, capsys):
-    assert distill.train_distill(prompts="arithmetic", teacher="base", base_url=DEAD_URL, model=embedded_model,
-                                 max_steps=5, batch_size=2, group_size=2, eval_size=4, kl_discount=0.5,
-                                 log_path=str(tmp_path / "run"), dry_run=True, loss="gspo") == 0
+    assert distill.train_distill(distill.DistillOptions(
+        prompts="arithmetic", teacher="base", base_url=DEAD_URL, model=embedded_model, max_steps=5, batch_size=2,
+        group_size=2, eval_size=4, kl_discount=0.5, log_path=str(tmp_path / "run"), dry_run=True, loss="gspo")) is None
     out = capsys.readouterr().out
     assert f"teacher: the served base model {embedded_model}" in out
     assert "signal: -1 x (student - teacher logprob) per token, discounted 0.5" in out
@@ -220,9 +220,9 @@ def test_rewards_are_scaled_and_the_rest_passes_through():
 
 
 def test_fixed_choices_are_declared():
-    from rlcli.choices import choices_of
+    from rlcli.options import specs
 
-    found = choices_of(distill.train_distill)
+    found = {spec.name: spec.choices for spec in specs(distill.DistillOptions) if spec.choices}
     assert found["loss"] == ("importance_sampling", "ppo", "cispo", "gspo")
     assert found["grader"] == ("auto", "gsm8k", "numeric", "exact")
     assert found["teacher_context"] == ("none", "answer")

@@ -74,7 +74,7 @@ def test_serve_start_warns_in_one_line_about_a_low_map_count(monkeypatch, capsys
     from rlcli.errors import UsageError
     from rlcli.server import commands
 
-    monkeypatch.setattr(doctor, "read_map_count", lambda: 65530)
+    monkeypatch.setattr(commands.hw, "read_map_count", lambda: 65530)
 
     def stop_here(*args, **kwargs):
         raise UsageError("stopped before building anything")
@@ -83,7 +83,7 @@ def test_serve_start_warns_in_one_line_about_a_low_map_count(monkeypatch, capsys
     monkeypatch.setattr(commands.process, "check_port_free", lambda host, port: None)
     monkeypatch.setenv("RLCLI_HOME", str(tmp_path))
     with pytest.raises(UsageError):
-        commands.start(base_model="some/model", port=1)
+        commands.start(commands.StartOptions(base_model="some/model", port=1))
     err = capsys.readouterr().err.splitlines()
     assert [line for line in err if "max_map_count" in line] == [
         "rlcli: warning: " + doctor.map_count_warning(65530)]
@@ -165,12 +165,12 @@ def _stub_checks(monkeypatch, statuses: dict[str, str]):
 
 def test_exit_code_fails_only_on_a_failed_check(monkeypatch, capsys):
     _stub_checks(monkeypatch, {"cuda": "warn", "docker": "warn"})
-    assert doctor.doctor(base_url="http://127.0.0.1:9") == 0
+    assert doctor.doctor(doctor.DoctorOptions(base_url="http://127.0.0.1:9")) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 15 and out[-1] == "doctor: 12 ok, 2 warn, 0 fail"
     assert out[8].startswith("warn  cuda")
     _stub_checks(monkeypatch, {"disk": "fail"})
-    assert doctor.doctor(base_url="http://127.0.0.1:9") == 1
+    assert doctor.doctor(doctor.DoctorOptions(base_url="http://127.0.0.1:9")) == 1
     assert capsys.readouterr().out.splitlines()[-1] == "doctor: 13 ok, 0 warn, 1 fail (disk)"
 
 
@@ -181,7 +181,7 @@ def test_a_crashing_check_is_a_failed_line_not_a_traceback(monkeypatch, capsys):
         raise KeyError("boom")
 
     monkeypatch.setattr(doctor, "check_cuda", broken)
-    assert doctor.doctor(base_url="http://127.0.0.1:9") == 1
+    assert doctor.doctor(doctor.DoctorOptions(base_url="http://127.0.0.1:9")) == 1
     assert "fail  cuda            the check itself failed: KeyError" in capsys.readouterr().out
 
 

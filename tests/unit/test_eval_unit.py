@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from rlcli import evaluate, model_pretrain
+from rlcli import evaluate
 from rlcli.errors import UsageError
-from rlcli.train import heldout, rl
+from rlcli.model import pretrain as model_pretrain
+from rlcli.problems import heldout
+from rlcli.train import rl
 from tests.conftest import run_rlcli
 
 
@@ -17,10 +19,12 @@ from tests.conftest import run_rlcli
     (dict(samples=1, temperature=-1.0, max_tokens=8, eval_size=None), "--temperature must be 0"),
     (dict(samples=4, temperature=0.0, max_tokens=8, eval_size=None), "needs --temperature above 0"),
     (dict(samples=1, temperature=0.0, max_tokens=8, eval_size=0), "--eval-size must be at least 1"),
+    (dict(samples=1, temperature=0.0, max_tokens=0, eval_size=None), "--max-tokens must be at least 1"),
+    (dict(samples=1, temperature=0.0, max_tokens=8, eval_size=None, reward="judge"), "--reward judge ranks"),
 ])
 def test_bad_numbers_are_refused(args, message):
     with pytest.raises(UsageError, match=message):
-        evaluate.check_numbers(**args)
+        evaluate.EvalOptions(**args)
 
 
 def test_checkpoint_from_a_run_folder(tmp_path):
@@ -45,8 +49,8 @@ def test_max_operand_only_for_arithmetic_and_in_range():
     assert rl.choose_dataset("arithmetic", None, "auto", 9) == ("arithmetic", None, "auto")
     with pytest.raises(UsageError, match="--max-operand is for --dataset arithmetic"):
         rl.choose_dataset("gsm8k", None, "auto", 9)
-    with pytest.raises(UsageError, match="--max-operand 4"):
-        heldout.check_arithmetic(4, 4)
+    with pytest.raises(UsageError, match="--max-operand must be 5 to 1000000, got 4 \\(the few-shot example asks"):
+        heldout.ProblemSet(dataset="arithmetic", max_operand=4)
     with pytest.raises(UsageError, match="operands 0..9 holds out at most 18"):
         heldout.check_arithmetic(19, 9)
     heldout.check_arithmetic(18, 9)
@@ -76,7 +80,7 @@ def test_cli_refuses_bad_flags_in_one_line():
 
 
 @pytest.mark.parametrize("command", [("eval",), ("train", "rl")])
-@pytest.mark.parametrize("flags, message", [(("--max-operand", "2"), "--max-operand 2"),
+@pytest.mark.parametrize("flags, message", [(("--max-operand", "2"), "--max-operand must be 5 to 1000000, got 2"),
                                             (("--max-operand", "9", "--eval-size", "40"), "holds out at most 18")])
 def test_arithmetic_flags_fail_before_any_server_is_asked(command, flags, message):
     proc = run_rlcli(*command, "--dataset", "arithmetic", *flags, "--base-url", "http://127.0.0.1:9")

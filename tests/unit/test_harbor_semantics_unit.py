@@ -61,11 +61,14 @@ def test_network_none_turns_every_phase_off():
     assert task.needs_network and task.describe_network() == "agent no-network, verifier public"
     forced = tasks.load_task(SEMANTICS / "phase-network", network="none")
     assert not forced.needs_network and forced.describe_network() == "no-network"
-    from rlcli.choices import choices_of
-    from rlcli.harbor.run import run
-    from rlcli.harbor.train import train_harbor
+    from rlcli.harbor.run import HarborRunOptions
+    from rlcli.harbor.train import HarborTrainOptions
+    from rlcli.options import specs
 
-    assert choices_of(run)["network"] == choices_of(train_harbor)["network"] == ("task", "none")
+    def network(record: type) -> tuple[str, ...] | None:
+        return next(spec.choices for spec in specs(record) if spec.name == "network")
+
+    assert network(HarborRunOptions) == network(HarborTrainOptions) == ("task", "none")
 
 
 def test_semantics_fixtures_load():

@@ -284,9 +284,13 @@ def fake_served(served: set[str]):
     return lambda url, timeout=10.0: ("fake", set(served))
 
 
+def train_harbor(**options):
+    from rlcli.harbor.train import HarborTrainOptions, train_harbor
+
+    return train_harbor(HarborTrainOptions(**options))
+
+
 def test_train_harbor_fails_fast_on_loss_before_the_dataset(monkeypatch):
-    from rlcli.choices import call_checked
-    from rlcli.harbor.train import train_harbor
     from rlcli.train import losses
 
     monkeypatch.setattr(losses, "served_losses", fake_served(losses.STOCK_JAX))
@@ -296,19 +300,20 @@ def test_train_harbor_fails_fast_on_loss_before_the_dataset(monkeypatch):
                            ({"loss": "dppo"}, "does not serve loss dppo"),
                            ({"loss": "cross_entropy"}, "--loss cross_entropy: choose from gspo")]:
         with pytest.raises(UsageError, match=needle):  # not the dataset's error: the loss is planned first
-            call_checked(train_harbor, dataset="missing@1.0", base_url="http://127.0.0.1:9", **kwargs)
+            train_harbor(dataset="missing@1.0", base_url="http://127.0.0.1:9", **kwargs)
     with pytest.raises(UsageError, match="--group-size must be at least 2"):
         train_harbor(dataset=str(FIXTURES), group_size=1)
+    with pytest.raises(UsageError, match="--eval-dataset evaluates on others: pick one"):
+        train_harbor(dataset=str(FIXTURES), eval_tasks=1, eval_dataset=str(FIXTURES))
 
 
 def test_train_harbor_dry_run(monkeypatch, tmp_path, capsys):
-    from rlcli.harbor.train import train_harbor
     from rlcli.train import losses
 
     monkeypatch.setenv("RLCLI_HOME", str(tmp_path))
     monkeypatch.setattr(losses, "served_losses", fake_served(losses.STOCK_JAX))
     assert train_harbor(dataset=str(FIXTURES), model="Qwen/Qwen3-8B", base_url="http://127.0.0.1:9",
-                        eval_tasks=1, dry_run=True) == 0
+                        eval_tasks=1, dry_run=True) is None
     out = capsys.readouterr().out
     assert "loss: gspo 2-pass" in out and "6 to train on" in out and "1 held out" in out
     assert not (tmp_path / "runs").exists()  # a dry run makes nothing

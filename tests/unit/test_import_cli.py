@@ -141,13 +141,13 @@ def test_script_entry_point_same_behaviour(tmp_path):
     out = tmp_path / "out.jsonl"
     proc = run([str(FIXTURES / "messages.jsonl"), "--format", "messages", "--output", str(out)], cmd=SCRIPT)
     assert proc.returncode == 0 and proc.stdout == b"" and len(out.read_text().splitlines()) == 6
-    proc = run(["--input=-"], stdin=jsonl(GOOD), cmd=SCRIPT)
+    proc = run(["-"], stdin=jsonl(GOOD), cmd=SCRIPT)
     assert proc.returncode == 0 and json.loads(proc.stdout)["messages"][1]["content"] == "yo"
-    proc = run(["--input=-", "--strict"], stdin=jsonl(NO_REPLY), cmd=SCRIPT)
+    proc = run(["-", "--strict"], stdin=jsonl(NO_REPLY), cmd=SCRIPT)
     assert proc.returncode == 2 and "line 1: record dropped (no_assistant_reply)" in one_line_error(proc)
-    proc = run(["--input=-"], stdin=b"{bad\n", cmd=SCRIPT)
+    proc = run(["-"], stdin=b"{bad\n", cmd=SCRIPT)
     assert proc.returncode == 2 and "line 1: not valid JSON" in one_line_error(proc)
-    proc = run(["--input=-", "--skip_bad"], stdin=b"{bad\n" + jsonl(GOOD), cmd=SCRIPT)
+    proc = run(["-", "--skip-bad"], stdin=b"{bad\n" + jsonl(GOOD), cmd=SCRIPT)
     assert proc.returncode == 0 and "dropped 1 (bad_json: 1)" in proc.stderr.decode()
 
 

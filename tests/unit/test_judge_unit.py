@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlcli.train import judge, rewards, traces
+from rlcli.problems import judge, rewards, traces
 from tests.conftest import REPO
 
 DEMO = REPO / "tests" / "fixtures" / "traces" / "demo.jsonl"

@@ -76,8 +76,8 @@ def loop(tmp_path, monkeypatch):
     inbox.mkdir()
     batches.write_batch(inbox / "b1.jsonl", 1, 24)
     regression = batches.write_regression(tmp_path / "regression.jsonl")
-    assert commands.init(str(tmp_path / "loop"), traces="inbox", regression=str(regression),
-                         base_url="http://127.0.0.1:9") == 0
+    assert commands.init(commands.InitOptions(dir=str(tmp_path / "loop"), traces="inbox", regression=str(regression),
+                                              base_url="http://127.0.0.1:9")) == 0
     return tmp_path / "loop", inbox
 
 
@@ -155,7 +155,7 @@ def test_run_with_nothing_new_does_nothing(loop, capsys):
     folder, inbox = loop
     for p in inbox.iterdir():
         p.unlink()
-    assert commands.run(str(folder), once=True) == 0
+    assert commands.run(commands.RunOptions(dir=str(folder), once=True)) == 0
     assert "nothing new" in capsys.readouterr().err
     with opened(folder) as ledger:
         assert ledger.iterations() == []
@@ -164,7 +164,8 @@ def test_run_with_nothing_new_does_nothing(loop, capsys):
 def test_history_and_status_read_the_ledger(loop, capsys):
     folder, _ = loop
     _ingest(folder)
-    assert commands.history(str(folder)) == 0 and commands.status(str(folder)) == 0
+    assert commands.history(commands.Folder(dir=str(folder))) == 0
+    assert commands.status(commands.Folder(dir=str(folder))) == 0
     out = capsys.readouterr().out
     assert "held-out champ->cand" in out and "running" in out
     assert "champion: base model" in out and "pending: iteration 1 stopped after split" in out
@@ -193,7 +194,7 @@ def test_parse_every():
 def test_init_refuses_a_used_folder(loop):
     folder, _ = loop
     with pytest.raises(UsageError, match="not empty"):
-        commands.init(str(folder), traces="inbox")
+        commands.init(commands.InitOptions(dir=str(folder), traces="inbox"))
 
 
 def test_watch_sleeps_between_looks_and_once_excludes_it(loop, monkeypatch):
@@ -209,10 +210,10 @@ def test_watch_sleeps_between_looks_and_once_excludes_it(loop, monkeypatch):
 
     monkeypatch.setattr(commands.time, "sleep", sleep)
     with pytest.raises(KeyboardInterrupt):
-        commands.run(str(folder), watch=True, every="15m")
+        commands.run(commands.RunOptions(dir=str(folder), watch=True, every="15m"))
     assert slept == [900, 900]
     with pytest.raises(UsageError, match="--once and --watch"):
-        commands.run(str(folder), once=True, watch=True)
+        commands.RunOptions(dir=str(folder), once=True, watch=True)
 
 
 def test_a_hook_killed_before_it_ran_runs_on_the_next_loop_run(loop, monkeypatch):
@@ -230,7 +231,7 @@ def test_a_hook_killed_before_it_ran_runs_on_the_next_loop_run(loop, monkeypatch
         ledger.done(db, n, "gate", {"promote": True, "why": "test", "manual": False})
         ledger.move_alias(db, cand, "gate")
         ledger.done(db, n, "promote", {})
-    assert commands.run(str(folder), once=True) == 0
+    assert commands.run(commands.RunOptions(dir=str(folder), once=True)) == 0
     assert ran == [n]
     with opened(folder) as ledger:
         assert ledger.iteration(n)["decision"] == "promoted" and ledger.stage(n, "hook") is not None

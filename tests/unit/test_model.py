@@ -22,8 +22,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlcli import model, model_pretrain, model_recipe
+from rlcli import model
 from rlcli.errors import RlcliError, UsageError
+from rlcli.model import pretrain as model_pretrain
+from rlcli.model import recipe as model_recipe
 
 CHAT = [
     {"role": "user", "content": "What is 12 + 7?"},
@@ -67,13 +69,13 @@ def homes(tmp_path_factory: pytest.TempPathFactory) -> dict:
             home = tmp_path_factory.mktemp("home_a")
             mp.setenv("RLCLI_HOME", str(home))
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                assert model.build(steps=QUICK_STEPS) == 0
+                assert model_recipe.build(model_recipe.BuildOptions(steps=QUICK_STEPS)) == 0
             built["a"] = home / "models" / f"{model.EMBEDDED_MODEL_NAME}-build"
             built["threads_after"] = (threads, torch.get_num_threads(), torch.are_deterministic_algorithms_enabled())
             out = tmp_path_factory.mktemp("explicit") / "seed1"
             stdout, stderr = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-                assert model.build(seed=1, output=str(out), steps=QUICK_STEPS) == 0
+                assert model_recipe.build(model_recipe.BuildOptions(seed=1, output=str(out), steps=QUICK_STEPS)) == 0
             built["quick1"], built["quick1_stdout"], built["quick1_stderr"] = out, stdout.getvalue(), stderr.getvalue()
     finally:
         cli_out, cli_err = cli.communicate(timeout=600)
@@ -150,7 +152,7 @@ def test_the_model_was_kept_away_from_train_rls_heldout_problems() -> None:
 
     Pinned by value: a change to the draw (seed, size, range) fails here, and then the shipped model must be
     rebuilt against the new set (else it would be evaluated on sums it was trained on)."""
-    from rlcli.train.heldout import ARITHMETIC_EVAL_MAX, arithmetic_eval_pairs
+    from rlcli.problems.heldout import ARITHMETIC_EVAL_MAX, arithmetic_eval_pairs
 
     draw = arithmetic_eval_pairs(ARITHMETIC_EVAL_MAX)
     assert draw[:6] == [(61, 32), (81, 35), (70, 33), (80, 83), (94, 55), (16, 68)]
@@ -164,13 +166,13 @@ def test_the_model_was_kept_away_from_train_rls_heldout_problems() -> None:
 def test_build_compares_its_bytes_with_the_shipped_ones(tmp_path: Path) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(Path(str(model.shipped())), copy)
-    assert model.compare_with_shipped(copy) == (True, f"the bytes match the shipped {model.EMBEDDED_MODEL_NAME}, "
-                                                      "file for file")
+    assert model_recipe.compare_with_shipped(copy) == (
+        True, f"the bytes match the shipped {model.EMBEDDED_MODEL_NAME}, file for file")
     record = model.describe(copy)
     record["files"]["model.safetensors"] = "0" * 64
     record["built_on"]["cpu"] = "Some Other CPU"
     (copy / model.MARKER).write_text(json.dumps(record))
-    same, text = model.compare_with_shipped(copy)
+    same, text = model_recipe.compare_with_shipped(copy)
     assert not same and "in model.safetensors." in text and "float kernels differ between CPU models" in text
     assert "Some Other CPU" in text and "AMD" not in text.split("this build:")[1]
 
@@ -313,7 +315,7 @@ def test_loads_in_transformers_and_runs(shipped: Path, tokenizer) -> None:
 def test_refuses_to_overwrite_a_foreign_folder(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(UsageError, match="not an rlcli model folder"):
-        model.build(output=str(tmp_path))
+        model_recipe.build(model_recipe.BuildOptions(output=str(tmp_path)))
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 

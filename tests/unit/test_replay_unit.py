@@ -12,7 +12,8 @@ from collections import Counter
 import pytest
 
 from rlcli.errors import UsageError
-from rlcli.train import renderers, rewards, traces
+from rlcli.problems import rewards, traces
+from rlcli.train import renderers
 from tests.conftest import REPO
 
 TRACES = REPO / "tests" / "fixtures" / "traces"
@@ -179,7 +180,7 @@ def tokenized(embedded_model):
 
 
 def env_for(tokenized, problem, **spec):
-    from rlcli.train.replay import ReplayEnv
+    from rlcli.problems.replay import ReplayEnv
 
     rubric = rewards.parse_rubric(spec.pop("rubric"), "r.json") if "rubric" in spec else None
     return ReplayEnv(problem, tokenized[0], traces.Spec("x", **spec), rubric)
@@ -229,6 +230,33 @@ def test_a_degenerate_policy_does_not_score_well(tokenized, reward):
         assert mean(lambda p: p.text) < logged
 
 
+def test_the_one_scorer_grades_each_answer_with_its_env(tokenized):
+    """rlcli.problems.score: each problem answered by a policy, graded by its replay env; per problem for the
+    loop's gate, as the cookbook's means for `rlcli eval`."""
+    from tinker_cookbook.completers import TokensWithLogprobs
+
+    from rlcli.problems import replay, score
+
+    problems = traces.read_traces(str(DEMO)).problems[:4]
+    asked: list[int] = []
+
+    async def policy(prompt, stop, max_tokens=None):  # the logged reply to the first two, nonsense to the others
+        n = len(asked)
+        asked.append(prompt.length)
+        reply = problems[n].text if n < 2 else "no idea"
+        return TokensWithLogprobs(tokens=tokenized[1].encode(reply + "<|im_end|>", add_special_tokens=False),
+                                  maybe_logprobs=None)
+
+    groups = replay.one_each(problems, tokenized[0], traces.Spec("", match="normalized"))
+    graded = score.answer(groups, policy, one_at_a_time=True)
+    scored = score.per_problem(graded, tokenized[0])
+    assert [g.correct for g in scored] == [1.0, 1.0, 0.0, 0.0] and len(asked) == 4
+    assert scored[0].reply == problems[0].text.strip() and scored[3].reply == "no idea"
+    means = score.means(groups, graded)
+    assert means["test/env/all/correct"] == 0.5 and means["test/env/all/reward/total"] == pytest.approx(0.5)
+    assert score.per_problem([None], tokenized[0]) == [score.Scored(0.0, 0.0, "")]
+
+
 # --- the command --------------------------------------------------------------------------------------
 
 
@@ -238,9 +266,9 @@ def test_dry_run_plans_a_replay_run(monkeypatch, capsys, embedded_model, tmp_pat
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(var, "1")
     monkeypatch.setattr(losses, "served_losses", lambda url, timeout=10.0: ("fake", set(losses.STOCK_JAX)))
-    assert rl.train_rl(env="replay", dataset=str(VERDICTS), reward="verdict", batch_size=2, group_size=4,
-                       base_url="http://127.0.0.1:9", model=embedded_model, log_path=str(tmp_path / "run"),
-                       dry_run=True, eval_size=1) == 0
+    assert rl.train_rl(rl.RlOptions(env="replay", dataset=str(VERDICTS), reward="verdict", batch_size=2,
+                                    group_size=4, base_url="http://127.0.0.1:9", model=embedded_model,
+                                    log_path=str(tmp_path / "run"), dry_run=True, eval_size=1)) is None
     out = capsys.readouterr().out
     assert f"replay traces {VERDICTS} (skipped: 1 no_verdict): 6 problems" in out
     assert "grader replay/verdict:verdict, match normalized/turn:last; 1 held-out problems" in out

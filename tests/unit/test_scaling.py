@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlcli.errors import UsageError
-from rlcli.server import scaling
+from rlcli.server import commands, scaling
 
 
 def config(processes=2, local=None, coordinator=None, gpus=None, tp=1, insecure=False, backend="jax", given=None):
@@ -40,10 +40,8 @@ def test_remote_workers_need_a_reachable_coordinator_and_insecure():
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(processes=0), "at least 1"),
     (dict(processes=2, backend="fsdp"), "for the jax backend"),
     (dict(processes=2, given={"use_ray": True}), "use_ray"),
-    (dict(processes=2, local=3), "must be 1..2"),
     (dict(processes=1, local=2), "go with --processes"),
 ])
 def test_bad_combinations_are_one_line_usage_errors(kwargs, words):
@@ -51,9 +49,21 @@ def test_bad_combinations_are_one_line_usage_errors(kwargs, words):
         config(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(processes=0), "--processes must be at least 1, got 0"),
+    (dict(processes=2, local_processes=3), "--local-processes 3 must be 1..2"),
+    (dict(gpus=0), "--gpus must be at least 1"), (dict(nodes=0), "--nodes must be at least 1"),
+    (dict(tp=0), "--tp must be at least 1"), (dict(slots=0), "--slots must be at least 1"),
+    (dict(port=0), "--port must be 1 to 65535"), (dict(sampler_snapshots=0), "--sampler-snapshots must be at least 1"),
+])
+def test_start_options_out_of_range_are_refused_before_anything(kwargs, words):
+    with pytest.raises(UsageError, match=words):
+        commands.StartOptions(**kwargs)
+
+
 def test_worker_refuses_a_bad_process_id_before_building_anything():
     with pytest.raises(UsageError, match="must be 1..2"):
-        scaling.worker("127.0.0.1:7777", processes=3, process_id=0)
+        commands.WorkerOptions(coordinator="127.0.0.1:7777", processes=3, process_id=0)
 
 
 def test_lost_worker_line_is_read_from_the_log():

@@ -1,4 +1,4 @@
-"""Every scripts/*.py answers --help and runs one real call: fire reaches the same functions as `rlcli`."""
+"""Every scripts/*.py answers --help and runs one real call: it launches the same command as `rlcli`."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def script(name: str, *args: str, home: Path, stdin: str | None = None) -> subpr
 def test_help(name, tmp_path):
     proc = script(name, "--help", home=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert f"NAME\n    {name}" in proc.stdout + proc.stderr  # fire writes help to stderr when it is not a terminal
+    assert proc.stdout.startswith(f"usage: {name}"), proc.stdout  # rlcli's own parser, under the script's name
 
 
 def test_every_command_family_has_a_script():
@@ -42,7 +42,7 @@ def test_every_command_family_has_a_script():
 CALLS = {
     "demo.py": (["--base-url", DEAD_URL], 1, "cannot reach a Tinker server at " + DEAD_URL),
     "doctor.py": (["--base-url", DEAD_URL], 1, "server"),
-    "eval.py": (["--dataset", "arithmetic", "--max-operand", "3"], 2, "--max-operand 3: give 5 to 1000000"),
+    "eval.py": (["--dataset", "arithmetic", "--max-operand", "3"], 2, "--max-operand must be 5 to 1000000, got 3"),
     "export.py": (["not-a-checkpoint"], 2, "is not a checkpoint path"),
     "harbor.py": (["train"], 2, "pass --dataset DIR"),
     "import.py": ([str(DEMO_TRACES), "--format", "openai", "--output", "{tmp}/out.jsonl"], 0, "wrote 64"),

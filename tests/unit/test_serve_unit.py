@@ -55,7 +55,7 @@ def test_megatron_mapping_sets_model_parallel():
     assert cfg["generator.inference_engine.num_engines"] == 2
 
 
-@pytest.mark.parametrize("args", [("jax", 3, 1, 2), ("fsdp", 0, 1, 1), ("fsdp", 2, 0, 1), ("jax", 1, 2, 1)])
+@pytest.mark.parametrize("args", [("jax", 3, 1, 2), ("jax", 1, 2, 1)])  # out of range: StartOptions (test_scaling)
 def test_bad_hardware_flags_are_usage_errors(args):
     with pytest.raises(UsageError):
         hw.map_hardware(*args)
@@ -72,7 +72,6 @@ def test_slots_size_the_jax_lora_table_with_slot_0_reserved():
 
 
 @pytest.mark.parametrize(("backend", "slots", "cfg", "message"), [
-    ("jax", 0, {}, "at least 1"),
     ("jax", 4, {"max_lora_adapters": 8}, "disagree"),
     ("fsdp", 4, {}, "has none"),
 ])

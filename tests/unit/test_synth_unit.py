@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from rlcli import synth
 from rlcli.errors import UsageError
-from rlcli.train import traces
+from rlcli.problems import synth, traces
 from tests.conftest import REPO, run_rlcli
 
 TRACES = REPO / "tests" / "fixtures" / "traces"
@@ -50,7 +49,7 @@ def test_synth_qa_writes_problems_train_rl_reads(tmp_path):
     assert "64 replies -> 63 problems (63 number)" in proc.stderr and "skipped: 1 duplicate" in proc.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0] == {"question": "What is 13 + 14?", "answer": "27", "source": "demo.jsonl:1"}
-    from rlcli.train import envs
+    from rlcli.problems import envs
 
     problems = envs.read_problems(str(out))
     assert problems.grader == "numeric" and len(problems.records) == 63
@@ -62,6 +61,6 @@ def test_nothing_checkable_is_one_line(tmp_path):
                                              {"role": "assistant", "content": "Once upon a time, there was a"
                                               " fox who lived in a very deep wood."}]}) + "\n")
     with pytest.raises(UsageError, match="no reply has a checkable final answer .*1 free_text"):
-        synth.qa(str(path), str(tmp_path / "qa.jsonl"))
+        synth.qa(synth.QaOptions(traces_file=str(path), output=str(tmp_path / "qa.jsonl")))
     with pytest.raises(UsageError, match="pass -o FILE.jsonl"):
-        synth.qa(str(path))
+        synth.QaOptions(traces_file=str(path))

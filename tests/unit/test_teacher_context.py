@@ -11,7 +11,8 @@ import stat
 import pytest
 
 from rlcli.errors import UsageError
-from rlcli.train import distill, traces
+from rlcli.problems import traces
+from rlcli.train import distill
 from rlcli.train.teacher_context import RECORD_FILE, ContextTeacher, check, with_answer
 from tests.unit.test_distill_unit import DEAD_URL, fake_server  # noqa: F401 (a fixture)
 
@@ -35,8 +36,8 @@ def test_refusals():
     check("answer", "problems.jsonl")
     with pytest.raises(UsageError, match="arithmetic's are generated"):
         check("answer", "arithmetic")
-    with pytest.raises(UsageError, match="give none or answer"):
-        check("both", "problems.jsonl")
+    with pytest.raises(UsageError, match="--teacher-context both: choose from none, answer"):
+        distill.DistillOptions(prompts="problems.jsonl", teacher="base", teacher_context="both")
 
 
 class Tokens:
@@ -117,12 +118,13 @@ def test_import_output_is_read_as_prompts_with_answers(fake_server, embedded_mod
     qa.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
     assert traces.is_traces_file(str(data)) and not traces.is_traces_file(str(qa))
     assert not traces.is_traces_file(str(tmp_path / "missing.jsonl"))
-    assert distill.train_distill(prompts=str(data), teacher="base", base_url=DEAD_URL, model=embedded_model,
-                                 batch_size=2, group_size=2, eval_size=2, teacher_context="answer",
-                                 log_path=str(tmp_path / "run"), dry_run=True) == 0
+    assert distill.train_distill(distill.DistillOptions(
+        prompts=str(data), teacher="base", base_url=DEAD_URL, model=embedded_model, batch_size=2, group_size=2,
+        eval_size=2, teacher_context="answer", log_path=str(tmp_path / "run"), dry_run=True)) is None
     out = capsys.readouterr().out
     assert f"replay traces {data}" in out and "10 prompts, 5 batches of 2; 2 held-out prompts" in out
     assert "its prompt also shows the logged answer" in out
     with pytest.raises(UsageError, match="holds conversations"):
-        distill.train_distill(prompts=str(data), teacher="base", base_url=DEAD_URL, model=embedded_model,
-                              grader="exact", log_path=str(tmp_path / "run2"), dry_run=True)
+        distill.train_distill(distill.DistillOptions(prompts=str(data), teacher="base", base_url=DEAD_URL,
+                                                     model=embedded_model, grader="exact",
+                                                     log_path=str(tmp_path / "run2"), dry_run=True))

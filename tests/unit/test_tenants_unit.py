@@ -30,13 +30,13 @@ def gate_module():
 
 
 def test_add_prints_the_key_once_and_keeps_only_its_hash(home, capsys):
-    assert tenants.add("alice", max_models=2) == 0
+    assert tenants.add(tenants.AddOptions(name="alice", max_models=2)) == 0
     key = capsys.readouterr().out.strip()
     assert key.startswith("tml-") and len(key) > 40
     stored = (home / "tenants.json").read_text()
     assert key not in stored and tenants.key_hash(key) in stored
     assert (home / "tenants.json").stat().st_mode & 0o777 == 0o600
-    tenants.list_()
+    tenants.list_(tenants.ListOptions())
     listed = capsys.readouterr().out
     assert "alice" in listed and key not in listed
 
@@ -44,19 +44,19 @@ def test_add_prints_the_key_once_and_keeps_only_its_hash(home, capsys):
 @pytest.mark.parametrize("name", ["Alice", "-x", "", "a" * 33, "a/b"])
 def test_bad_names_are_refused(home, name):
     with pytest.raises(UsageError, match="tenant name"):
-        tenants.add(name)
+        tenants.add(tenants.AddOptions(name=name))
 
 
 def test_duplicate_quota_and_revoke(home):
-    tenants.add("bob")
+    tenants.add(tenants.AddOptions(name="bob"))
     with pytest.raises(UsageError, match="exists already"):
-        tenants.add("bob")
-    with pytest.raises(UsageError, match="--max-models 0"):
-        tenants.add("carol", max_models=0)
-    tenants.revoke("bob")
+        tenants.add(tenants.AddOptions(name="bob"))
+    with pytest.raises(UsageError, match="--max-models must be at least 1, got 0"):
+        tenants.add(tenants.AddOptions(name="carol", max_models=0))
+    tenants.revoke(tenants.Tenant(name="bob"))
     assert tenants.load() == {}
     with pytest.raises(UsageError, match="no tenant 'bob'"):
-        tenants.revoke("bob")
+        tenants.revoke(tenants.Tenant(name="bob"))
 
 
 def test_exposure_needs_tenants_or_insecure(home):
@@ -78,13 +78,13 @@ def test_api_key_flag(monkeypatch):
 
 def test_gate_rereads_the_file_and_knows_the_internal_key(home, capsys):
     gate = gate_module()
-    tenants.add("alice")
+    tenants.add(tenants.AddOptions(name="alice"))
     key = capsys.readouterr().out.strip()
     keys = gate.Keys(home / "tenants.json", tenants.key_hash("tml-internal"))
     assert keys.tenant(key)[0] == "alice"
     assert keys.tenant("tml-internal")[0] == gate.INTERNAL_TENANT
     assert keys.tenant("tml-wrong") is None and keys.tenant("") is None
-    tenants.revoke("alice")
+    tenants.revoke(tenants.Tenant(name="alice"))
     assert keys.tenant(key) is None
 
 
@@ -139,7 +139,7 @@ def test_gate_counts_queued_requests_and_releases_them_when_done(home, capsys):
     """max_queued against a stand-in app: the third queued request answers 429 + Retry-After; a retrieved
     future (done, even failed) frees its place, a pending one (408) does not."""
     gate = gate_module()
-    tenants.add("carol", max_queued=2)
+    tenants.add(tenants.AddOptions(name="carol", max_queued=2))
     key = capsys.readouterr().out.strip()
     answers = iter(range(100))
     retrieve_status = {"code": 408}
@@ -188,7 +188,7 @@ def test_gate_counts_queued_requests_and_releases_them_when_done(home, capsys):
 def test_gate_refuses_a_body_it_cannot_read(home, capsys):
     """Fail closed: a body that is neither JSON nor forward_backward's proto could name any id unseen."""
     gate = gate_module()
-    tenants.add("dave")
+    tenants.add(tenants.AddOptions(name="dave"))
     key = capsys.readouterr().out.strip()
     reached, sent = [], []
 
@@ -219,15 +219,15 @@ def test_runs_from_before_tenants_are_listed_and_claimed(home, capsys):
         db.execute("create table models (model_id text, created_at text)")
         db.executemany("insert into models values (?, ?)", [("model_old", "1"), ("model_new", "2")])
     (state / tenants.OWNERS_FILE).write_text('["model", "model_new", "alice"]\n')
-    tenants.add("alice")
-    tenants.add("bob")
+    tenants.add(tenants.AddOptions(name="alice"))
+    tenants.add(tenants.AddOptions(name="bob"))
     capsys.readouterr()
-    assert tenants.orphans() == 0 and capsys.readouterr().out.split() == ["model_old"]
+    assert tenants.orphans(tenants.OrphansOptions()) == 0 and capsys.readouterr().out.split() == ["model_old"]
     with pytest.raises(UsageError, match="already owned: model_new"):
-        tenants.claim("bob", "model_old,model_new")
+        tenants.claim(tenants.ClaimOptions(name="bob", runs="model_old,model_new"))
     with pytest.raises(UsageError, match="no tenant 'carol'"):
-        tenants.claim("carol", "model_old")
-    assert tenants.claim("bob", "model_old") == 0
-    assert tenants.orphans() == 0 and capsys.readouterr().out.split() == []
+        tenants.claim(tenants.ClaimOptions(name="carol", runs="model_old"))
+    assert tenants.claim(tenants.ClaimOptions(name="bob", runs="model_old")) == 0
+    assert tenants.orphans(tenants.OrphansOptions()) == 0 and capsys.readouterr().out.split() == []
     assert gate_module().Owners(state / tenants.OWNERS_FILE).owner == {"model_new": "alice", "model_old": "bob"}
     assert tenants.models_held() == {"alice": 1, "bob": 1}

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from rlcli.train import renderers, tools_env, traces
+from rlcli.problems import tools_env, traces
+from rlcli.train import renderers
 from tests.conftest import REPO
 
 TOOLS = REPO / "tests" / "fixtures" / "traces" / "tools.jsonl"
@@ -62,7 +63,7 @@ def test_the_env_offers_the_tools_and_answers_a_parsed_call(embedded_model):
     from tinker_cookbook import renderers as cookbook_renderers
     from tinker_cookbook.tokenizer_utils import get_tokenizer
 
-    from rlcli.train.replay import ToolsEnv
+    from rlcli.problems.replay import ToolsEnv
 
     renderers.register_local_tokenizer(embedded_model)
     tokenizer = get_tokenizer(embedded_model)

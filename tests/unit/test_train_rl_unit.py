@@ -17,8 +17,10 @@ import textwrap
 import pytest
 
 from rlcli.errors import UsageError
+from rlcli.problems import heldout
 from rlcli.train import folder as runs
-from rlcli.train import heldout, hooks, losses, metrics, renderers, rl, rl_loop, run, stats
+from rlcli.train import hooks, losses, metrics, renderers, rl, rl_loop, run, stats
+from rlcli.train.options import kept
 from tests.conftest import REPO
 
 FIXTURE = REPO / "tests" / "fixtures" / "gsm8k_sample.jsonl"
@@ -29,7 +31,7 @@ STOCK_JAX = set(losses.STOCK_JAX)
 
 @pytest.fixture
 def envs():
-    from rlcli.train import envs  # imports the cookbook and `datasets` (a few seconds, once)
+    from rlcli.problems import envs  # imports the cookbook and `datasets` (a few seconds, once)
 
     return envs
 
@@ -79,12 +81,15 @@ def test_dataset_flags_resolve():
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("group_size", 1, "--group-size must be at least 2"),
-    ("save_every", -1, "--save-every must be 0 \\(off\\) or more"),
+    ("save_every", -1, "--save-every must be 0 or more"),
     ("lr", 0.0, "--lr must be positive"),
+    ("temperature", 0.0, "--temperature must be positive"),
+    ("kl_coef", -0.1, "--kl-coef must be 0 or more"),
+    ("loss", "dro", "--loss dro: choose from gspo, cispo, dppo, ppo, importance_sampling"),
 ])
 def test_numbers_are_checked(flag, value, message):
     with pytest.raises(UsageError, match=message):
-        run.check_numbers(**{flag: value})
+        rl.RlOptions(**{flag: value})
 
 
 # --- GSM8K-format files --------------------------------------------------------------------------
@@ -308,7 +313,7 @@ def test_offline_env_grades_boxed_answers(gsm8k_env):
 def dry_run(capsys, embedded_model, tmp_path, **flags) -> str:
     args = dict(dataset=str(FIXTURE), batch_size=2, group_size=4, max_tokens=16, base_url=DEAD_URL,
                 model=embedded_model, log_path=str(tmp_path / "run"), dry_run=True) | flags
-    assert rl.train_rl(**args) == 0
+    assert rl.train_rl(rl.RlOptions(**args)) is None
     return capsys.readouterr().out
 
 
@@ -332,8 +337,8 @@ def test_existing_run_folder_is_refused_before_any_model(fake_server, embedded_m
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(UsageError, match="already exists: pass --resume"):
-        rl.train_rl(loss="ppo", dataset="arithmetic", base_url=DEAD_URL, model=embedded_model,
-                    log_path=str(tmp_path / "run"))
+        rl.train_rl(rl.RlOptions(loss="ppo", dataset="arithmetic", base_url=DEAD_URL, model=embedded_model,
+                                 log_path=str(tmp_path / "run")))
 
 
 def test_progress_line():
@@ -357,7 +362,7 @@ FAIL_FAST = textwrap.dedent("""
     start = time.perf_counter()
     try:
         code = main(["train", "rl", *sys.argv[1:], "--dataset", "arithmetic", "--base-url", "{url}"])
-    except SystemExit as e:  # argparse's usage error: a fixed choice (rlcli.choices)
+    except SystemExit as e:  # argparse's usage error: a fixed choice (rlcli.options)
         code = e.code
     elapsed = time.perf_counter() - start
     heavy = [m for m in ("tinker", "tinker_cookbook", "datasets", "torch") if m in sys.modules]
@@ -407,8 +412,8 @@ def test_hooks_route_every_training_client_inside_the_block_only(monkeypatch):
 
 
 def test_resume_refuses_another_loss(tmp_path):
-    settings = rl.Settings(model="m", renderer="r", dataset="arithmetic", loss="gspo", passes=1, max_tokens=8,
-                           grader="arithmetic", eval_size=32)
+    settings = kept(rl.RlOptions(model="m", renderer="r", dataset="arithmetic", loss="gspo", max_tokens=8),
+                    passes=1, grader="arithmetic", eval_size=32)
     (tmp_path / runs.RUN_INFO).write_text(json.dumps({"dataset_sha256": "arithmetic", "loss": "ppo"}))
 
     def check(digest: str) -> None:

@@ -19,10 +19,12 @@ from rlcli import client, slots
 from rlcli.errors import RlcliError, UsageError
 from rlcli.train import folder as runs
 from rlcli.train import renderers, run, sl
+from rlcli.train.options import kept
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "sl_small.jsonl"
-SETTINGS = sl.Settings(model="m", renderer="role_colon", train_on_what="last_assistant_message", lr=1e-4)
+OPTIONS = sl.SlOptions(dataset="-", model="m", renderer="role_colon", lr=1e-4)
+SETTINGS = kept(OPTIONS, train_on_what="last_assistant_message")
 CHAT = {"messages": [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]}
 
 
@@ -143,13 +145,13 @@ def test_a_batch_larger_than_the_data_is_an_error():
 
 @pytest.mark.parametrize(("kwargs", "flag"), [
     ({"batch_size": 0}, "--batch-size"), ({"lr": 0.0}, "--lr"), ({"max_steps": 0}, "--max-steps"),
-    ({"save_every": -1}, "--save-every"),
+    ({"save_every": -1}, "--save-every"), ({"dataset": None}, "pass --dataset FILE"),
 ])
 def test_bad_numbers_name_their_flag(kwargs, flag):
-    args = dict(batch_size=8, lr=1e-4, epochs=1, max_steps=None, lora_rank=32, max_length=2048,
-                save_every=20, eval_every=10, test_size=0) | kwargs
+    args = dict(dataset="chats.jsonl", batch_size=8, lr=1e-4, epochs=1, max_steps=None, lora_rank=32,
+                max_length=2048, save_every=20, eval_every=10, test_size=0) | kwargs
     with pytest.raises(UsageError, match=flag):
-        run.check_numbers(**args)
+        sl.SlOptions(**args)
 
 
 # --- the model and the renderer ------------------------------------------------------------------
@@ -291,7 +293,8 @@ def test_a_failed_or_killed_run_frees_its_slot_and_leaves_no_data(home, tmp_path
     folder = tmp_path / "run"
     folder.mkdir()
     job = run.Job(settings=SETTINGS, summary="", digest=("dataset_sha256", data.sha256), same_input="",
-                  resume_keys=(), recipe=lambda folder, url: sl.recipe(folder, url, data, SETTINGS),
+                  resume_keys=(), recipe=lambda folder, url: sl.recipe(folder, url, data, OPTIONS,
+                                                                       "last_assistant_message"),
                   progress=sl.SlProgress(3), report=str)
     with pytest.raises(KeyboardInterrupt if how == "sigterm" else RuntimeError):
         run.run_recipe(folder, "http://x", job, server_timeout=0)  # no server here to watch
@@ -349,17 +352,21 @@ def test_help_imports_nothing_heavy():
     assert out.stdout.strip() == "[]"
 
 
+def train_sl(**options):
+    return sl.train_sl(sl.SlOptions(**options))
+
+
 def test_dry_run_prints_the_plan_without_a_server(embedded_model, home, monkeypatch, capsys):
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(var, "0")  # restored afterwards: the dry run sets them for a local model
-    assert sl.train_sl(dataset=str(FIXTURE), model=embedded_model, base_url="http://127.0.0.1:9",
-                       batch_size=4, epochs=2, dry_run=True) == 0
+    assert train_sl(dataset=str(FIXTURE), model=embedded_model, base_url="http://127.0.0.1:9",
+                    batch_size=4, epochs=2, dry_run=True) is None
     out = capsys.readouterr().out
     assert "renderer: qwen3_disable_thinking" in out and "-> 12 steps" in out and "(all rendered)" in out
     assert not (home / "runs").exists()
     with pytest.raises(UsageError, match="renderer 'nope' is unknown"):
-        sl.train_sl(dataset=str(FIXTURE), model=embedded_model, base_url="http://127.0.0.1:9", renderer="nope",
-                    dry_run=True)
+        train_sl(dataset=str(FIXTURE), model=embedded_model, base_url="http://127.0.0.1:9", renderer="nope",
+                 dry_run=True)
 
 
 def test_default_lr_is_measured_for_the_embedded_model_and_the_cookbooks_elsewhere(embedded_model):
@@ -372,9 +379,9 @@ def test_default_lr_is_measured_for_the_embedded_model_and_the_cookbooks_elsewhe
 
 def test_load_checkpoint_is_in_the_plan_and_a_folder_without_state_is_refused(tmp_path, capsys):
     model = str(REPO / "rlcli" / "assets" / "rlcli-tiny-qwen3-v1")
-    assert sl.train_sl(dataset=str(FIXTURE), model=model, base_url="http://127.0.0.1:9", dry_run=True,
-                       load_checkpoint="tinker://r/weights/w") == 0
+    assert train_sl(dataset=str(FIXTURE), model=model, base_url="http://127.0.0.1:9", dry_run=True,
+                    load_checkpoint="tinker://r/weights/w") is None
     assert "start: tinker://r/weights/w" in capsys.readouterr().out
     with pytest.raises(UsageError, match="--load-checkpoint"):
-        sl.train_sl(dataset=str(FIXTURE), model=model, base_url="http://127.0.0.1:9", dry_run=True,
-                    load_checkpoint=str(tmp_path))
+        train_sl(dataset=str(FIXTURE), model=model, base_url="http://127.0.0.1:9", dry_run=True,
+                 load_checkpoint=str(tmp_path))

@@ -18,12 +18,15 @@ import os
 import re
 import sys
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlcli.errors import UsageError
-from rlcli.train import rewards, traces
-from rlcli.train.heldout import question_key
+from rlcli.options import Record, option
+from rlcli.problems import rewards, traces
+from rlcli.problems.heldout import question_key
 
 SHORT_WORDS, SHORT_CHARS = 4, 40  # a short exact string: one line, at most this many words and characters
 TAIL_NUMBER = re.compile(r"(?:=|\banswer is|\bresult is|\btotal is)\s*\$?\s*([+-]?\d[\d,]*(?:\.\d+)?)\s*[.!]?\s*$",
@@ -90,17 +93,24 @@ def synthesize(found: traces.Traces) -> tuple[list[dict[str, Any]], Counter[str]
     return kept, skipped, +kinds
 
 
-def qa(traces_file: str, output: str | None = None, turn: traces.Turn = "last") -> int:
-    """Extract {"question", "answer"} problems with checkable answers from imported traces.
+@dataclass(frozen=True, kw_only=True)
+class QaOptions(Record):
+    """`rlcli synth qa`'s options."""
 
-    Args:
-        traces_file: JSONL conversations as `rlcli import` writes them
-        output: the problems file to write (JSONL), for `train rl --dataset` and `eval --dataset`
-        turn: the last assistant turn of each conversation, or all of them
-    """
-    if not output:
-        raise UsageError("pass -o FILE.jsonl: where to write the problems")
-    found = traces.read_traces(traces_file, turn)
+    traces_file: str = option(help="JSONL conversations as `rlcli import` writes them", positional=True)
+    output: str | None = option(None, "the problems file to write (JSONL), for `train rl --dataset` and `eval "
+                                      "--dataset`", short="-o")
+    turn: traces.Turn = traces.TURN("last")
+
+    def problems(self) -> Iterator[str]:
+        if not self.output:
+            yield "pass -o FILE.jsonl: where to write the problems"
+
+
+def qa(o: QaOptions) -> int:
+    """Extract {"question", "answer"} problems with checkable answers from imported traces."""
+    traces_file, output = o.traces_file, str(o.output)
+    found = traces.read_traces(traces_file, o.turn)
     problems, skipped, kinds = synthesize(found)
     if not problems:
         why = ", ".join(f"{n} {r}" for r, n in sorted(skipped.items()))

@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 from rlcli.data.validate import conversation_problem, numbered_json_lines
 from rlcli.errors import UsageError
-from rlcli.train import rewards
+from rlcli.options import Opt, Record
+from rlcli.problems import rewards
 
 Turn = Literal["last", "all"]
 Env = Literal["problems", "replay", "tools"]  # what `train rl` and `eval` run: a problem set, or traces
@@ -163,6 +164,16 @@ def read_traces(path: str, turn: str = "last", tools_env: bool = False) -> Trace
     return traces
 
 
+def first_problems(rows: list[dict[str, Any]], limit: int, source: str) -> list[Problem]:
+    """The last assistant turn of each conversation, one problem per distinct prompt: the `limit` with the smallest
+    prompt hash (a stable subset as the rows grow)."""
+    if not rows:
+        return []
+    found = parse_traces(iter(json.dumps(r) for r in rows), source).problems
+    unique = {p.key: p for p in found}
+    return [unique[k] for k in sorted(unique)[:limit]]
+
+
 def with_verdicts(traces: Traces) -> Traces:
     """Only problems with a verdict (the verdict reward needs one); the others counted as skipped."""
     kept = [p for p in traces.problems if p.score is not None]
@@ -175,7 +186,7 @@ def with_verdicts(traces: Traces) -> Traces:
 
 def eval_size(problems: list[Problem], asked: int | None, source: str) -> int:
     """As heldout.file_eval_size: by default 32 prompts, at most a tenth of the distinct ones."""
-    from rlcli.train.heldout import held_out_size
+    from rlcli.problems.heldout import held_out_size
 
     return held_out_size(len({p.key for p in problems}), asked, source, "prompts")
 
@@ -195,6 +206,25 @@ def split(problems: list[Problem], size: int) -> tuple[list[Problem], list[Probl
 
 
 Reward = Literal["match", "verdict", "rubric", "judge"]
+ENV = Opt("problems (--dataset is a problem set), or replay: --dataset is traces from `rlcli import`, the policy "
+          "writes a logged assistant turn and --reward scores it; or tools: traces that called tools, the logged "
+          "calls answer with their recorded output (answer match + call precision/recall)")
+REWARD = Opt("with --env replay: match (the logged reply), verdict (good-verdict replies are targets, bad ones "
+             "penalised), rubric (--rubric checks) or judge (a judge model ranks each group; training only)")
+MATCH = Opt("how a reply matches the logged one: exact, normalized, number, or regex:PATTERN")
+TURN = Opt("with --env replay: the last assistant turn of each conversation, or all of them")
+RUBRIC = Opt("JSON file of checks (contains, not_contains, regex, min/max_length, json, json_schema)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayOptions(Record):
+    """How traces become problems and how a reply is scored (spec_from_flags checks them together)."""
+
+    env: Env = ENV("problems")
+    reward: Reward = REWARD("match")
+    match: str = MATCH("normalized")
+    turn: Turn = TURN("last")
+    rubric: str | None = RUBRIC(None)
 
 
 @dataclass(frozen=True)
@@ -206,8 +236,8 @@ class Spec:
     reward: str = "match"
     match: str = "normalized"
     rubric: str | None = None
-    judge: dict[str, Any] | None = None  # rlcli.train.judge.Judge settings, for --reward judge
-    env: str = "replay"  # or tools (rlcli.train.tools_env)
+    judge: dict[str, Any] | None = None  # rlcli.problems.judge.Judge settings, for --reward judge
+    env: str = "replay"  # or tools (rlcli.problems.tools_env)
 
     def on_server(self, url: str) -> Spec:
         """A Tinker judge without --judge-url runs on the training server."""

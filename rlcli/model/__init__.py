@@ -5,11 +5,12 @@ Its bytes (weights, tokenizer, config; a few MB) live in rlcli/assets/rlcli-tiny
 every file in its record (rlcli-model.json). `rlcli serve start` (or `rlcli model install`) copies them,
 verified, to RLCLI_HOME/models/ and serves that folder: the same model on every machine.
 
-`rlcli model build` is the recipe that made them: it trains a byte-level BPE tokenizer on a corpus this module
-writes itself, initialises a `Qwen3ForCausalLM` with `torch.manual_seed(seed)`, pretrains it briefly on
-synthetic ChatML chats (rlcli/model_pretrain.py), saves both in Hugging Face format, and says whether the
-bytes match the shipped ones. On one machine the recipe repeats bit for bit; on another processor it may not
-(float kernels differ between CPU models), which is why the bytes ship rather than the recipe alone.
+`rlcli model build` (rlcli/model/recipe.py) is the recipe that made them: it trains a byte-level BPE tokenizer
+on a corpus that module writes itself, initialises a `Qwen3ForCausalLM` with `torch.manual_seed(seed)`,
+pretrains it briefly on synthetic ChatML chats (rlcli/model/pretrain.py), saves both in Hugging Face format,
+and says whether the bytes match the shipped ones. On one machine the recipe repeats bit for bit; on another
+processor it may not (float kernels differ between CPU models), which is why the bytes ship rather than the
+recipe alone.
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 import sys
-import time
 from collections.abc import Iterator
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -32,7 +31,7 @@ from rlcli.errors import RlcliError, UsageError
 from rlcli.files import staged_folder
 
 EMBEDDED_MODEL_NAME = "rlcli-tiny-qwen3-v1"  # a new version of the bytes gets a new name
-MARKER = "rlcli-model.json"  # the model's record (rlcli/model_recipe.py writes it)
+MARKER = "rlcli-model.json"  # the model's record (rlcli/model/recipe.py writes it)
 
 
 def shipped() -> Traversable:
@@ -123,79 +122,4 @@ def install() -> int:
     folder = ensure_embedded_model(quiet=False)
     print(folder)
     print(_summary(describe(folder)))
-    return 0
-
-
-def _build(target: Path, seed: int, steps: int | None) -> None:
-    from rlcli import model_recipe
-
-    def fill(staging: Path) -> None:
-        # Nothing here should touch the network; if a library tries, fail fast instead of hanging.
-        with _offline():
-            info = model_recipe.build_into(staging, seed, quiet=False, steps=steps)
-        (staging / MARKER).write_text(json.dumps(info, indent=2) + "\n")
-
-    parent = private_dir(target.parent)
-    with _locked(parent / f".{target.name}.lock"):
-        _stage(parent, target, fill)
-
-
-@contextlib.contextmanager
-def _offline() -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    os.environ.update(dict.fromkeys(saved, "1"))
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def compare_with_shipped(folder: Path) -> tuple[bool, str]:
-    """Whether a build's bytes are the shipped ones, and a sentence that says so (and why they may not be)."""
-    built = describe(folder)
-    try:
-        ship = shipped_record()
-    except (OSError, ValueError):
-        return False, "this rlcli ships no model to compare with"
-    if (built["seed"], built["pretraining"]["steps"]) != (ship["seed"], ship["pretraining"]["steps"]):
-        return False, (f"not the shipped model's settings (seed {ship['seed']}, {ship['pretraining']['steps']} "
-                       "pretraining steps): nothing to compare")
-    differ = sorted(n for n in set(built["files"]) | set(ship["files"])
-                    if built["files"].get(n) != ship["files"].get(n))
-    if not differ:
-        return True, f"the bytes match the shipped {EMBEDDED_MODEL_NAME}, file for file"
-    versions = ", ".join(f"{k} {v}" for k, v in built["built_with"].items())
-    return False, (
-        f"differs from the shipped {EMBEDDED_MODEL_NAME} in {', '.join(differ)}. Expected on another processor "
-        f"or library version: float kernels differ between CPU models, so the pretraining takes another path "
-        f"(shipped: built on {ship['built_on']['cpu']} with "
-        f"{', '.join(f'{k} {v}' for k, v in ship['built_with'].items())}; this build: {built['built_on']['cpu']} "
-        f"with {versions}). rlcli serves the shipped bytes either way."
-    )
-
-
-def build(seed: int = 0, output: str | None = None, steps: int | None = None) -> int:
-    """Run the recipe that made the shipped model, then say whether the bytes it produced match the shipped ones.
-
-    Args:
-        seed: torch seed for the weights (the shipped model is seed 0).
-        output: build into this folder (default RLCLI_HOME/models/rlcli-tiny-qwen3-v1-build[-seedN]).
-        steps: pretraining steps (default the shipped model's); fewer only to try the recipe quickly.
-    """
-    if steps is not None and steps < 1:
-        raise UsageError(f"--steps {steps}: give a positive number of pretraining steps")
-    start = time.monotonic()
-    suffix = "" if seed == 0 else f"-seed{seed}"
-    target = (Path(output).expanduser().resolve() if output
-              else rlcli_home() / "models" / f"{EMBEDDED_MODEL_NAME}-build{suffix}")
-    print(f"rlcli: building {EMBEDDED_MODEL_NAME} (seed {seed}) in {target} ...", file=sys.stderr)
-    _build(target, seed, steps)
-    info = describe(target)
-    print(target)
-    print(f"{_summary(info)} ({time.monotonic() - start:.1f} s)")
-    print(compare_with_shipped(target)[1])
     return 0

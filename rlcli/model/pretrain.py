@@ -123,7 +123,7 @@ def _scored_heldout(x: int, y: int) -> bool:
 def _rl_heldout() -> frozenset[tuple[int, int]]:
     """The pairs train rl's held-out draw can reach on its default range (unordered, as it compares them),
     so that its evaluation is on sums the model never saw."""
-    from rlcli.train.heldout import ARITHMETIC_EVAL_MAX, arithmetic_eval_pairs, pair_key
+    from rlcli.problems.heldout import ARITHMETIC_EVAL_MAX, arithmetic_eval_pairs, pair_key
 
     return frozenset(pair_key(x, y) for x, y in arithmetic_eval_pairs(ARITHMETIC_EVAL_MAX))
 

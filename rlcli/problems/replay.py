@@ -1,7 +1,7 @@
 """`--env replay`: RL on logged conversations. The policy writes a logged assistant turn; a reward scores it.
 
-Each problem (rlcli.train.traces) renders its prompt conversation with the run's renderer; the sampled
-reply is scored by `--reward` (rlcli.train.rewards; `judge` by rlcli.train.judge, relative within the
+Each problem (rlcli.problems.traces) renders its prompt conversation with the run's renderer; the sampled
+reply is scored by `--reward` (rlcli.problems.rewards; `judge` by rlcli.problems.judge, relative within the
 group). Every step's metrics carry the reward's components (env/all/reward/<name>, env/all/format,
 env/all/echo, env/all/correct) so a run that games one part shows it; each trajectory's logs carry its
 source (FILE:LINE) and trace id, which the recipe writes with the rollouts of every step.
@@ -24,9 +24,9 @@ from tinker_cookbook.tokenizer_utils import get_tokenizer
 from tinker_cookbook.utils import logtree
 
 from rlcli.errors import UsageError
-from rlcli.train import rewards, traces
-from rlcli.train.envs import Data
-from rlcli.train.traces import Problem, Spec
+from rlcli.problems import rewards, traces
+from rlcli.problems.heldout import Data
+from rlcli.problems.traces import Problem, Spec
 
 
 def read(spec: Spec) -> tuple[traces.Traces, rewards.Rubric | None]:
@@ -71,7 +71,7 @@ def score(problem: Problem, reply: str, spec: Spec, rubric: rewards.Rubric | Non
     else:
         value = rewards.rubric_score(reply, rubric.checks_for(problem.trace_id, problem.source) if rubric else [])
         parts["correct"] = float(value == 1.0)
-    if spec.reward != "judge":  # the judge's own score comes per group (rlcli.train.judge), under the same key
+    if spec.reward != "judge":  # the judge's own score comes per group (rlcli.problems.judge), under the same key
         parts[f"reward/{spec.reward}"] = value
     return value, parts
 
@@ -119,10 +119,10 @@ class ReplayEnv(Env):
 
 
 class ToolsEnv(Env):
-    """A tool-using conversation replayed (rlcli.train.tools_env): the logged calls answer with their outputs."""
+    """A tool-using conversation replayed (rlcli.problems.tools_env): the logged calls answer with their outputs."""
 
     def __init__(self, problem: Problem, renderer: renderers.Renderer, spec: Spec, rubric: Any = None):
-        from rlcli.train.tools_env import Episode, tool_specs
+        from rlcli.problems.tools_env import Episode, tool_specs
 
         self.problem, self.renderer, self.episode = problem, renderer, Episode(problem, spec.match)
         system = "\n".join(traces.text_of(m) for m in problem.prompt if m["role"] == "system")
@@ -158,7 +158,7 @@ class ReplayGroup(EnvGroupBuilder):
 
     env_thunk: Any
     num_envs: int
-    judge: Any = None  # rlcli.train.judge.Judge
+    judge: Any = None  # rlcli.problems.judge.Judge
 
     async def make_envs(self) -> Sequence[Env]:
         return [self.env_thunk() for _ in range(self.num_envs)]
@@ -195,7 +195,7 @@ def datasets(spec: Spec, eval_size: int, batch_size: int, group_size: int, rende
         raise UsageError(f"{spec.path} changed after it was checked: rerun the command")
     judge = None
     if spec.reward == "judge":
-        from rlcli.train.judge import Judge
+        from rlcli.problems.judge import Judge
 
         judge = Judge.from_settings(spec.judge or {}, rubric)
     train, test = traces.split(found.problems, eval_size)
@@ -205,11 +205,18 @@ def datasets(spec: Spec, eval_size: int, batch_size: int, group_size: int, rende
     def group(p: Problem, size: int) -> ReplayGroup:
         return ReplayGroup(partial(env_class, p, renderer, spec, rubric), size, judge if size > 1 else None)
 
-    # A held-out problem is sampled once: the judge ranks a group, so alone it is scored by match instead.
-    test_spec = replace(spec, reward="match") if spec.reward == "judge" else spec
-    test_groups = [ReplayGroup(partial(env_class, p, renderer, test_spec, rubric), 1) for p in test]
+    test_groups = one_each(test, renderer, spec, rubric)
     return (ReplayDataset([group(p, group_size) for p in train], batch_size),
             ReplayDataset(test_groups, len(test_groups)) if test else None)
+
+
+def one_each(problems: list[Problem], renderer: renderers.Renderer, spec: Spec,
+             rubric: rewards.Rubric | None = None) -> list[ReplayGroup]:
+    """One sample of each problem, scored alone: the judge ranks a group, so a judged problem is scored by match
+    instead (held-out problems, and the loop's evaluation through rlcli.problems.score)."""
+    env_class = ToolsEnv if spec.env == "tools" else ReplayEnv
+    alone = replace(spec, reward="match") if spec.reward == "judge" else spec
+    return [ReplayGroup(partial(env_class, p, renderer, alone, rubric), 1) for p in problems]
 
 
 @chz.chz

@@ -1,8 +1,8 @@
 """Which problem set an RL run's flags name, and the problems it keeps out of training, so that a score
 before and after training compares unseen ones.
 
-Pure and light: `rlcli train rl`, `rlcli eval`, the datasets (rlcli.train.envs) and the embedded
-model's pretraining (rlcli.model_pretrain, which keeps every pair listed here out of its chats) all
+Pure and light: `rlcli train rl`, `rlcli eval`, the datasets (rlcli.problems.envs) and the embedded
+model's pretraining (rlcli.model.pretrain, which keeps every pair listed here out of its chats) all
 draw the same problems from here.
 
 - files: EVAL_SIZE distinct questions (at most a tenth of them) drawn with a fixed seed; every copy
@@ -15,9 +15,11 @@ draw the same problems from here.
 from __future__ import annotations
 
 import random
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from rlcli.errors import UsageError
+from rlcli.options import Opt, Record
 
 EVAL_SIZE = 32  # held-out problems by default
 EVAL_SEED = 20_260_501  # the held-out draw's own seed: the training order uses the batch index as its seed
@@ -25,7 +27,31 @@ FILE_EVAL_SHARE = 10  # by default a file holds out at most 1/10 of its distinct
 ARITHMETIC_MAX = 100  # the cookbook's ArithmeticDataset draws x, y from 0..100
 ARITHMETIC_EVAL_MAX = 1000  # of its 5,151 distinct pairs (a smaller --max-operand: a third of its pairs)
 FEWSHOT_PAIR = (4, 5)  # ArithmeticEnv.standard_fewshot_prefix asks 4 + 5 in every prompt
-Grader = Literal["auto", "gsm8k", "numeric", "exact"]  # how a file's answers are graded (rlcli.train.envs)
+Grader = Literal["auto", "gsm8k", "numeric", "exact"]  # how a file's answers are graded (rlcli.problems.envs)
+
+
+# The options that name a problem set and what it holds out (train rl, train distill, eval).
+DATASET = Opt('arithmetic, gsm8k, or a JSONL file of {"question", "answer"}: "42", or GSM8K-style "...#### 42"; '
+              "with --env replay|tools: traces as `rlcli import` writes them")
+DATASET_PATH = Opt("with gsm8k: read it from this JSONL file (offline) instead of the hub")
+GRADER = Opt("auto (a file whose answers end '#### N': gsm8k, else numeric), gsm8k (the cookbook's sympy grader), "
+             "numeric (numbers compared as numbers, other answers as text) or exact (as text)")
+MAX_OPERAND = Opt("with arithmetic: draw x and y from 0..N (default 100, the cookbook's range)", low=FEWSHOT_PAIR[1],
+                  high=10**6, why=f"the few-shot example asks {FEWSHOT_PAIR[0]} + {FEWSHOT_PAIR[1]}")
+HELD_OUT = Opt("problems held out of training, to score (default 32; a file: at most a tenth of it; arithmetic: "
+               "at most a third of its pairs; gsm8k: its first N test problems)", low=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProblemSet(Record):
+    """The problem set a command names, and how many of its problems are held out (choose_dataset checks them
+    together)."""
+
+    dataset: str | None = DATASET(None)
+    dataset_path: str | None = DATASET_PATH(None)
+    grader: Grader = GRADER("auto")
+    max_operand: int | None = MAX_OPERAND(None)
+    eval_size: int | None = HELD_OUT(None)
 
 
 def question_key(question: str) -> str:
@@ -70,9 +96,7 @@ def arithmetic_eval_size(eval_size: int | None, max_operand: int = ARITHMETIC_MA
 
 
 def check_arithmetic(eval_size: int, max_operand: int = ARITHMETIC_MAX) -> None:
-    if not FEWSHOT_PAIR[1] <= max_operand <= 10**6:
-        raise UsageError(f"--max-operand {max_operand}: give {FEWSHOT_PAIR[1]} to 1000000 (the few-shot example "
-                         f"asks {FEWSHOT_PAIR[0]} + {FEWSHOT_PAIR[1]})")
+    """The held-out count against the range (the range itself is MAX_OPERAND's bound)."""
     if eval_size > (most := arithmetic_eval_max(max_operand)):
         raise UsageError(f"--eval-size {eval_size}: arithmetic with operands 0..{max_operand} holds out at most "
                          f"{most} problems")
@@ -117,3 +141,29 @@ def choose_dataset(dataset: str | None, dataset_path: str | None, grader: Grader
     if dataset == "gsm8k" and not dataset_path and grader not in ("auto", "gsm8k"):
         raise UsageError(f"--grader {grader} is for JSONL files; the hub's gsm8k is graded the cookbook's way")
     return dataset, dataset_path, "gsm8k" if dataset == "gsm8k" and grader == "auto" else grader
+
+
+@dataclass(frozen=True)
+class Problems:
+    """{"question", "answer"} records read from a file, checked, with the grader they get."""
+
+    source: str
+    records: list[dict[str, str]]
+    lines: list[int]
+    sha256: str
+    grader: str  # gsm8k, numeric or exact ("auto" resolved from the answers)
+
+
+@dataclass(frozen=True)
+class Data:
+    """What a run trains on, as the plan and --resume see it."""
+
+    label: str
+    problems: Problems | None  # a file's problems; None for the cookbook's own sets
+    size: int | None  # training problems; None for the synthetic set
+    batches: int  # steps in one pass
+    sha256: str  # identity checked by --resume
+    held_out: int  # problems scored every --eval-every steps, never trained on
+    grader: str
+    max_operand: int = ARITHMETIC_MAX  # arithmetic's x, y range: 0..max_operand
+    replay: Any = None  # --env replay's rlcli.problems.traces.Spec

@@ -1,21 +1,30 @@
 """The recipe that made the embedded model's shipped bytes (`rlcli model build` runs it).
 
 A byte-level BPE tokenizer trained on a corpus this module writes itself, a `Qwen3ForCausalLM` initialised
-with `torch.manual_seed(seed)`, pretrained briefly on synthetic ChatML chats (rlcli/model_pretrain.py), saved
+with `torch.manual_seed(seed)`, pretrained briefly on synthetic ChatML chats (rlcli/model/pretrain.py), saved
 in Hugging Face format. Same machine, same seed: same bytes. Another processor may give other bytes (float
-kernels differ between CPU models), so rlcli serves the bytes it ships (rlcli/model.py), not a fresh build.
+kernels differ between CPU models), so rlcli serves the bytes it ships (rlcli/model/__init__.py), not a fresh build.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import platform
 import random
 import re
+import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rlcli.config import private_dir, rlcli_home
+from rlcli.model import _locked, _stage, _summary, describe, shipped_record
+from rlcli.options import SEED, Record, option
 
 EMBEDDED_MODEL_NAME = "rlcli-tiny-qwen3-v1"
 BUILD_VERSION = 2  # bump when the corpus, template, pretraining or architecture changes (and ship new bytes)
@@ -198,7 +207,7 @@ def build_into(folder: Path, seed: int, quiet: bool = True, steps: int | None = 
     import transformers
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from rlcli.model_pretrain import STEPS, kept_away, pretrain
+    from rlcli.model.pretrain import STEPS, kept_away, pretrain
 
     tokenizer = _train_tokenizer()
     tokenizer.save_pretrained(folder, save_jinja_files=False)  # chat_template inside tokenizer_config
@@ -243,3 +252,81 @@ def build_into(folder: Path, seed: int, quiet: bool = True, steps: int | None = 
     }
 
 
+# --- `rlcli model build` -------------------------------------------------------------------------
+
+
+def _build(target: Path, seed: int, steps: int | None) -> None:
+    def fill(staging: Path) -> None:
+        # Nothing here should touch the network; if a library tries, fail fast instead of hanging.
+        with _offline():
+            info = build_into(staging, seed, quiet=False, steps=steps)
+        (staging / MARKER).write_text(json.dumps(info, indent=2) + "\n")
+
+    parent = private_dir(target.parent)
+    with _locked(parent / f".{target.name}.lock"):
+        _stage(parent, target, fill)
+
+
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    os.environ.update(dict.fromkeys(saved, "1"))
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def compare_with_shipped(folder: Path) -> tuple[bool, str]:
+    """Whether a build's bytes are the shipped ones, and a sentence that says so (and why they may not be)."""
+    built = describe(folder)
+    try:
+        ship = shipped_record()
+    except (OSError, ValueError):
+        return False, "this rlcli ships no model to compare with"
+    if (built["seed"], built["pretraining"]["steps"]) != (ship["seed"], ship["pretraining"]["steps"]):
+        return False, (f"not the shipped model's settings (seed {ship['seed']}, {ship['pretraining']['steps']} "
+                       "pretraining steps): nothing to compare")
+    differ = sorted(n for n in set(built["files"]) | set(ship["files"])
+                    if built["files"].get(n) != ship["files"].get(n))
+    if not differ:
+        return True, f"the bytes match the shipped {EMBEDDED_MODEL_NAME}, file for file"
+    versions = ", ".join(f"{k} {v}" for k, v in built["built_with"].items())
+    return False, (
+        f"differs from the shipped {EMBEDDED_MODEL_NAME} in {', '.join(differ)}. Expected on another processor "
+        f"or library version: float kernels differ between CPU models, so the pretraining takes another path "
+        f"(shipped: built on {ship['built_on']['cpu']} with "
+        f"{', '.join(f'{k} {v}' for k, v in ship['built_with'].items())}; this build: {built['built_on']['cpu']} "
+        f"with {versions}). rlcli serves the shipped bytes either way."
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions(Record):
+    """`rlcli model build`'s options."""
+
+    seed: int = SEED(0)
+    output: str | None = option(None, "build into this folder (default RLCLI_HOME/models/rlcli-tiny-qwen3-v1-build"
+                                      "[-seedN])", short="-o")
+    steps: int | None = option(None, "pretraining steps (default the shipped model's); fewer only to try the "
+                                     "recipe quickly", low=1)
+
+
+def build(o: BuildOptions) -> int:
+    """Run the recipe that made the shipped model, then say whether the bytes it produced match the shipped ones."""
+    seed, output, steps = o.seed, o.output, o.steps
+    start = time.monotonic()
+    suffix = "" if seed == 0 else f"-seed{seed}"
+    target = (Path(output).expanduser().resolve() if output
+              else rlcli_home() / "models" / f"{EMBEDDED_MODEL_NAME}-build{suffix}")
+    print(f"rlcli: building {EMBEDDED_MODEL_NAME} (seed {seed}) in {target} ...", file=sys.stderr)
+    _build(target, seed, steps)
+    info = describe(target)
+    print(target)
+    print(f"{_summary(info)} ({time.monotonic() - start:.1f} s)")
+    print(compare_with_shipped(target)[1])
+    return 0

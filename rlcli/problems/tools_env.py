@@ -1,6 +1,6 @@
 """`--env tools`: conversations that used tools, replayed. The logged calls answer with their recorded output.
 
-A problem (rlcli.train.traces, tools_env=True) starts at the first assistant turn that called tools; the
+A problem (rlcli.problems.traces, tools_env=True) starts at the first assistant turn that called tools; the
 logged tool schemas are offered to the policy. A call whose name and arguments (as JSON, key order
 ignored) match a logged call gets the recorded output; anything else gets an "unknown call"
 observation. The episode ends when the policy answers without calling (or after MAX_TURNS).
@@ -19,8 +19,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlcli.train import rewards
-from rlcli.train.traces import Problem, text_of
+from rlcli.problems import rewards
+from rlcli.problems.traces import Problem, text_of
 
 ANSWER_WEIGHT, CALL_WEIGHT, MALFORMED_PENALTY = 0.5, 0.25, 0.1
 MAX_TURNS = 8
@@ -129,7 +129,7 @@ def tool_specs(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def run_policy(path: str, policy: str, match: str = "normalized") -> dict[str, Any]:
     """Every tool problem of a traces file played by `policy`: the mean of each score part, and per problem."""
-    from rlcli.train.traces import read_traces
+    from rlcli.problems.traces import read_traces
 
     found = read_traces(path, "last", tools_env=True)
     played = [(p, play(p, policy, match)) for p in found.problems]

@@ -3,7 +3,7 @@
 The judge sees one problem's prompt, the logged reply as a reference, the rubric's checks if any, and
 the group's replies, and returns a score in 0..1 for each: relative within the group, which is what
 group-normalised advantages use. The prompt is a versioned template shipped in the package
-(rlcli/train/judge_prompt_v1.txt); a change of wording is a new version, never an edit.
+(rlcli/problems/judge_prompt_v1.txt); a change of wording is a new version, never an edit.
 
 - Judges: a model on a Tinker server (the training server's base model, tinker:// sampler weights,
   or another server with --judge-url), or any OpenAI-compatible endpoint (POST URL/chat/completions).
@@ -115,7 +115,7 @@ class Judge:
     name: str
     ask: Any  # text -> answer text (blocking)
     cache: Cache
-    rubric: Any = None  # rlcli.train.rewards.Rubric
+    rubric: Any = None  # rlcli.problems.rewards.Rubric
     counts: dict[str, int] = field(default_factory=lambda: {"asked": 0, "cached": 0, "failed": 0})
 
     @classmethod
@@ -149,7 +149,7 @@ class Judge:
         return found
 
     async def group_rewards(self, envs: list[Any]) -> list[tuple[float, dict[str, float]]]:
-        """For a group of ReplayEnvs (rlcli.train.replay) after their step: (reward, metrics) each."""
+        """For a group of ReplayEnvs (rlcli.problems.replay) after their step: (reward, metrics) each."""
         problem = envs[0].problem
         checks = self.rubric.checks_for(problem.trace_id, problem.source) if self.rubric else []
         replies = [e.reply for e in envs]
@@ -157,7 +157,7 @@ class Judge:
         if found is None:
             return [(0.0, {"judge/failed": 1.0}) for _ in envs]
         # An empty reply or an echo of the prompt earns nothing whatever the judge says.
-        from rlcli.train.rewards import is_echo
+        from rlcli.problems.rewards import is_echo
 
         return [(0.0 if not r.strip() or is_echo(r, problem.last_user()) else s,
                  {"judge/failed": 0.0, "reward/judge": s}) for r, s in zip(replies, found, strict=True)]

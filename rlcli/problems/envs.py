@@ -9,7 +9,7 @@
   - plain, every answer the final answer itself ("42", "Paris"): the cookbook's MathEnv prompt asks
     for \\boxed{}, its extract_boxed reads the reply, and `grade_answer` compares: as numbers when both
     are numbers (commas and whitespace dropped, 42 == 42.0), else as whitespace-normalized text.
-Each keeps problems held out for evaluation (rlcli.train.heldout). The cookbook and `datasets` are
+Each keeps problems held out for evaluation (rlcli.problems.heldout). The cookbook and `datasets` are
 imported at the top: rl.py imports this module only once a run's loss plan is settled.
 """
 
@@ -20,7 +20,6 @@ import json
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from decimal import Decimal
 from functools import partial
 from pathlib import Path
@@ -35,7 +34,8 @@ from tinker_cookbook.tokenizer_utils import get_tokenizer
 
 from rlcli.data.validate import numbered_json_lines
 from rlcli.errors import RlcliError, UsageError
-from rlcli.train import heldout
+from rlcli.problems import heldout
+from rlcli.problems.heldout import Data, Problems
 
 try:  # its grader imports sympy and pylatexenc (the cookbook's [math-rl] extra), whose own hint names a git install
     from tinker_cookbook.recipes.math_rl.math_env import (
@@ -53,32 +53,6 @@ ARITHMETIC_BATCHES = 100  # the synthetic set has no size of its own: without --
 FORMAT_HINT = ('one JSON object per line, {"question": ..., "answer": "42"}, or GSM8K-style with '
                '"answer": "...reasoning...\\n#### 42"')
 NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
-
-
-@dataclass(frozen=True)
-class Problems:
-    """{"question", "answer"} records read from a file, checked, with the grader they get."""
-
-    source: str
-    records: list[dict[str, str]]
-    lines: list[int]
-    sha256: str
-    grader: str  # gsm8k, numeric or exact ("auto" resolved from the answers)
-
-
-@dataclass(frozen=True)
-class Data:
-    """What a run trains on, as the plan and --resume see it."""
-
-    label: str
-    problems: Problems | None  # a file's problems; None for the cookbook's own sets
-    size: int | None  # training problems; None for the synthetic set
-    batches: int  # steps in one pass
-    sha256: str  # identity checked by --resume
-    held_out: int  # problems scored every --eval-every steps, never trained on
-    grader: str
-    max_operand: int = heldout.ARITHMETIC_MAX  # arithmetic's x, y range: 0..max_operand
-    replay: Any = None  # --env replay's rlcli.train.replay.Spec
 
 
 # --- grading -------------------------------------------------------------------------------------
@@ -180,9 +154,9 @@ def read_problems(path: str, grader: str = "auto") -> Problems:
 def load_data(name: str, path: str | None, batch_size: int, max_steps: int | None, grader: str = "auto",
               eval_size: int | None = None, max_operand: int = heldout.ARITHMETIC_MAX, replay: Any = None) -> Data:
     """Read and check `choose_dataset`'s data (or ask the hub GSM8K's size); settle the held-out count.
-    With `replay` (a rlcli.train.traces.Spec), the traces it names (rlcli.train.replay)."""
+    With `replay` (a rlcli.problems.traces.Spec), the traces it names (rlcli.problems.replay)."""
     if replay is not None:
-        from rlcli.train import replay as replay_env
+        from rlcli.problems import replay as replay_env
 
         return replay_env.load(replay, batch_size, eval_size)
     if path:
@@ -336,7 +310,7 @@ def arithmetic_datasets(batch_size: int, group_size: int, n_batches: int, eval_s
 def dataset_builder(data: Data, model: str, renderer: str, batch_size: int, group_size: int) -> RLDatasetBuilder:
     """The cookbook builder for `data` (from load_data): training set and held-out test set."""
     if data.replay is not None:
-        from rlcli.train import replay
+        from rlcli.problems import replay
 
         return replay.builder(data, model, renderer, batch_size, group_size)
     common = dict(batch_size=batch_size, model_name_for_tokenizer=model, renderer_name=renderer,

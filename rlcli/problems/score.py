@@ -1,0 +1,81 @@
+"""The one scorer: a model answers problems, and each answer is graded by its problem's own env, as in training.
+
+A problem is a tinker-cookbook env group (a problem set's held-out split, or logged conversations as replay envs);
+the model answers through a token completer, and the env's step says what the answer earned. `rlcli eval` takes
+the means (`means`: the cookbook's trajectory metrics, as its RL test-set evaluator reports them, under `test/`);
+the loop's gate compares two models problem by problem (`Scored`). The caller opens the sampler and chooses the
+renderer: nothing here imports a trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tinker_cookbook import renderers
+from tinker_cookbook.exceptions import AllTrajectoriesFailedError
+from tinker_cookbook.rl.metric_util import compute_trajectory_metrics, dataset_to_env_group_builders
+from tinker_cookbook.rl.rollouts import do_group_rollout
+from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, TrajectoryGroup
+from tinker_cookbook.utils import logtree
+
+PREFIX = "test"  # the metrics' namespace: what the trainers log for held-out problems (rlcli.train.metrics)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One problem's grade: its env's correct share and total reward (means over the group), the first reply."""
+
+    correct: float
+    reward: float
+    reply: str
+
+
+def problems_of(dataset: RLDataset) -> list[EnvGroupBuilder]:
+    """Every problem of a test set, in its order."""
+    return dataset_to_env_group_builders(dataset)
+
+
+def answer(problems: Sequence[EnvGroupBuilder], policy: Any,
+           one_at_a_time: bool = False) -> list[TrajectoryGroup | None]:
+    """Each problem answered by `policy` (a token completer) and graded by its env; None where every answer
+    failed. one_at_a_time: the server compiles a sampling batch's shape once, and one request at a time keeps
+    that shape the same however many problems there are."""
+
+    async def one(problem: EnvGroupBuilder) -> TrajectoryGroup | None:
+        try:
+            with logtree.optional_enable_logging(enable=False):
+                return await do_group_rollout(problem, policy)
+        except AllTrajectoriesFailedError:
+            return None
+
+    async def every() -> list[TrajectoryGroup | None]:
+        if one_at_a_time:
+            return [await one(p) for p in problems]
+        return list(await asyncio.gather(*(one(p) for p in problems)))
+
+    return asyncio.run(every())
+
+
+def means(problems: Sequence[EnvGroupBuilder], graded: Sequence[TrajectoryGroup | None]) -> dict[str, float]:
+    """The cookbook's metrics over every graded problem, `test/env/all/correct` and `.../reward/total` among them."""
+    done = [(p, g) for p, g in zip(problems, graded, strict=True) if g is not None]
+    if not done:
+        return {}
+    found = compute_trajectory_metrics([g for _, g in done], [p.logging_tags() for p, _ in done])
+    return {f"{PREFIX}/{key}": value for key, value in found.items()}
+
+
+def per_problem(graded: Sequence[TrajectoryGroup | None], renderer: renderers.Renderer) -> list[Scored]:
+    """Each problem's grade (a problem whose answers all failed scores 0, with no reply)."""
+    return [_scored(g, renderer) if g is not None else Scored(0.0, 0.0, "") for g in graded]
+
+
+def _scored(group: TrajectoryGroup, renderer: renderers.Renderer) -> Scored:
+    rewards = group.get_total_rewards()
+    correct = [t.metrics.get("correct", 0.0) for traj in group.trajectories_G for t in traj.transitions[-1:]]
+    first = group.trajectories_G[0].transitions[0].ac.tokens
+    reply = renderers.get_text_content(renderer.parse_response(first)[0]).strip()
+    return Scored(sum(correct) / max(len(correct), 1), sum(rewards) / max(len(rewards), 1), reply)
