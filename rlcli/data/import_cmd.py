@@ -31,7 +31,6 @@ error never leaves half a dataset behind.
 from __future__ import annotations
 
 import gc
-import gzip
 import json
 import os
 import sys
@@ -45,7 +44,7 @@ from typing import IO, Any, Literal
 
 import orjson
 
-from rlcli.data import chains, otel, traces
+from rlcli.data import chains
 from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith, from_openai
 from rlcli.data.messages import Conversation, Options, finalize
 from rlcli.errors import RlcliError, UsageError
@@ -60,6 +59,7 @@ Write = Callable[[bytes], Any]
 # The output's buffer: small enough that a filled buffer is still in the CPU's cache when the kernel copies it
 # out (a 1 MiB buffer cost a 100 MB import a third more system time), large enough for few write calls.
 _OUT_BUFFER = 1 << 16
+
 
 def _fast_dumps(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
@@ -281,6 +281,8 @@ def _input(path: str) -> Iterator[Iterable[bytes]]:
     if not os.path.isfile(path):
         raise UsageError(f"input {path} is not a file; give a JSONL file (or .jsonl.gz), or - for stdin")
     if path.endswith(".gz"):
+        import gzip
+
         with gzip.open(path, "rb") as f:
             yield f
     else:
@@ -366,11 +368,13 @@ def convert(run: Run, input: str, format: str, output: str, min_score: float | N
             feedback: str | None = None, join_trace: bool = False) -> Stats:
     """One file (or stdin) through `run` into output: what import_cmd does, its tallies returned
     (`rlcli loop` ingests each trace file this way)."""
-    importer = otel.from_span if format == "otel" else IMPORTERS[format]
+    importer = None if format == "otel" else IMPORTERS[format]
     with _input(input) as lines, _output(output) as out, _no_cycle_collector():
         if format == "langsmith":
             langsmith(run, lines, out.write, min_score, feedback)
-        elif format == "otel":
+        elif importer is None:
+            from rlcli.data import traces  # only -f otel compiles the span readers
+
             traces.stream(run, lines, run.emitter(out.write), join_trace)
         else:
             run.stream(lines, importer, out.write)

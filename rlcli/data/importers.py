@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlcli.data import responses
-from rlcli.data.gemini import from_gemini
 from rlcli.data.messages import (
     Conversation,
     Message,
@@ -235,6 +234,14 @@ def _messages(record: Any, parts: Counter[str]) -> Conversation:
     if not isinstance(raw, list):
         raise Skip("unrecognized")
     return conversation(_convert_all(raw, parts), tools, parts)
+
+
+def from_gemini(record: Any, parts: Counter[str]) -> Conversation | str:
+    """A Gemini generateContent record: rlcli.data.gemini reads it, imported at the first call, so that no other
+    format's start-up compiles that module."""
+    from rlcli.data.gemini import from_gemini as convert
+
+    return convert(record, parts)
 
 
 def from_langsmith(record: Any, parts: Counter[str]) -> Conversation | Feedback | str:

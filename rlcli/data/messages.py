@@ -25,7 +25,6 @@ concatenated as they are.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections import Counter
@@ -343,6 +342,8 @@ def _digest(value: Any) -> bytes:
         text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # a lone surrogate or a huge integer: json takes both
         text = json.dumps(value, sort_keys=True).encode()
+    import hashlib  # only --dedupe pays for loading OpenSSL
+
     return hashlib.blake2b(text, digest_size=16).digest()
 
 
