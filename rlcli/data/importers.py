@@ -45,6 +45,8 @@ _RESPONSE_KEYS = (
     "outputBodyJson",
     "body",
 )
+# Keys that make the request/response search read the record itself as the request or the response.
+_PAIR_MARKS = frozenset({"messages", "choices", "content"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,10 +200,26 @@ def _request_and_response(record: Any) -> tuple[dict[str, Any], Any]:
     return request or {}, response
 
 
+def _logged_pair(record: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The request and response of a {"request": {"messages": [...]}, "response": {"choices": [...]}} record, the
+    shape most logs have; None for any other. Exactly what the Responses check and _request_and_response would
+    conclude, told in a few lookups: no key of the record itself (MARKS) makes them look at the record first."""
+    if type(record) is not dict:
+        return None
+    request, response = record.get("request"), record.get("response")
+    if (type(response) is not dict or "choices" not in response or type(request) is not dict
+            or type(request.get("messages")) is not list or not _PAIR_MARKS.isdisjoint(record)):
+        return None
+    _check_error(record)
+    return request, response
+
+
 def _openai(record: Any, parts: Counter[str]) -> Conversation | Link:
-    if (found := responses.split(record)) is not None:
-        return responses.convert(*found, parts)
-    request, response = _request_and_response(record)
+    if (pair := _logged_pair(record)) is None:
+        if (found := responses.split(record)) is not None:
+            return responses.convert(*found, parts)
+        pair = _request_and_response(record)
+    request, response = pair
     messages = _convert_all(request.get("messages", []), parts)
     if response is not None:
         messages = _with_reply(messages, _reply(response, parts), prefill=False)

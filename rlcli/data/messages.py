@@ -50,6 +50,8 @@ _LANGCHAIN_ROLES = {
     "ToolMessage": "tool", "FunctionMessage": "tool", "ChatMessage": "",
 }  # fmt: skip
 _TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
+# Fields that make an assistant message more than text when they hold something (_plain).
+_NOT_PLAIN = frozenset({"tool_calls", "function_call", "audio", "reasoning_content", "reasoning"})
 _PART_KINDS = {"image_url": "image", "input_image": "image", "input_audio": "audio", "input_file": "file"}
 
 
@@ -182,7 +184,7 @@ def _unwrap_langchain(msg: dict[str, Any]) -> dict[str, Any]:
 
 def _plain(msg: dict[str, Any]) -> bool:
     """An assistant message with nothing but text (OpenAI logs its unused fields as null)."""
-    return len(msg) == 2 or not (
+    return _NOT_PLAIN.isdisjoint(msg) or not (
         msg.get("tool_calls") or msg.get("function_call") or msg.get("audio")
         or msg.get("reasoning_content") or msg.get("reasoning")
     )  # fmt: skip
