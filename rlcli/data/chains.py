@@ -125,30 +125,15 @@ class Chains:
             yield lineno, self._joined(link, before + link.conv["messages"]), parts
 
 
-class _Tap:
-    """Passes lines through and remembers the last one and its offset, so a record's line can be found again."""
-
-    def __init__(self, lines: Iterable[bytes], start: int) -> None:
-        self.lines, self.last, self.at, self.next = lines, b"", start, start
-
-    def __iter__(self) -> Iterator[bytes]:
-        for line in self.lines:
-            self.last, self.at = line, self.next
-            self.next += len(line)
-            yield line
-
-
-def _regular_file(lines: Any) -> tuple[int, int]:
-    """(descriptor, current offset) when `lines` is a plain file opened for reading (not gzip), else (-1, 0)."""
+def _regular_file(lines: Any) -> int:
+    """The descriptor of `lines` when it is a plain file opened for reading (not gzip), else -1."""
     if type(lines).__name__ != "BufferedReader":
-        return -1, 0
+        return -1
     try:
         fd = lines.fileno()
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return -1, 0
-        return fd, lines.tell()
+        return fd if stat.S_ISREG(os.fstat(fd).st_mode) else -1
     except (OSError, ValueError):
-        return -1, 0
+        return -1
 
 
 def stream(run: Any, lines: Iterable[bytes], importer: Callable[..., Any], emit: Callable[[Conversation], Any]) -> None:
@@ -159,15 +144,16 @@ def stream(run: Any, lines: Iterable[bytes], importer: Callable[..., Any], emit:
         return importer(parse_line(raw), Counter())  # parts were counted the first time
 
     opts = run.opts
-    fd, start = _regular_file(lines)
-    tap = _Tap(lines, start)
+    fd = _regular_file(lines)
     with tempfile.TemporaryFile(buffering=1 << 20) as spool:
         private = opts.redact or opts.drop_tools or opts.drop_thinking
         chains = Chains(spool, reconvert, private, fd)
-        for lineno, record in run.records(tap):
+        for lineno, record in run.records(lines):
             result = run.convert(record, lineno, importer)
             if type(result) is Link:
-                result = chains.add(result, tap.last, tap.at, lineno, run.parts)
+                raw = run.line  # a regular file's reader stands just past it: the line starts len(raw) before
+                at = lines.tell() - len(raw) if fd >= 0 else -1  # type: ignore[attr-defined]
+                result = chains.add(result, raw, at, lineno, run.parts)
                 result = None if result is None else run.finish(result, lineno)
             if result is not None:
                 emit(result)

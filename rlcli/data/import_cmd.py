@@ -61,10 +61,6 @@ Write = Callable[[bytes], Any]
 _OUT_BUFFER = 1 << 16
 
 
-def _fast_dumps(value: Any) -> bytes:
-    return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
-
-
 def parse_line(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
@@ -75,7 +71,7 @@ def parse_line(raw: bytes) -> Any:
 def encode(conv: Conversation) -> bytes:
     """One output line."""
     try:
-        return _fast_dumps(conv)
+        return orjson.dumps(conv, option=orjson.OPT_APPEND_NEWLINE)
     except TypeError:  # an integer past 64 bits or a lone surrogate: json escapes both
         return json.dumps(conv).encode() + b"\n"
 
@@ -115,19 +111,24 @@ class Run:
     def __post_init__(self) -> None:
         self.parts: Counter[str] = Counter()  # one Counter, emptied after each record: no allocation
         self.seen: set[bytes] = set()  # digests of kept conversations, for --dedupe
+        self.line = b""  # the raw line of the record `records` yielded last (chains index Responses records')
 
     def records(self, lines: Iterable[bytes], where: str = "line") -> Iterator[tuple[int, Any]]:
         """(line number, decoded record) for each non-blank line; bad JSON stops or is counted."""
-        stats = self.stats
+        stats, loads = self.stats, orjson.loads
         for lineno, raw in enumerate(lines, 1):
             if raw.isspace():
                 continue
             stats.read += 1
             try:
-                record = parse_line(raw)
-            except ValueError as e:
-                self._bad_json(f"{where} {lineno}", e)
-                continue
+                record = loads(raw)  # parse_line's first try, without its call: this loop runs once a record
+            except ValueError:
+                try:
+                    record = parse_line(raw)
+                except ValueError as e:
+                    self._bad_json(f"{where} {lineno}", e)
+                    continue
+            self.line = raw
             yield lineno, record
 
     def _bad_json(self, at: str, e: ValueError) -> None:
@@ -167,12 +168,14 @@ class Run:
         """
         if type(result) is dict:
             result = finalize(result, self.opts, self.stats.redacted, self.seen)
+            if type(result) is dict:
+                if self.parts:
+                    self._keep_parts(lineno)
+                return result
         if type(result) is str:
             self.parts.clear()  # parts of a dropped record were not left out of anything written
             self.drop(f"line {lineno}", result)
             return None
-        if self.parts and type(result) is dict:
-            self._keep_parts(lineno)
         return result
 
     def stream(self, lines: Iterable[bytes], importer: Callable[..., Any], write: Write) -> None:

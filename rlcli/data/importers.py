@@ -45,6 +45,7 @@ _RESPONSE_KEYS = (
     "outputBodyJson",
     "body",
 )
+_ERROR_KEYS = frozenset({"error", "status", "status_code"})
 # Keys that make the request/response search read the record itself as the request or the response.
 _PAIR_MARKS = frozenset({"messages", "choices", "content"})
 
@@ -93,6 +94,8 @@ def _is_response(d: dict[str, Any]) -> bool:
 
 
 def _check_error(d: dict[str, Any]) -> None:
+    if _ERROR_KEYS.isdisjoint(d):  # most records: one lookup per key
+        return
     status = d.get("status_code", d.get("status"))
     if d.get("error") or (isinstance(status, int) and status >= 400):
         raise Skip("error_response")

@@ -360,11 +360,12 @@ def _tidy(messages: list[Message]) -> tuple[list[Message], set[str]]:
     last = None
     for m in messages:
         role = m["role"]
-        if role != "tool" and not m["content"] and not m.get("tool_calls") and not m.get("reasoning"):
-            continue
-        if role == last and role != "tool":
-            out[-1] = _join(out[-1], m)
-            continue
+        if role == last or not m["content"]:  # the rare turns, told apart in one test: most have text and a new role
+            if role != "tool" and not m["content"] and not m.get("tool_calls") and not m.get("reasoning"):
+                continue
+            if role == last and role != "tool":
+                out[-1] = _join(out[-1], m)
+                continue
         out.append(m)
         roles.add(role)
         last = role
