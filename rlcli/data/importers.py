@@ -218,14 +218,18 @@ def _logged_pair(record: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
 
 
 def _openai(record: Any, parts: Counter[str]) -> Conversation | Link:
-    if (pair := _logged_pair(record)) is None:
-        if (found := responses.split(record)) is not None:
-            return responses.convert(*found, parts)
-        pair = _request_and_response(record)
-    request, response = pair
-    messages = _convert_all(request.get("messages", []), parts)
-    if response is not None:
-        messages = _with_reply(messages, _reply(response, parts), prefill=False)
+    if (pair := _logged_pair(record)) is not None:  # the reply is in choices: _reply's dispatch is known
+        request = pair[0]
+        messages = _convert_all(request["messages"], parts)
+        reply = _from_choices(pair[1]["choices"], parts)
+    elif (found := responses.split(record)) is not None:
+        return responses.convert(*found, parts)
+    else:
+        request, response = _request_and_response(record)
+        messages = _convert_all(request.get("messages", []), parts)
+        reply = None if response is None else _reply(response, parts)
+    if reply is not None:
+        messages = _with_reply(messages, reply, prefill=False)
     return conversation(messages, request.get("tools") or request.get("functions"), parts)
 
 
