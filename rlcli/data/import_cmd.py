@@ -40,15 +40,17 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from rlcli.data import chains
-from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith, from_openai
-from rlcli.data.messages import Conversation, Options, finalize
+from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith
+from rlcli.data.messages import Conversation, Link, Options, finalize
 from rlcli.errors import RlcliError, UsageError
 from rlcli.files import staged_file
+
+if TYPE_CHECKING:
+    from rlcli.data.chains import Chains
 
 # run_id -> [(where the feedback record was read, its entry)]
 FeedbackTable = dict[str, list[tuple[str, dict[str, Any]]]]
@@ -111,7 +113,7 @@ class Run:
     def __post_init__(self) -> None:
         self.parts: Counter[str] = Counter()  # one Counter, emptied after each record: no allocation
         self.seen: set[bytes] = set()  # digests of kept conversations, for --dedupe
-        self.line = b""  # the raw line of the record `records` yielded last (chains index Responses records')
+        self.line = b""  # the raw line of the record `records` yielded last (Chains find a Link's line by it)
 
     def records(self, lines: Iterable[bytes], where: str = "line") -> Iterator[tuple[int, Any]]:
         """(line number, decoded record) for each non-blank line; bad JSON stops or is counted."""
@@ -179,14 +181,44 @@ class Run:
         return result
 
     def stream(self, lines: Iterable[bytes], importer: Callable[..., Any], write: Write) -> None:
-        """Convert each record and write it; Responses records that continue others are joined first."""
+        """Convert each record and write it; Responses records that continue others (Links, which only
+        from_openai returns) are joined first, by Chains made at the first Link."""
         emit = self.emitter(write)
-        if importer is from_openai:  # the one importer whose records may continue one another (Links)
-            chains.stream(self, lines, importer, emit)
-            return
-        for lineno, record in self.records(lines):
-            if (conv := self.convert(record, lineno, importer)) is not None:
-                emit(conv)
+        chains: Chains | None = None
+        try:
+            for lineno, record in self.records(lines):
+                result = self.convert(record, lineno, importer)
+                if type(result) is Link:
+                    if chains is None:
+                        chains = self._chains(lines, importer)
+                    result = chains.add(result, self.line, lineno, self.parts)
+                    result = None if result is None else self.finish(result, lineno)
+                if result is not None:
+                    emit(result)
+            if chains is not None:
+                self._leftovers(chains, emit)
+        finally:
+            if chains is not None:
+                chains.close()
+
+    def _chains(self, lines: Iterable[bytes], importer: Callable[..., Any]) -> Chains:
+        from rlcli.data.chains import Chains  # only a log with Responses chains loads it
+
+        def reconvert(raw: bytes) -> Link:
+            return importer(parse_line(raw), Counter())  # parts were counted the first time
+
+        opts = self.opts
+        return Chains(lines, reconvert, private=opts.redact or opts.drop_tools or opts.drop_thinking)
+
+    def _leftovers(self, chains: Chains, emit: Callable[[Conversation], None]) -> None:
+        """The records that waited for a predecessor later in the input: joined now, or dropped."""
+        for lineno, conv, parts in chains.leftovers():
+            if conv is None:
+                self.drop(f"line {lineno}", "previous_response_missing")
+                continue
+            self.parts.update(parts)
+            if (done := self.finish(conv, lineno)) is not None:
+                emit(done)
 
     def emitter(self, write: Write) -> Callable[[Conversation], None]:
         """A function that writes one finished conversation and counts it."""

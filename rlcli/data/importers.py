@@ -15,14 +15,16 @@ import_cmd attaches those as `feedback` and `score`. Nothing here does I/O.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
-from rlcli.data import responses
 from rlcli.data.messages import (
     Conversation,
+    Link,
     Message,
     Skip,
     conversation,
@@ -30,7 +32,6 @@ from rlcli.data.messages import (
     read_texts,
     to_json,
 )
-from rlcli.data.responses import Link
 
 _PLAIN_ROLES = frozenset({"system", "user", "assistant"})
 # Wrapper keys under which loggers, proxies and batch files put the request and the response.
@@ -172,10 +173,10 @@ def _convert_all(raw: list[Any], parts: Counter[str]) -> list[Message]:
     for msg in raw:
         # Inlined fast path of convert_message for messages already in the output shape: a call per
         # message is a measurable share of an import's time.
-        if type(msg) is dict and len(msg) == 2 and type(msg.get("content")) is str and msg["content"]:
-            if msg.get("role") in _PLAIN_ROLES:
-                out.append(msg)
-                continue
+        if (type(msg) is dict and len(msg) == 2 and type(text := msg.get("content")) is str and text
+                and msg.get("role") in _PLAIN_ROLES):
+            out.append(msg)
+            continue
         out += convert_message(msg, parts)
     return out
 
@@ -217,13 +218,22 @@ def _logged_pair(record: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
     return request, response
 
 
+@functools.cache
+def _responses() -> ModuleType:
+    """rlcli.data.responses, imported at the first record that is not a Chat Completions pair: a log of pairs
+    never compiles it."""
+    from rlcli.data import responses
+
+    return responses
+
+
 def _openai(record: Any, parts: Counter[str]) -> Conversation | Link:
     if (pair := _logged_pair(record)) is not None:  # the reply is in choices: _reply's dispatch is known
         request = pair[0]
         messages = _convert_all(request["messages"], parts)
         reply = _from_choices(pair[1]["choices"], parts)
-    elif (found := responses.split(record)) is not None:
-        return responses.convert(*found, parts)
+    elif (found := _responses().split(record)) is not None:
+        return _responses().convert(*found, parts)
     else:
         request, response = _request_and_response(record)
         messages = _convert_all(request.get("messages", []), parts)
@@ -390,7 +400,7 @@ def log_format(record: Any) -> str | None:
         anthropic = isinstance(reply, dict) and "choices" not in reply and (
             reply.get("type") == "message" or "stop_reason" in reply)
         request = _find_request(record) or {}
-        if responses.split(record) is None and (anthropic or (reply is None and "system" in request)):
+        if _responses().split(record) is None and (anthropic or (reply is None and "system" in request)):
             return "anthropic"
         return "openai"
     return "messages" if read(from_messages) else None

@@ -80,6 +80,21 @@ def to_json(value: Any) -> str:
 
 
 @dataclass(slots=True)
+class Link:
+    """A Responses record in a previous_response_id chain (rlcli.data.responses makes it, rlcli.data.chains joins it):
+    its own turns, apart from its instructions.
+
+    A continuation inherits the earlier turns but not the earlier instructions or tools, so the
+    system messages (`system`) are kept apart from the turns (`conv`) until the chain is joined.
+    """
+
+    conv: Conversation
+    system: list[Message]
+    response_id: str
+    previous_id: str
+
+
+@dataclass(slots=True)
 class _Content:
     texts: list[str]
     calls: list[dict[str, Any]]
