@@ -216,6 +216,9 @@ def convert_message(msg: Any, parts: Counter[str], default_role: str | None = No
             return [msg] if len(msg) == 2 else [{"role": role, "content": content}]
         if role == "tool" and type(content) is str and type(msg.get("tool_call_id")) is str and len(msg) == 3:
             return [msg]
+        if (role == "assistant" and (content is None or content == "") and len(msg) == 3
+                and type(listed := msg.get("tool_calls")) is list):  # OpenAI's tool-call turn: its calls alone
+            return [_calls_turn(listed, parts)]
     return _convert(msg, parts, default_role)
 
 
@@ -265,6 +268,18 @@ def _assistant(msg: dict[str, Any], got: _Content, parts: Counter[str]) -> Messa
     return out
 
 
+def _calls_turn(listed: list[Any], parts: Counter[str]) -> Message:
+    """An assistant turn that holds nothing but a list of tool calls, as _assistant writes it."""
+    out: Message = {"role": "assistant", "content": ""}
+    if calls := _unique(_calls(listed, parts)):
+        out["tool_calls"] = calls
+    return out
+
+
+def _calls(listed: list[Any], parts: Counter[str]) -> list[dict[str, Any]]:
+    return [call for raw in listed if (call := _tool_call(raw, parts))]
+
+
 def _unique(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Drop repeated call ids: LangChain lists Anthropic tool_use blocks again in tool_calls."""
     seen: set[str] = set()
@@ -281,7 +296,7 @@ def _listed_calls(msg: dict[str, Any], extra: dict[str, Any], parts: Counter[str
     listed = msg.get("tool_calls") or extra.get("tool_calls") or []
     if not isinstance(listed, list):
         raise Skip("bad_message")
-    calls = [c for c in (_tool_call(raw, parts) for raw in listed) if c]
+    calls = _calls(listed, parts)
     legacy = msg.get("function_call") or extra.get("function_call")  # pre-tools OpenAI function calling
     if isinstance(legacy, dict) and (call := _tool_call({"function": legacy}, parts)):
         calls.append(call)

@@ -20,7 +20,7 @@ from rlcli.data import importers, otel, traces
 from rlcli.data import messages as messages_module
 from rlcli.data.import_cmd import Run, langsmith
 from rlcli.data.importers import IMPORTERS
-from rlcli.data.messages import Options
+from rlcli.data.messages import Options, convert_message
 from rlcli.data.validate import conversation_problem
 
 # Keys and words the importers look for, so that random records reach deep into their code.
@@ -432,3 +432,15 @@ def test_finalize_skips_tidying_only_what_tidying_would_keep_as_it_is(turns, dro
     with mock.patch.object(messages_module, "_trainable_as_is", return_value=False):
         tidied = messages_module.finalize({"messages": copy.deepcopy(turns)}, opts)
     assert fast == tidied
+
+
+calls_turn = st.fixed_dictionaries(
+    {"role": st.just("assistant"), "content": st.sampled_from([None, "", "x"]) | odd,
+     "tool_calls": st.lists(call | odd, max_size=3)},
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(msg=calls_turn)
+def test_a_tool_call_turn_converts_as_the_general_path_does(msg):
+    assert _outcome(convert_message, msg) == _outcome(lambda m, parts: messages_module._convert(m, parts, None), msg)
