@@ -381,16 +381,18 @@ def _digest(value: Any) -> bytes:
 
 
 def _trainable_as_is(messages: list[Message]) -> bool:
-    """Whether _tidy would keep every message as it is and the checks after it pass: no empty turn, no two
-    neighbours of one role, and the assistant's reply last after a prompt. Most conversations are, and this loop
-    costs half of _tidy's."""
+    """Whether _tidy would keep every message as it is and the checks after it pass: no turn it drops (empty, not
+    a tool result, no calls or reasoning), no neighbours it joins (one role twice, tool results aside), and the
+    assistant's reply last after a prompt. Most conversations are, and this loop costs half of _tidy's."""
     if len(messages) < 2 or messages[-1]["role"] != "assistant":
         return False
     last = None
     for m in messages:
         role = m["role"]
-        if role == last or not m["content"]:
-            return False
+        if role == last or not m["content"]:  # the rare turns, told apart in one test
+            kept = role == "tool" or m["content"] or m.get("tool_calls") or m.get("reasoning")
+            if role == last != "tool" or not kept:
+                return False
         last = role
     return True
 
