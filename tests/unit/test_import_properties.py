@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 from collections import Counter
-from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -20,7 +19,7 @@ from rlcli.data import importers, otel, traces
 from rlcli.data import messages as messages_module
 from rlcli.data.import_cmd import Run, langsmith
 from rlcli.data.importers import IMPORTERS
-from rlcli.data.messages import Options, convert_message
+from rlcli.data.messages import Options, Skip, convert_message
 from rlcli.data.validate import conversation_problem
 
 # Keys and words the importers look for, so that random records reach deep into their code.
@@ -409,11 +408,24 @@ PAIR = {"request": {"messages": [{"role": "user", "content": "q"}]},
 @example(record={**PAIR, "choices": [{"message": {"role": "assistant", "content": "other"}}]})
 @example(record={**PAIR, "status_code": 500})
 @example(record={**PAIR, "status": 429, "error": {"message": "rate limited"}})
-def test_the_request_response_pair_path_agrees_with_the_wrapper_search(record):
-    fast = _outcome(importers.from_openai, record)
-    with mock.patch.object(importers, "_logged_pair", return_value=None):
-        searched = _outcome(importers.from_openai, record)
-    assert fast == searched
+def test_the_request_response_pair_is_what_the_general_search_finds(record):
+    """Where _logged_pair answers, the Responses check says no and the wrapper search finds the same two dicts
+    (or the same failed call); the rest of from_openai is one code for both."""
+    def found(search):
+        try:
+            return search(record)
+        except Skip as skip:
+            return skip.reason
+
+    pair = found(importers._logged_pair)
+    if pair is None:
+        return
+    assert found(importers._responses().split) is None
+    searched = found(importers._request_and_response)
+    if isinstance(pair, str):
+        assert searched == pair == "error_response"
+    else:
+        assert searched[0] is pair[0] and searched[1] is pair[1] and "choices" in pair[1]  # _reply reads choices
 
 
 normalized = st.fixed_dictionaries(
@@ -425,13 +437,12 @@ normalized = st.fixed_dictionaries(
 
 
 @settings(max_examples=300, deadline=None)
-@given(turns=st.lists(normalized, max_size=6), drop_tools=st.booleans())
-def test_finalize_skips_tidying_only_what_tidying_would_keep_as_it_is(turns, drop_tools):
-    opts = Options(drop_tools=drop_tools)
-    fast = messages_module.finalize({"messages": copy.deepcopy(turns)}, opts)
-    with mock.patch.object(messages_module, "_trainable_as_is", return_value=False):
-        tidied = messages_module.finalize({"messages": copy.deepcopy(turns)}, opts)
-    assert fast == tidied
+@given(turns=st.lists(normalized, max_size=6))
+def test_finalize_skips_tidying_only_what_tidying_would_keep_as_it_is(turns):
+    """Where _trainable_as_is says yes, _tidy keeps every message and finalize's checks after it pass."""
+    if messages_module._trainable_as_is(turns):
+        tidied, roles = messages_module._tidy(copy.deepcopy(turns))
+        assert tidied == turns and "assistant" in roles and len(roles) > 1
 
 
 calls_turn = st.fixed_dictionaries(
