@@ -206,8 +206,9 @@ def _request_and_response(record: Any) -> tuple[dict[str, Any], Any]:
 
 def _logged_pair(record: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The request and response of a {"request": {"messages": [...]}, "response": {"choices": [...]}} record, the
-    shape most logs have; None for any other. Exactly what the Responses check and _request_and_response would
-    conclude, told in a few lookups: no key of the record itself (MARKS) makes them look at the record first."""
+    shape most logs have; None for any other (Skip for a failed call). What the Responses check and
+    _request_and_response conclude, told in a few lookups: the record holds no key (_PAIR_MARKS) that would make
+    them read the record itself as the request or the reply."""
     if type(record) is not dict:
         return None
     request, response = record.get("request"), record.get("response")
