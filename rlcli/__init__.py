@@ -10,6 +10,7 @@ client's background requests are cancelled before the interpreter finalizes
 """
 
 import atexit
+import sys
 
 from rlcli import lean_imports
 
@@ -19,6 +20,8 @@ lean_imports.install()
 
 
 def _quiesce_at_exit() -> None:
+    if "tinker" not in sys.modules:  # no client, nothing to cancel: `rlcli import` exits without loading urllib
+        return
     from rlcli.client import quiesce_tinker
 
     quiesce_tinker()

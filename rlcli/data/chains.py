@@ -16,6 +16,9 @@ ancestors' lines again. A record whose predecessor comes later in the file waits
 after the last line; one whose chain never reaches a record in the file (or loops) is dropped as
 `previous_response_missing`. Each record still yields one conversation (the conversation so
 far), so a chain of n calls writes n conversations of growing length, as Chat Completions logs do.
+
+Only Links are ever looked up, so an import makes its Chains at its first Link (rlcli.data.import_cmd's
+Run.stream): a log without Responses chains never loads this module nor opens a spool.
 """
 
 from __future__ import annotations
@@ -26,20 +29,20 @@ import stat
 import tempfile
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO, Any
+from typing import Any
 
-from rlcli.data.messages import Conversation, Message
-from rlcli.data.responses import Link
+from rlcli.data.messages import Conversation, Link, Message
 
 _CACHED = 64
 
 
 class Chains:
-    """The index and spool of one import; `add` a Link as it comes, then read the `leftovers`."""
+    """The index and spool of one import; `add` a Link as it comes, then read the `leftovers`, and `close`."""
 
-    def __init__(self, spool: IO[bytes], reconvert: Callable[[bytes], Link], private: bool, source: int = -1) -> None:
-        self.spool = spool
-        self.source = source  # a regular input file's descriptor: lines are read back from it, not copied
+    def __init__(self, lines: Iterable[bytes], reconvert: Callable[[bytes], Link], private: bool) -> None:
+        self.lines = lines  # the input being read: a regular file's reader stands just past the line last read
+        self.source = _regular_file(lines)  # a regular input file's descriptor: lines are read back, not copied
+        self.spool = tempfile.TemporaryFile(buffering=1 << 20) if self.source < 0 else None
         self.reconvert = reconvert  # a spooled line -> its Link again
         self.private = private  # finalize will change message dicts in place: hand out copies
         self.index: dict[str, tuple[int, int, str]] = {}  # response id -> (offset, size, previous id)
@@ -94,9 +97,14 @@ class Chains:
         messages = link.system + turns
         return {**link.conv, "messages": copy.deepcopy(messages) if self.private else messages}
 
-    def add(self, link: Link, raw: bytes, at: int, lineno: int, parts: Counter[str]) -> Conversation | None:
-        """The conversation so far for this record (its raw line read at offset `at`), or None when its
+    def close(self) -> None:
+        if self.spool is not None:
+            self.spool.close()
+
+    def add(self, link: Link, raw: bytes, lineno: int, parts: Counter[str]) -> Conversation | None:
+        """The conversation so far for this record (its raw line the one last read), or None when its
         predecessor has not been read yet."""
+        at = self.lines.tell() - len(raw) if self.source >= 0 else -1  # type: ignore[attr-defined]
         offset, size = self._put(raw, at)
         if link.response_id:
             self.index[link.response_id] = (offset, size, link.previous_id)
@@ -125,57 +133,12 @@ class Chains:
             yield lineno, self._joined(link, before + link.conv["messages"]), parts
 
 
-class _Tap:
-    """Passes lines through and remembers the last one and its offset, so a record's line can be found again."""
-
-    def __init__(self, lines: Iterable[bytes], start: int) -> None:
-        self.lines, self.last, self.at, self.next = lines, b"", start, start
-
-    def __iter__(self) -> Iterator[bytes]:
-        for line in self.lines:
-            self.last, self.at = line, self.next
-            self.next += len(line)
-            yield line
-
-
-def _regular_file(lines: Any) -> tuple[int, int]:
-    """(descriptor, current offset) when `lines` is a plain file opened for reading (not gzip), else (-1, 0)."""
+def _regular_file(lines: Any) -> int:
+    """The descriptor of `lines` when it is a plain file opened for reading (not gzip), else -1."""
     if type(lines).__name__ != "BufferedReader":
-        return -1, 0
+        return -1
     try:
         fd = lines.fileno()
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return -1, 0
-        return fd, lines.tell()
+        return fd if stat.S_ISREG(os.fstat(fd).st_mode) else -1
     except (OSError, ValueError):
-        return -1, 0
-
-
-def stream(run: Any, lines: Iterable[bytes], importer: Callable[..., Any], emit: Callable[[Conversation], Any],
-           parse_line: Callable[[bytes], Any]) -> None:
-    """Run.stream for records that may be Links: join them, then finish and emit every conversation. parse_line:
-    the caller's (rlcli.data.import_cmd's), handed in so this module imports nothing of its caller."""
-
-    def reconvert(raw: bytes) -> Link:
-        return importer(parse_line(raw), Counter())  # parts were counted the first time
-
-    opts = run.opts
-    fd, start = _regular_file(lines)
-    tap = _Tap(lines, start)
-    with tempfile.TemporaryFile(buffering=1 << 20) as spool:
-        private = opts.redact or opts.drop_tools or opts.drop_thinking
-        chains = Chains(spool, reconvert, private, fd)
-        for lineno, record in run.records(tap):
-            result = run.convert(record, lineno, importer)
-            if type(result) is Link:
-                result = chains.add(result, tap.last, tap.at, lineno, run.parts)
-                result = None if result is None else run.finish(result, lineno)
-            if result is not None:
-                emit(result)
-        for lineno, conv, parts in chains.leftovers():
-            if conv is None:
-                run.drop(f"line {lineno}", "previous_response_missing")
-                continue
-            run.parts.update(parts)
-            if (done := run.finish(conv, lineno)) is not None:
-                emit(done)
+        return -1

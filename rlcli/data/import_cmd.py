@@ -31,7 +31,6 @@ error never leaves half a dataset behind.
 from __future__ import annotations
 
 import gc
-import gzip
 import json
 import os
 import sys
@@ -41,16 +40,18 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from rlcli.data import chains, otel, traces
-from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith, from_openai
-from rlcli.data.messages import Conversation, Options, finalize
+from rlcli.data.importers import IMPORTERS, Feedback, feedback_of, from_langsmith
+from rlcli.data.messages import Conversation, Link, Options, finalize
 from rlcli.errors import RlcliError, UsageError
 from rlcli.files import staged_file
 from rlcli.options import Opt, Record, option
+
+if TYPE_CHECKING:
+    from rlcli.data.chains import Chains
 
 # run_id -> [(where the feedback record was read, its entry)]
 FeedbackTable = dict[str, list[tuple[str, dict[str, Any]]]]
@@ -58,9 +59,9 @@ FeedbackTable = dict[str, list[tuple[str, dict[str, Any]]]]
 # keeps them equal.
 Format = Literal["openai", "anthropic", "messages", "langsmith", "gemini", "otel"]
 Write = Callable[[bytes], Any]
-
-def _fast_dumps(value: Any) -> bytes:
-    return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
+# The output's buffer: small enough that a filled buffer is still in the CPU's cache when the kernel copies it
+# out (a 1 MiB buffer cost a 100 MB import a third more system time), large enough for few write calls.
+_OUT_BUFFER = 1 << 16
 
 
 def parse_line(raw: bytes) -> Any:
@@ -73,7 +74,7 @@ def parse_line(raw: bytes) -> Any:
 def encode(conv: Conversation) -> bytes:
     """One output line."""
     try:
-        return _fast_dumps(conv)
+        return orjson.dumps(conv, option=orjson.OPT_APPEND_NEWLINE)
     except TypeError:  # an integer past 64 bits or a lone surrogate: json escapes both
         return json.dumps(conv).encode() + b"\n"
 
@@ -113,19 +114,24 @@ class Run:
     def __post_init__(self) -> None:
         self.parts: Counter[str] = Counter()  # one Counter, emptied after each record: no allocation
         self.seen: set[bytes] = set()  # digests of kept conversations, for --dedupe
+        self.line = b""  # the raw line of the record `records` yielded last (Chains find a Link's line by it)
 
     def records(self, lines: Iterable[bytes], where: str = "line") -> Iterator[tuple[int, Any]]:
         """(line number, decoded record) for each non-blank line; bad JSON stops or is counted."""
-        stats = self.stats
+        stats, loads = self.stats, orjson.loads
         for lineno, raw in enumerate(lines, 1):
             if raw.isspace():
                 continue
             stats.read += 1
             try:
-                record = parse_line(raw)
-            except ValueError as e:
-                self._bad_json(f"{where} {lineno}", e)
-                continue
+                record = loads(raw)  # parse_line's first try, without its call: this loop runs once a record
+            except ValueError:
+                try:
+                    record = parse_line(raw)
+                except ValueError as e:
+                    self._bad_json(f"{where} {lineno}", e)
+                    continue
+            self.line = raw
             yield lineno, record
 
     def _bad_json(self, at: str, e: ValueError) -> None:
@@ -165,23 +171,55 @@ class Run:
         """
         if type(result) is dict:
             result = finalize(result, self.opts, self.stats.redacted, self.seen)
+            if type(result) is dict:
+                if self.parts:
+                    self._keep_parts(lineno)
+                return result
         if type(result) is str:
             self.parts.clear()  # parts of a dropped record were not left out of anything written
             self.drop(f"line {lineno}", result)
             return None
-        if self.parts and type(result) is dict:
-            self._keep_parts(lineno)
         return result
 
     def stream(self, lines: Iterable[bytes], importer: Callable[..., Any], write: Write) -> None:
-        """Convert each record and write it; Responses records that continue others are joined first."""
+        """Convert each record and write it; Responses records that continue others (Links, which only
+        from_openai returns) are joined first, by Chains made at the first Link."""
         emit = self.emitter(write)
-        if importer is from_openai:  # the one importer whose records may continue one another (Links)
-            chains.stream(self, lines, importer, emit, parse_line)
-            return
-        for lineno, record in self.records(lines):
-            if (conv := self.convert(record, lineno, importer)) is not None:
-                emit(conv)
+        chains: Chains | None = None
+        try:
+            for lineno, record in self.records(lines):
+                result = self.convert(record, lineno, importer)
+                if type(result) is Link:
+                    if chains is None:
+                        chains = self._chains(lines, importer)
+                    result = chains.add(result, self.line, lineno, self.parts)
+                    result = None if result is None else self.finish(result, lineno)
+                if result is not None:
+                    emit(result)
+            if chains is not None:
+                self._leftovers(chains, emit)
+        finally:
+            if chains is not None:
+                chains.close()
+
+    def _chains(self, lines: Iterable[bytes], importer: Callable[..., Any]) -> Chains:
+        from rlcli.data.chains import Chains  # only a log with Responses chains loads it
+
+        def reconvert(raw: bytes) -> Link:
+            return importer(parse_line(raw), Counter())  # parts were counted the first time
+
+        opts = self.opts
+        return Chains(lines, reconvert, private=opts.redact or opts.drop_tools or opts.drop_thinking)
+
+    def _leftovers(self, chains: Chains, emit: Callable[[Conversation], None]) -> None:
+        """The records that waited for a predecessor later in the input: joined now, or dropped."""
+        for lineno, conv, parts in chains.leftovers():
+            if conv is None:
+                self.drop(f"line {lineno}", "previous_response_missing")
+                continue
+            self.parts.update(parts)
+            if (done := self.finish(conv, lineno)) is not None:
+                emit(done)
 
     def emitter(self, write: Write) -> Callable[[Conversation], None]:
         """A function that writes one finished conversation and counts it."""
@@ -279,6 +317,8 @@ def _input(path: str) -> Iterator[Iterable[bytes]]:
     if not os.path.isfile(path):
         raise UsageError(f"input {path} is not a file; give a JSONL file (or .jsonl.gz), or - for stdin")
     if path.endswith(".gz"):
+        import gzip
+
         with gzip.open(path, "rb") as f:
             yield f
     else:
@@ -312,7 +352,7 @@ def _output(path: str) -> Iterator[IO[bytes]]:
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UsageError(f"output folder {folder} does not exist; create it or choose another -o path")
-    with staged_file(Path(os.path.abspath(path)), buffering=1 << 20) as f:
+    with staged_file(Path(os.path.abspath(path)), buffering=_OUT_BUFFER) as f:
         yield f
 
 
@@ -361,11 +401,13 @@ def convert(run: Run, input: str, format: str, output: str, min_score: float | N
             feedback: str | None = None, join_trace: bool = False) -> Stats:
     """One file (or stdin) through `run` into output: what import_cmd does, its tallies returned
     (`rlcli loop` ingests each trace file this way)."""
-    importer = otel.from_span if format == "otel" else IMPORTERS[format]
+    importer = None if format == "otel" else IMPORTERS[format]
     with _input(input) as lines, _output(output) as out, _no_cycle_collector():
         if format == "langsmith":
             langsmith(run, lines, out.write, min_score, feedback)
-        elif format == "otel":
+        elif importer is None:
+            from rlcli.data import traces  # only -f otel compiles the span readers
+
             traces.stream(run, lines, run.emitter(out.write), join_trace)
         else:
             run.stream(lines, importer, out.write)

@@ -15,15 +15,16 @@ import_cmd attaches those as `feedback` and `score`. Nothing here does I/O.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
-from rlcli.data import responses
-from rlcli.data.gemini import from_gemini
 from rlcli.data.messages import (
     Conversation,
+    Link,
     Message,
     Skip,
     conversation,
@@ -31,7 +32,6 @@ from rlcli.data.messages import (
     read_texts,
     to_json,
 )
-from rlcli.data.responses import Link
 
 _PLAIN_ROLES = frozenset({"system", "user", "assistant"})
 # Wrapper keys under which loggers, proxies and batch files put the request and the response.
@@ -46,6 +46,9 @@ _RESPONSE_KEYS = (
     "outputBodyJson",
     "body",
 )
+_ERROR_KEYS = frozenset({"error", "status", "status_code"})
+# Keys that make the request/response search read the record itself as the request or the response.
+_PAIR_MARKS = frozenset({"messages", "choices", "content"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,8 @@ def _is_response(d: dict[str, Any]) -> bool:
 
 
 def _check_error(d: dict[str, Any]) -> None:
+    if _ERROR_KEYS.isdisjoint(d):  # most records: one lookup per key
+        return
     status = d.get("status_code", d.get("status"))
     if d.get("error") or (isinstance(status, int) and status >= 400):
         raise Skip("error_response")
@@ -168,10 +173,10 @@ def _convert_all(raw: list[Any], parts: Counter[str]) -> list[Message]:
     for msg in raw:
         # Inlined fast path of convert_message for messages already in the output shape: a call per
         # message is a measurable share of an import's time.
-        if type(msg) is dict and len(msg) == 2 and type(msg.get("content")) is str and msg["content"]:
-            if msg.get("role") in _PLAIN_ROLES:
-                out.append(msg)
-                continue
+        if (type(msg) is dict and len(msg) == 2 and type(text := msg.get("content")) is str and text
+                and msg.get("role") in _PLAIN_ROLES):
+            out.append(msg)
+            continue
         out += convert_message(msg, parts)
     return out
 
@@ -199,13 +204,43 @@ def _request_and_response(record: Any) -> tuple[dict[str, Any], Any]:
     return request or {}, response
 
 
+def _logged_pair(record: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The request and response of a {"request": {"messages": [...]}, "response": {"choices": [...]}} record, the
+    shape most logs have; None for any other (Skip for a failed call). What the Responses check and
+    _request_and_response conclude, told in a few lookups: the record holds no key (_PAIR_MARKS) that would make
+    them read the record itself as the request or the reply."""
+    if type(record) is not dict:
+        return None
+    request, response = record.get("request"), record.get("response")
+    if (type(response) is not dict or "choices" not in response or type(request) is not dict
+            or type(request.get("messages")) is not list or not _PAIR_MARKS.isdisjoint(record)):
+        return None
+    _check_error(record)
+    return request, response
+
+
+@functools.cache
+def _responses() -> ModuleType:
+    """rlcli.data.responses, imported at the first record that is not a Chat Completions pair: a log of pairs
+    never compiles it."""
+    from rlcli.data import responses
+
+    return responses
+
+
 def _openai(record: Any, parts: Counter[str]) -> Conversation | Link:
-    if (found := responses.split(record)) is not None:
-        return responses.convert(*found, parts)
-    request, response = _request_and_response(record)
-    messages = _convert_all(request.get("messages", []), parts)
-    if response is not None:
-        messages = _with_reply(messages, _reply(response, parts), prefill=False)
+    if (pair := _logged_pair(record)) is not None:  # the reply is in choices: _reply's dispatch is known
+        request = pair[0]
+        messages = _convert_all(request["messages"], parts)
+        reply = _from_choices(pair[1]["choices"], parts)
+    elif (found := _responses().split(record)) is not None:
+        return _responses().convert(*found, parts)
+    else:
+        request, response = _request_and_response(record)
+        messages = _convert_all(request.get("messages", []), parts)
+        reply = None if response is None else _reply(response, parts)
+    if reply is not None:
+        messages = _with_reply(messages, reply, prefill=False)
     return conversation(messages, request.get("tools") or request.get("functions"), parts)
 
 
@@ -235,6 +270,14 @@ def _messages(record: Any, parts: Counter[str]) -> Conversation:
     if not isinstance(raw, list):
         raise Skip("unrecognized")
     return conversation(_convert_all(raw, parts), tools, parts)
+
+
+def from_gemini(record: Any, parts: Counter[str]) -> Conversation | str:
+    """A Gemini generateContent record: rlcli.data.gemini reads it, imported at the first call, so that no other
+    format's start-up compiles that module."""
+    from rlcli.data.gemini import from_gemini as convert
+
+    return convert(record, parts)
 
 
 def from_langsmith(record: Any, parts: Counter[str]) -> Conversation | Feedback | str:
@@ -358,7 +401,7 @@ def log_format(record: Any) -> str | None:
         anthropic = isinstance(reply, dict) and "choices" not in reply and (
             reply.get("type") == "message" or "stop_reason" in reply)
         request = _find_request(record) or {}
-        if responses.split(record) is None and (anthropic or (reply is None and "system" in request)):
+        if _responses().split(record) is None and (anthropic or (reply is None and "system" in request)):
             return "anthropic"
         return "openai"
     return "messages" if read(from_messages) else None

@@ -25,7 +25,6 @@ concatenated as they are.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections import Counter
@@ -51,6 +50,8 @@ _LANGCHAIN_ROLES = {
     "ToolMessage": "tool", "FunctionMessage": "tool", "ChatMessage": "",
 }  # fmt: skip
 _TEXT_TYPES = frozenset({"text", "input_text", "output_text"})
+# Fields that make an assistant message more than text when they hold something (_plain).
+_NOT_PLAIN = frozenset({"tool_calls", "function_call", "audio", "reasoning_content", "reasoning"})
 _PART_KINDS = {"image_url": "image", "input_image": "image", "input_audio": "audio", "input_file": "file"}
 
 
@@ -76,6 +77,21 @@ def to_json(value: Any) -> str:
         return orjson.dumps(value).decode()
     except TypeError:  # integers past 64 bits: json handles them
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(slots=True)
+class Link:
+    """A Responses record in a previous_response_id chain (rlcli.data.responses makes it, rlcli.data.chains joins it):
+    its own turns, apart from its instructions.
+
+    A continuation inherits the earlier turns but not the earlier instructions or tools, so the
+    system messages (`system`) are kept apart from the turns (`conv`) until the chain is joined.
+    """
+
+    conv: Conversation
+    system: list[Message]
+    response_id: str
+    previous_id: str
 
 
 @dataclass(slots=True)
@@ -183,7 +199,7 @@ def _unwrap_langchain(msg: dict[str, Any]) -> dict[str, Any]:
 
 def _plain(msg: dict[str, Any]) -> bool:
     """An assistant message with nothing but text (OpenAI logs its unused fields as null)."""
-    return len(msg) == 2 or not (
+    return _NOT_PLAIN.isdisjoint(msg) or not (
         msg.get("tool_calls") or msg.get("function_call") or msg.get("audio")
         or msg.get("reasoning_content") or msg.get("reasoning")
     )  # fmt: skip
@@ -200,6 +216,9 @@ def convert_message(msg: Any, parts: Counter[str], default_role: str | None = No
             return [msg] if len(msg) == 2 else [{"role": role, "content": content}]
         if role == "tool" and type(content) is str and type(msg.get("tool_call_id")) is str and len(msg) == 3:
             return [msg]
+        if (role == "assistant" and (content is None or content == "") and len(msg) == 3
+                and type(listed := msg.get("tool_calls")) is list):  # OpenAI's tool-call turn: its calls alone
+            return [_calls_turn(listed, parts)]
     return _convert(msg, parts, default_role)
 
 
@@ -249,6 +268,18 @@ def _assistant(msg: dict[str, Any], got: _Content, parts: Counter[str]) -> Messa
     return out
 
 
+def _calls_turn(listed: list[Any], parts: Counter[str]) -> Message:
+    """An assistant turn that holds nothing but a list of tool calls, as _assistant writes it."""
+    out: Message = {"role": "assistant", "content": ""}
+    if calls := _unique(_calls(listed, parts)):
+        out["tool_calls"] = calls
+    return out
+
+
+def _calls(listed: list[Any], parts: Counter[str]) -> list[dict[str, Any]]:
+    return [call for raw in listed if (call := _tool_call(raw, parts))]
+
+
 def _unique(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Drop repeated call ids: LangChain lists Anthropic tool_use blocks again in tool_calls."""
     seen: set[str] = set()
@@ -265,7 +296,7 @@ def _listed_calls(msg: dict[str, Any], extra: dict[str, Any], parts: Counter[str
     listed = msg.get("tool_calls") or extra.get("tool_calls") or []
     if not isinstance(listed, list):
         raise Skip("bad_message")
-    calls = [c for c in (_tool_call(raw, parts) for raw in listed) if c]
+    calls = _calls(listed, parts)
     legacy = msg.get("function_call") or extra.get("function_call")  # pre-tools OpenAI function calling
     if isinstance(legacy, dict) and (call := _tool_call({"function": legacy}, parts)):
         calls.append(call)
@@ -318,13 +349,14 @@ def finalize(
     if opts.drop_thinking:
         for m in messages:
             m.pop("reasoning", None)
-    messages, roles = _tidy(messages)
-    if not messages:
-        return "empty"
-    if "assistant" not in roles:
-        return "no_assistant_reply"
-    if len(roles) == 1:  # a reply with no prompt would teach the model to say it unprompted
-        return "no_prompt"
+    if not _trainable_as_is(messages):
+        messages, roles = _tidy(messages)
+        if not messages:
+            return "empty"
+        if "assistant" not in roles:
+            return "no_assistant_reply"
+        if len(roles) == 1:  # a reply with no prompt would teach the model to say it unprompted
+            return "no_prompt"
     conv["messages"] = messages
     if opts.dedupe and seen is not None:
         digest = _digest([messages, conv.get("tools")])
@@ -343,7 +375,26 @@ def _digest(value: Any) -> bytes:
         text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # a lone surrogate or a huge integer: json takes both
         text = json.dumps(value, sort_keys=True).encode()
+    import hashlib  # only --dedupe pays for loading OpenSSL
+
     return hashlib.blake2b(text, digest_size=16).digest()
+
+
+def _trainable_as_is(messages: list[Message]) -> bool:
+    """Whether _tidy would keep every message as it is and the checks after it pass: no turn it drops (empty, not
+    a tool result, no calls or reasoning), no neighbours it joins (one role twice, tool results aside), and the
+    assistant's reply last after a prompt. Most conversations are, and this loop costs half of _tidy's."""
+    if len(messages) < 2 or messages[-1]["role"] != "assistant":
+        return False
+    last = None
+    for m in messages:
+        role = m["role"]
+        if role == last or not m["content"]:  # the rare turns, told apart in one test
+            kept = role == "tool" or m["content"] or m.get("tool_calls") or m.get("reasoning")
+            if role == last != "tool" or not kept:
+                return False
+        last = role
+    return True
 
 
 def _tidy(messages: list[Message]) -> tuple[list[Message], set[str]]:
@@ -357,11 +408,12 @@ def _tidy(messages: list[Message]) -> tuple[list[Message], set[str]]:
     last = None
     for m in messages:
         role = m["role"]
-        if role != "tool" and not m["content"] and not m.get("tool_calls") and not m.get("reasoning"):
-            continue
-        if role == last and role != "tool":
-            out[-1] = _join(out[-1], m)
-            continue
+        if role == last or not m["content"]:  # the rare turns, told apart in one test
+            if role != "tool" and not m["content"] and not m.get("tool_calls") and not m.get("reasoning"):
+                continue
+            if role == last and role != "tool":
+                out[-1] = _join(out[-1], m)
+                continue
         out.append(m)
         roles.add(role)
         last = role

@@ -25,12 +25,11 @@ stored `conversation` cannot be completed from the file: `stored_conversation`.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from rlcli.data.messages import Conversation, Message, Skip, conversation, convert_message, read_texts, to_json
+from rlcli.data.messages import Conversation, Link, Message, Skip, conversation, convert_message, read_texts, to_json
 
 _REQUEST_KEYS = ("request", "body", "request_body", "params", "inputBodyJson")
 _RESPONSE_KEYS = ("response", "response_body", "result", "outputBodyJson")
@@ -39,20 +38,6 @@ _CALLS = frozenset({"function_call", "custom_tool_call"})
 _PLAIN_ROLES = ("user", "assistant", "system")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
-
-
-@dataclass(slots=True)
-class Link:
-    """A Responses record in a previous_response_id chain: its own turns, apart from its instructions.
-
-    A continuation inherits the earlier turns but not the earlier instructions or tools, so the
-    system messages (`system`) are kept apart from the turns (`conv`) until the chain is joined.
-    """
-
-    conv: Conversation
-    system: list[Message]
-    response_id: str
-    previous_id: str
 
 
 def _dict(value: Any) -> dict[str, Any] | None:

@@ -52,6 +52,25 @@ def test_file_to_output_file_with_summary_on_stderr(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["train.jsonl"]  # no temp file left behind
 
 
+def test_a_chat_completions_import_loads_only_what_it_reads(tmp_path):
+    """Start-up is a visible share of an import's time: request/response pairs load no other format's reader, no
+    Responses chain joiner, and at exit no tinker client. The command runs as itself; the last exit handler
+    prints every module loaded."""
+    pair = {"request": NO_REPLY, "response": {"choices": GOOD["choices"]}}
+    (tmp_path / "pairs.jsonl").write_bytes(jsonl(pair, pair))
+    probe = ("import atexit, runpy, sys; atexit.register(lambda: print(*sorted(sys.modules), file=sys.stderr)); "
+             "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.run([sys.executable, "-c", probe, str(RLCLI), "import", str(tmp_path / "pairs.jsonl"),
+                           "-f", "openai", "-o", str(out)], capture_output=True, timeout=60)
+    assert proc.returncode == 0 and len(out.read_bytes().splitlines()) == 2
+    loaded = set(proc.stderr.decode().splitlines()[-1].split())
+    assert {"rlcli.data.import_cmd", "orjson"} <= loaded  # the list is read right
+    others = {"rlcli.data.responses", "rlcli.data.chains", "rlcli.data.gemini", "rlcli.data.otel", "rlcli.data.traces",
+              "rlcli.data.redact", "rlcli.client", "urllib.request", "asyncio"}
+    assert loaded & others == set()
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -199,3 +199,25 @@ def test_fixture_file_outcomes():
     assert outcomes == Counter(
         written=6, no_assistant_reply=1, no_prompt=1, error_response=1, truncated=1, unrecognized=1
     )
+
+
+def test_lines_orjson_refuses_are_read_by_json_and_written():
+    """NaN and integers past 64 bits are valid for the json module (and in real logs): the record loop reads
+    them with json when orjson refuses, and writes what it keeps."""
+    from rlcli.data.import_cmd import Run
+
+    big = 2**70
+    lines = [
+        b'{"request": {"messages": [{"role": "user", "content": "q"}], "temperature": NaN}, '
+        b'"response": {"choices": [{"message": {"role": "assistant", "content": "a"}}]}}\n',
+        b'{"request": {"messages": [{"role": "user", "content": "q"}]}, "response": {"choices": [{"message": '
+        b'{"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": '
+        b'{"name": "f", "arguments": {"n": ' + str(big).encode() + b"}}}]}}]}}\n",
+    ]
+    written: list[bytes] = []
+    run = Run()
+    run.stream(lines, from_openai, written.append)
+    assert run.stats.read == run.stats.written == 2
+    assert json.loads(written[0])["messages"][-1] == {"role": "assistant", "content": "a"}
+    call = json.loads(written[1])["messages"][-1]["tool_calls"][0]
+    assert json.loads(call["function"]["arguments"]) == {"n": big}

@@ -1,21 +1,25 @@
 """Property: every input record is accounted for, whatever the mix of good, bad and odd lines.
 
 read == written + attached feedback + sum(dropped), nothing raises but a UsageError, and every
-written line is a conversation `train sl` accepts.
+written line is a conversation `train sl` accepts. And the fast paths of the common shapes agree with
+the general code they skip, whatever the record.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rlcli.data import otel, traces
+from rlcli.data import importers, otel, traces
+from rlcli.data import messages as messages_module
 from rlcli.data.import_cmd import Run, langsmith
 from rlcli.data.importers import IMPORTERS
-from rlcli.data.messages import Options
+from rlcli.data.messages import Options, Skip, convert_message
 from rlcli.data.validate import conversation_problem
 
 # Keys and words the importers look for, so that random records reach deep into their code.
@@ -367,3 +371,87 @@ def test_every_span_is_written_or_counted(records, garbage, join_trace, dedupe):
     assert stats.written == len(out)
     for line in out:
         assert conversation_problem(json.loads(line)) is None
+
+
+# The fast paths agree with the general code they skip: same conversation or reason, same parts, same error.
+# Keys (and values) that decide where the general search finds the request and the reply, or a failed call.
+marks = st.dictionaries(
+    st.sampled_from(["error", "status", "status_code", "content", "stop_reason", "type", "messages", "choices",
+                     "request", "response", "input", "output", "role", "model"]),
+    st.sampled_from([400, 503, 200, "failed", "message", True, "", None]) | odd,
+    max_size=3,
+)
+pair_record = st.builds(
+    lambda extra, request, m, response, c: {**extra, "request": {**request, "messages": m},
+                                            "response": {**response, "choices": c}},
+    marks, marks, messages, marks, choices | odd,
+)  # fmt: skip
+
+
+def _outcome(convert, record):
+    parts: Counter[str] = Counter()
+    try:
+        return convert(copy.deepcopy(record), parts), parts
+    except Exception as e:  # noqa: BLE001 - both paths must fail alike too
+        return type(e), None
+
+
+PAIR = {"request": {"messages": [{"role": "user", "content": "q"}]},
+        "response": {"choices": [{"message": {"role": "assistant", "content": "a"}}]}}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(record=pair_record)
+@example(record={**PAIR, "content": "the reply", "stop_reason": "end_turn"})  # the record itself is a response
+@example(record={**PAIR, "type": "message", "content": [{"type": "text", "text": "a"}]})
+@example(record={**PAIR, "messages": [{"role": "user", "content": "other"}]})  # the record itself is a request
+@example(record={**PAIR, "choices": [{"message": {"role": "assistant", "content": "other"}}]})
+@example(record={**PAIR, "status_code": 500})
+@example(record={**PAIR, "status": 429, "error": {"message": "rate limited"}})
+def test_the_request_response_pair_is_what_the_general_search_finds(record):
+    """Where _logged_pair answers, the Responses check says no and the wrapper search finds the same two dicts
+    (or the same failed call); the rest of from_openai is one code for both."""
+    def found(search):
+        try:
+            return search(record)
+        except Skip as skip:
+            return skip.reason
+
+    pair = found(importers._logged_pair)
+    if pair is None:
+        return
+    assert found(importers._responses().split) is None
+    searched = found(importers._request_and_response)
+    if isinstance(pair, str):
+        assert searched == pair == "error_response"
+    else:
+        assert searched[0] is pair[0] and searched[1] is pair[1] and "choices" in pair[1]  # _reply reads choices
+
+
+normalized = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "assistant", "tool"]),
+     "content": st.sampled_from(["", "a", "b"])},
+    optional={"tool_calls": st.just([{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+              "reasoning": st.sampled_from(["", "r"])},
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(turns=st.lists(normalized, max_size=6))
+def test_finalize_skips_tidying_only_what_tidying_would_keep_as_it_is(turns):
+    """Where _trainable_as_is says yes, _tidy keeps every message and finalize's checks after it pass."""
+    if messages_module._trainable_as_is(turns):
+        tidied, roles = messages_module._tidy(copy.deepcopy(turns))
+        assert tidied == turns and "assistant" in roles and len(roles) > 1
+
+
+calls_turn = st.fixed_dictionaries(
+    {"role": st.just("assistant"), "content": st.sampled_from([None, "", "x"]) | odd,
+     "tool_calls": st.lists(call | odd, max_size=3)},
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(msg=calls_turn)
+def test_a_tool_call_turn_converts_as_the_general_path_does(msg):
+    assert _outcome(convert_message, msg) == _outcome(lambda m, parts: messages_module._convert(m, parts, None), msg)
