@@ -1,6 +1,6 @@
 """`rlcli doctor`: is this machine ready for rlcli, and is the server? One line per check, with the fix.
 
-Launch:  rlcli doctor [--base-url http://host:8000]
+Launch:  rlcli doctor [--base-url http://host:8000] [--manifest]
          python scripts/doctor.py
 
 ok / warn / fail per line; the exit code is 1 when any check fails (a warning does not fail). Each check
@@ -94,6 +94,24 @@ def check_tinker_pins() -> Check:
     server = next((v for sp in sorted(lib.glob("python3*/site-packages")) if (v := installed_version(sp, "tinker"))),
                   None)
     return Check("tinker-pins", *compare_pins(client, server))
+
+
+def check_manifest() -> Check:
+    """The server venv's SkyRL and jax against the versions rlcli's changes to them are written for."""
+    from rlcli.server.runtime import manifest
+
+    lib = config.server_venv_dir() / "lib"
+    site = next(iter(sorted(lib.glob("python3*/site-packages"))), None)
+    found = {package: installed_version(site, package) if site else None for package in manifest.SERVER_PINS}
+    if not any(found.values()):
+        return Check("manifest", "warn", "no server venv to compare with (`rlcli serve install`)")
+    drift = [f"{p} {v or 'missing'} (rlcli expects {p}{manifest.PINS[p]})" for p, v in found.items()
+             if v is None or not manifest.satisfies(v, manifest.PINS[p])]
+    if drift:
+        return Check("manifest", "fail", f"the server venv has {'; '.join(drift)}: rlcli's server would refuse to "
+                     "start; `rlcli serve install` rebuilds it from the pins")
+    return Check("manifest", "ok", f"{', '.join(f'{p} {v}' for p, v in found.items())} as pinned; rlcli overrides "
+                 f"{len(manifest.overridden())} names in them and the client's (`rlcli doctor --manifest`)")
 
 
 def check_server_venv() -> Check:
@@ -328,6 +346,7 @@ def run_checks(srv: Server) -> list[Check]:
         ("server-python", check_server_python),
         ("tinker-pins", check_tinker_pins),
         ("server-venv", check_server_venv),
+        ("manifest", check_manifest),
         ("server", lambda: check_server(srv)),
         ("api-key", lambda: check_api_key(srv)),
         ("database", check_database),
@@ -350,15 +369,23 @@ def run_checks(srv: Server) -> list[Check]:
     return checks
 
 
-def doctor(base_url: str | None = None, api_key: str | None = None) -> int:
-    """Check this machine and the server: Pythons, pins, venv, server, backend, CUDA, processes, Docker, disk,
-    memory, map count.
+def doctor(base_url: str | None = None, api_key: str | None = None, manifest: bool = False) -> int:
+    """Check this machine and the server: Pythons, pins, venv, manifest, server, backend, CUDA, processes, Docker,
+    disk, memory, map count.
 
     Args:
         base_url: server URL (default: TINKER_BASE_URL, else the managed server)
         api_key: tenant key for a server started with --tenants (default: TINKER_API_KEY)
+        manifest: print every name rlcli overrides or relies on in SkyRL, jax, tinker and tinker-cookbook (what
+            for, how it is checked, when it can go), then stop
     """
     from rlcli.tenants import api_key as take_key
+
+    if manifest:
+        from rlcli.server.runtime import manifest as entries
+
+        print("\n".join(entries.lines()))
+        return 0
 
     take_key(api_key)
     explicit = bool(base_url or os.environ.get("TINKER_BASE_URL"))

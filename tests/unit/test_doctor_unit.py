@@ -154,8 +154,8 @@ def test_docker(monkeypatch, ping_error, image_missing, status, words):
 
 
 def _stub_checks(monkeypatch, statuses: dict[str, str]):
-    for name in ("client_python", "server_python", "tinker_pins", "server_venv", "database", "cuda", "processes",
-                 "docker", "disk", "map_count"):
+    for name in ("client_python", "server_python", "tinker_pins", "server_venv", "manifest", "database", "cuda",
+                 "processes", "docker", "disk", "map_count"):
         status = statuses.get(name, "ok")
         monkeypatch.setattr(doctor, f"check_{name}", lambda n=name, s=status: Check(n, s, "detail"))
     for name in ("server", "api_key", "backend", "memory"):
@@ -167,11 +167,11 @@ def test_exit_code_fails_only_on_a_failed_check(monkeypatch, capsys):
     _stub_checks(monkeypatch, {"cuda": "warn", "docker": "warn"})
     assert doctor.doctor(base_url="http://127.0.0.1:9") == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 15 and out[-1] == "doctor: 12 ok, 2 warn, 0 fail"
-    assert out[8].startswith("warn  cuda")
+    assert len(out) == 16 and out[-1] == "doctor: 13 ok, 2 warn, 0 fail"
+    assert out[9].startswith("warn  cuda")
     _stub_checks(monkeypatch, {"disk": "fail"})
     assert doctor.doctor(base_url="http://127.0.0.1:9") == 1
-    assert capsys.readouterr().out.splitlines()[-1] == "doctor: 13 ok, 0 warn, 1 fail (disk)"
+    assert capsys.readouterr().out.splitlines()[-1] == "doctor: 14 ok, 0 warn, 1 fail (disk)"
 
 
 def test_a_crashing_check_is_a_failed_line_not_a_traceback(monkeypatch, capsys):

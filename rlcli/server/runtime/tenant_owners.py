@@ -1,10 +1,10 @@
-"""Which tenant created each id on a server started with `--tenants`: the record both server extensions read.
+"""Which tenant created each id on a server started with `--tenants`: the record the gate and the engine read.
 
 Runs INSIDE the server venv (Python 3.12): standard library only. The API's gate (rlcli_tenants.py) appends
 one line [kind, id, tenant] per id a tenant's request created (session, model, sampling session, future)
-and ["unload", model, tenant] when it unloads one, to OWNERS_FILE in the server's state folder (mode 0600),
-so a restart keeps who owns what. The engine (rlcli_fair.py) reads the models' lines to know whose work is
-pending.
+and ["unload", model, tenant] when it unloads one, to shared.OWNERS_FILE in the server's state folder (mode
+0600), so a restart keeps who owns what. The engine (rlcli_engine.FairEngine) reads the models' lines to know
+whose work is pending.
 
 Compaction: a line per future would grow the file (and the gate's memory) forever. The gate keeps the
 ownership of the KEEP_FUTURES most recent futures and of every future not yet retrieved; older futures are
@@ -22,7 +22,6 @@ import tempfile
 import threading
 from pathlib import Path
 
-OWNERS_FILE = "tenant-owners.jsonl"  # in the server's working folder (its state folder)
 KEEP_FUTURES = 10_000
 
 
