@@ -114,6 +114,19 @@ def check_manifest() -> Check:
                  f"{len(manifest.overridden())} names in them and the client's (`rlcli doctor --manifest`)")
 
 
+def manifest_lines() -> list[str]:
+    """rlcli's manifest (rlcli/server/runtime/manifest.py) as `rlcli doctor --manifest` prints it."""
+    from rlcli.server.runtime import manifest
+
+    out = [f"rlcli overrides {len(manifest.overridden())} names in SkyRL, jax, tinker and tinker-cookbook "
+           f"({', '.join(f'{p}{s}' for p, s in manifest.PINS.items())}):"]
+    for e in manifest.ENTRIES:
+        checked = " ".join(str(part) for part in e.check) or "resolves"
+        out.append(f"{e.kind:<18} {e.target}\n    for: {e.why}\n    checked: {checked} ({e.where})"
+                   + (f"\n    goes: {e.goes}" if e.goes else ""))
+    return out
+
+
 def check_server_venv() -> Check:
     from rlcli.server import process, server_venv
 
@@ -382,9 +395,7 @@ def doctor(base_url: str | None = None, api_key: str | None = None, manifest: bo
     from rlcli.tenants import api_key as take_key
 
     if manifest:
-        from rlcli.server.runtime import manifest as entries
-
-        print("\n".join(entries.lines()))
+        print("\n".join(manifest_lines()))
         return 0
 
     take_key(api_key)

@@ -84,11 +84,17 @@ def _end_head(temp: str) -> None:
 
 
 def test_ray_actor_hook_targets_the_pinned_skyrl_and_ray():
-    """runtime/ray_actors.py relies on SkyRL's RayJaxBackend/RayJaxBackendImpl.setup and Ray's __ray_call__."""
+    """runtime/ray_actors.py relies on SkyRL's RayJaxBackend, RayJaxBackendImpl.setup building JaxBackendImpl after
+    jax's runtime, and Ray's actors (the manifest's Ray entries); its proxy class overrides what the manifest says."""
     venv = shared_server_venv()
     if not has_extra(venv, "ray"):
         pytest.skip(f"no Ray in {venv}: `rlcli serve install --ray` adds it (server-ray.lock)")
-    proc = subprocess.run([str(venv / "bin" / "python"), "ray_actors.py"], cwd=RUNTIME_DIR, capture_output=True,
+    check = ("import manifest, ray_actors\nfrom skyrl.backends import ray_jax\n"
+             "assert not manifest.problems({manifest.RAY}), manifest.problems({manifest.RAY})\n"
+             "cls = ray_actors.backend_class(ray_jax.RayJaxBackend)\n"
+             "assert ray_jax.JaxBackendImpl.__name__ == 'RlcliJaxImpl', ray_jax.JaxBackendImpl\n"
+             "print('present', sorted(n for n in vars(cls) if not n.startswith('__') or n == '__init__'))")
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", check], cwd=RUNTIME_DIR, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0 and "present" in proc.stdout, proc.stdout + proc.stderr[-2000:]
 

@@ -1,10 +1,10 @@
 """Every name in SkyRL, jax, tinker and tinker-cookbook that rlcli overrides or relies on, in one list.
 
-Standard library only: the server's processes import it as `manifest` (the runtime folder), rlcli's client as
-`rlcli.server.runtime.manifest` (train/hooks.py takes its PATCHES and PINS from here; `rlcli doctor --manifest`
-prints it). Each entry names its target ("module:dotted.name"), what it is for, its kind, the process that checks
-it (`where`), how (`check`), and when it can go. Every server process that changes SkyRL calls `check(where, ...)` at
-start: a version other than PINS, or a target that moved, stops it with one line naming what was expected.
+Standard library only: the server's processes import it as `manifest`, rlcli's client as
+`rlcli.server.runtime.manifest` (train/hooks.py takes its PINS and PATCHES from here; `rlcli doctor --manifest`
+prints it). Each entry: its target ("module:dotted.name"), what it is for, its kind, the process that checks it, when
+it can go, and how it is checked. Every server process that changes SkyRL calls `check(where)` at start: a version
+other than PINS, or a target that moved, stops it with one line naming what was expected.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ PINS = {"skyrl": "==0.4.0", "jax": "==0.12.*", "tinker": ">=0.25,<0.26", "tinker
 SERVER_PINS = ("skyrl", "jax")
 OVERRIDE, REBINDING, RELIED = "subclass override", "rebinding", "relied on"
 API, ENGINE, JAX, RAY, WORKER, CLIENT = "api", "engine", "jax", "ray", "worker", "client"
-UP = "upstream: docs/upstream/"
-OWN = "rlcli's own (stays)"
+UP, OWN, SEAM = "upstream: docs/upstream/", "rlcli's own (stays)", "when no backend override is left"
 
 
 class Entry(NamedTuple):
@@ -30,8 +29,8 @@ class Entry(NamedTuple):
     why: str  # the feature that owns it, in a few words
     kind: str
     where: str  # the process that checks it
-    goes: str = ""  # when it can go: a SkyRL release, or the upstream description that would make it unnecessary
-    check: tuple = ()  # () resolves; ("fields"|"calls"|"param"|"holds", *names); ("by", who) checked where it acts
+    goes: str = ""  # a SkyRL release, or the upstream description whose acceptance makes it unnecessary
+    check: tuple = ()  # () resolves; ("fields"|"calls"|"param"|"holds", *names); ("by", who): checked where it acts
 
     @property
     def module(self) -> str:
@@ -42,146 +41,127 @@ class Entry(NamedTuple):
         return self.target.partition(":")[2]
 
 
-E = Entry
-SE, BE, RB = "skyrl.tinker.engine:TinkerEngine.", "skyrl.backends.jax:JaxBackendImpl.", "skyrl.backends.ray_jax:"
-ENTRIES = (
-    # --- the engine (rlcli_engine.RlcliEngine, FairEngine) -------------------------------------------------------
-    E(SE + "__init__", "samplers: a start deletes snapshots an earlier server left", OVERRIDE, ENGINE,
-      UP + "sampler-snapshots.md", ("calls", "get_backend_classes")),
-    E(SE + "run", "warmup: replay recorded batch shapes before serving", OVERRIDE, ENGINE, OWN),
-    E(SE + "process_pending_requests", "wake: wait for a ring, not 100 ms", OVERRIDE, ENGINE, UP + "polling-sleeps.md"),
-    E(SE + "_complete_futures", "wake: small results ride the ring before the commit", OVERRIDE, ENGINE,
-      UP + "polling-sleeps.md"),
-    E(SE + "process_pending_requests_once", "look: pending types first; tenants: a pass's deferrals", OVERRIDE,
-      ENGINE, UP + "request-path-queries.md",
-      ("calls", "find_batchable_model_passes", "find_batchable_sample", "find_single_requests")),
-    E(SE + "find_batchable_model_passes", "look; tenants (round-robin)", OVERRIDE, ENGINE,
-      UP + "request-path-queries.md", ("calls", "_load_requests", "_find_destructive_barriers")),
-    E(SE + "find_batchable_sample", "look", OVERRIDE, ENGINE, UP + "request-path-queries.md"),
-    E(SE + "find_single_requests", "look; tenants (round-robin)", OVERRIDE, ENGINE, UP + "request-path-queries.md",
-      ("calls", "_load_requests", "_find_destructive_barriers")),
-    E(SE + "_find_destructive_barriers", "look: no barrier query when none can be pending", OVERRIDE, ENGINE,
-      UP + "request-path-queries.md"),
-    E(SE + "_load_requests", "tenants: each pass takes work round-robin between tenants", OVERRIDE, ENGINE, OWN),
-    E(SE + "_filter_valid_requests", "samplers: a deleted snapshot's sample is refused in one line", OVERRIDE,
-      ENGINE, UP + "sampler-snapshots.md"),
-    E(SE + "process_single_request", "samplers: deleted snapshots' rows go before the future completes",
-      OVERRIDE, ENGINE, UP + "sampler-snapshots.md"),
-    E("skyrl.tinker.engine:get_backend_classes", "the backend table hands out rlcli's backend classes", REBINDING,
-      ENGINE, "when the last backend override has gone upstream"),
-    E("skyrl.tinker.engine:FutureDB", "wake: the rows _complete_futures writes", RELIED, ENGINE, "",
-      ("fields", "request_id", "request_type", "model_id", "request_data", "status", "result_data", "completed_at")),
-    E("skyrl.tinker.engine:update", "wake: the rows' one bulk UPDATE", RELIED, ENGINE),
-    E("skyrl.tinker.engine:Session", "wake: the rows' commit", RELIED, ENGINE),
-    E("skyrl.tinker.engine:datetime", "wake: completed_at as SkyRL writes it", RELIED, ENGINE),
-    E(SE + "process_single_requests", "samplers: single requests run one by one", RELIED, ENGINE, "",
-      ("calls", "process_single_request")),
-    E("skyrl.tinker.db_models:CheckpointDB", "samplers: a deleted snapshot's row", RELIED, ENGINE, "",
-      ("fields", "model_id", "checkpoint_id", "checkpoint_type")),
-    E("skyrl.tinker.types:SampleInput", "samplers: the refusal", RELIED, ENGINE, "", ("fields", "checkpoint_id")),
-    # --- every jax process (rlcli_backend) ---------------------------------------------------------------------
-    E(BE + "create_model", "slots: a new model's gradient accumulator is zeroed; one optimizer transform; "
-      "a full table's message", OVERRIDE, JAX, UP + "slot-gradients.md"),
-    E(BE + "delete_model", "samplers: a model's snapshots go with it", OVERRIDE, JAX, UP + "sampler-snapshots.md"),
-    E(BE + "forward_backward", "warmup: records the batch shape", OVERRIDE, JAX, OWN),
-    E(BE + "forward", "warmup: records the batch shape", OVERRIDE, JAX, OWN),
-    E(BE + "optim_step", "samplers: the slot's checkpoint mark is cleared", OVERRIDE, JAX,
-      UP + "sampler-checkpoint-slot.md"),
-    E(BE + "load_checkpoint", "samplers: the slot's checkpoint mark is cleared", OVERRIDE, JAX,
-      UP + "sampler-checkpoint-slot.md"),
-    E(BE + "sample", "samplers: borrowed slot; warmup: padded sizes; mesh: padded to the fsdp axis", OVERRIDE, JAX,
-      UP + "sampler-checkpoint-slot.md, sampling-batch-mesh.md"),
-    E(BE + "save_sampler_checkpoint", "samplers: the mark; unnamed snapshots make room first", OVERRIDE, JAX,
-      UP + "sampler-snapshots.md", ("param", "persist")),
-    E("skyrl.backends.jax:JaxBackend.delete_model", "mesh: broadcast to every process", OVERRIDE, JAX,
-      UP + "delete-model-broadcast.md"),
-    E("skyrl.backends.jax:JaxBackend.save_sampler_checkpoint", "samplers: room made before SkyRL's probe file",
-      OVERRIDE, JAX, UP + "sampler-snapshots.md"),
-    E("skyrl.backends.jax:JaxBackendImpl", "workers build rlcli's impl (run_worker looks it up by name)", REBINDING,
-      WORKER, "when the last backend override has gone upstream"),
-    E("skyrl.backends.jax:run_worker", "workers: the module global above", RELIED, WORKER, "",
-      ("calls", "JaxBackendImpl")),
-    E("skyrl.backends.jax:JaxBackend._broadcast_and_call", "mesh: delete_model's broadcast", RELIED, JAX),
-    E("skyrl.backends.jax:AccumulatedGradients.reset_adapter", "slots", RELIED, JAX),
-    E("skyrl.backends.jax:JaxBackendConfig", "warmup, mesh: the user's sampling cap", RELIED, JAX, "",
-      ("fields", "sample_max_num_sequences", "max_lora_adapters")),
-    E("skyrl.tinker.types:ModelMetadata", "samplers: the slot's mark", RELIED, JAX, "",
-      ("fields", "loaded_checkpoint_id", "adapter_index")),
-    E("skyrl.tinker.types:PreparedSampleBatch", "samplers, warmup: per-sequence lists", RELIED, JAX, "",
-      ("fields", "all_model_ids", "all_checkpoint_ids", "all_checkpoint_paths", "all_model_inputs")),
-    E("skyrl.tinker.types:PreparedModelPassBatch", "warmup: the replayed batches", RELIED, JAX),
-    E("skyrl.tx.utils.models:extract_adapter_state", "samplers: a slot set aside", RELIED, JAX),
-    E("skyrl.tx.utils.models:insert_adapter_state", "samplers: a slot put back", RELIED, JAX),
-    E("skyrl.tx.utils.models:round_up_seq_len", "warmup: the padded length", RELIED, JAX),
-    E("skyrl.tx.layers.lora:LoRAMixin.apply_lora", "lora: each sequence with its own adapter", REBINDING, JAX,
-      UP + "lora-per-sequence.md"),
-    E("skyrl.tx.layers.lora:LoRAMixin._apply_lora_weight", "lora: the stock contraction it steps aside for",
-      RELIED, JAX),
-    E("skyrl.tx.layers.lora:LoRAEmbed._apply_lora_weight", "lora: the embedding's contraction", RELIED, JAX),
-    E("skyrl.tinker.loss_fns:LOSS_FUNCTIONS", "gspo appended to the jax loss registry", REBINDING, JAX,
-      UP + "jax-gspo.md", ("by", "rlcli_losses: identities, index and a run through lax.switch")),
-    E("skyrl.tinker.types:LOSS_TYPES", "gspo's index in the jax loss registry", REBINDING, JAX, UP + "jax-gspo.md",
-      ("by", "rlcli_losses")),
-    E("transformers.utils.import_utils:is_torch_available", "no-torch: the jax engine imports without torch",
-      REBINDING, JAX, UP + "engine-imports-torch.md", ("by", "rlcli_no_torch's one-shot import hook")),
-    E("skyrl.tx.utils.models:peft", "no-torch: a recorded stand-in for peft's LoraConfig", REBINDING, JAX,
-      UP + "engine-imports-torch.md", ("by", "rlcli_no_torch.check_peft_uses at install")),
-    E("jax:distributed.initialize", "mesh: rlcli brings jax's runtime up first, bound where the user said",
-      REBINDING, JAX, OWN),
-    E("jax._src.compiler:_cache_write", "mesh: a worker writes its own compilation cache entries", REBINDING,
-      WORKER, "a jax that writes cache entries from every process"),
-    E("jax._src.compilation_cache:put_executable_and_time", "mesh: the worker's cache write", RELIED, WORKER),
-    E("skyrl.utils.log:RichHandler", "wake: SkyRL's rich log handler swapped for a plain one", REBINDING, ENGINE,
-      UP + "rich-log-on-request-path.md"),
-    # --- the API process (rlcli_api, rlcli_wake, rlcli_tenants, rlcli_lazy_torch) ---------------------------------
-    E("skyrl.tinker.api:_build_uv_run_cmd_engine", "launcher: the engine runs through the venv's Python",
-      REBINDING, API, UP + "engine-command.md"),
-    E("skyrl.tinker.api:poll_futures", "wake: the poller waits for the engine's ring", REBINDING, API,
-      UP + "polling-sleeps.md"),
-    E("skyrl.tinker.api:wait_for_future", "wake: results rung before their retrieve_future", REBINDING, API,
-      UP + "polling-sleeps.md"),
-    E("skyrl.tinker.api:create_future", "wake: a future filed in one statement", REBINDING, API,
-      UP + "request-path-queries.md"),
-    E("skyrl.tinker.api:get_model", "wake: a known model's row is not read again", REBINDING, API,
-      UP + "request-path-queries.md"),
-    E("skyrl.tinker.api:app", "routes /api/v1/rlcli/*; the tenant gate wraps it (add_middleware)", REBINDING, API,
-      OWN),
-    E("skyrl.tinker.api:lifespan", "wake: starts the poller by its module global", RELIED, API, "",
-      ("calls", "poll_futures")),
-    E("skyrl.tinker.api:retrieve_future", "wake: waits by its module global", RELIED, API, "",
-      ("calls", "wait_for_future")),
-    E("skyrl.tinker.api:forward_backward", "wake: files by the module global; drops get_model's row", RELIED, API,
-      "", ("calls", "create_future", "get_model")),
-    E("skyrl.tinker.api:optim_step", "wake: drops get_model's row", RELIED, API, "",
-      ("by", "rlcli_wake.drops_get_model (bytecode)")),
-    E("skyrl.tinker.api:TERMINAL_STATUSES", "wake: the poller's database read", RELIED, API),
-    E("skyrl.tinker.api:ForwardBackwardInput._ALLOWED_KEYS_BY_LOSS_FN", "gspo: the API accepts it and its clip keys",
-      RELIED, API),
-    E("skyrl.tinker.proto_serialization:parse_forward_backward_request", "tenants: the gate reads protobuf bodies",
-      RELIED, API),
-    E("skyrl.tinker.db_models:SessionDB", "readiness probes forgotten", RELIED, API, "", ("fields", "tags")),
-    E("skyrl.tinker.db_models:ModelDB", "readiness probes; tenants' quotas", RELIED, API, "",
-      ("fields", "model_id", "session_id", "status")),
-    E("skyrl.tinker.config:config_to_argv", "launcher: the engine's flags", RELIED, API),
-    E("skyrl.backends.renderer:render_model_input", "lazy torch: torch only inside the renderer's functions", RELIED,
-      API, UP + "engine-imports-torch.md", ("by", "tests/integration/server_checks.py")),
-    # --- Ray (ray_actors) ---------------------------------------------------------------------------------------
-    E(RB + "RayJaxBackend.__init__", "ray: every actor loaded what the engine did", OVERRIDE, RAY, OWN),
-    E(RB + "RayJaxBackend.save_sampler_checkpoint", "samplers: the engine's book of snapshots", OVERRIDE, RAY,
-      UP + "sampler-snapshots.md"),
-    E(RB + "RayJaxBackend.delete_model", "samplers: the engine's book of snapshots", OVERRIDE, RAY,
-      UP + "sampler-snapshots.md"),
-    E(RB + "JaxBackendImpl", "ray: actors build rlcli's impl (setup looks it up by name)", REBINDING, RAY,
-      "when the last backend override has gone upstream",
-      ("holds", "self.backend = JaxBackendImpl(", "jax.distributed.initialize(")),
-    E(RB + "RayJaxBackendImpl", "ray: the actors' __ray_call__ answers what they loaded", RELIED, RAY),
-)
-# The tinker client and tinker-cookbook (rlcli/train/hooks.py): each hook replaces one name for the length of a
-# `with` block (or one client object's life) and puts it back; ("holds", ...) texts the module's source must hold.
-T, TP, TS, CU = "tinker:TrainingClient.", "tinker.lib.public_interfaces.", "tinker_cookbook.supervised.train:", \
-    "tinker_cookbook.utils.ml_log:"
-COOKBOOK = "upstream: the cookbook and tinker are hosted Tinker's; each hook fits them to SkyRL (docs/decisions.md)"
-HOOKS = tuple(E(target, why, REBINDING, CLIENT, COOKBOOK, ("holds", *texts) if texts else ())
+def _entries(kind: str, where: str, rows: tuple) -> tuple[Entry, ...]:
+    return tuple(Entry(target, why, kind, where, goes, check) for target, why, goes, *check in rows)
+
+
+TE, JB, JI = "skyrl.tinker.engine:TinkerEngine.", "skyrl.backends.jax:JaxBackend.", "skyrl.backends.jax:JaxBackendImpl."
+RJ, TA, LOOK = "skyrl.backends.ray_jax:", "skyrl.tinker.api:", UP + "request-path-queries.md"
+ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
+    (TE + "__init__", "samplers: a start deletes snapshots an earlier server left", UP + "sampler-snapshots.md",
+     "calls", "get_backend_classes"),
+    (TE + "run", "warmup: the recorded batch shapes replayed before serving", OWN),
+    (TE + "process_pending_requests", "wake: wait for the API's ring, not 100 ms", UP + "polling-sleeps.md"),
+    (TE + "_complete_futures", "wake: small results ride the ring before the commit", UP + "polling-sleeps.md"),
+    (TE + "process_pending_requests_once", "look: pending types first; tenants: a pass's deferrals", LOOK,
+     "calls", "find_batchable_model_passes", "find_batchable_sample", "find_single_requests"),
+    (TE + "find_batchable_model_passes", "look; tenants", LOOK, "calls", "_load_requests",
+     "_find_destructive_barriers"),
+    (TE + "find_batchable_sample", "look", LOOK),
+    (TE + "find_single_requests", "look; tenants", LOOK, "calls", "_load_requests", "_find_destructive_barriers"),
+    (TE + "_find_destructive_barriers", "look: no barrier query when none can be pending", LOOK),
+    (TE + "_load_requests", "tenants: each pass takes work round-robin between tenants", OWN),
+    (TE + "_filter_valid_requests", "samplers: a deleted snapshot's sample is refused", UP + "sampler-snapshots.md"),
+    (TE + "process_single_request", "samplers: deleted snapshots' rows go first", UP + "sampler-snapshots.md"),
+)) + _entries(OVERRIDE, JAX, (  # rlcli_backend: every jax process (impl), process 0 (JaxBackend)
+    (JI + "create_model", "slots: the accumulator zeroed; one optimizer transform; a full table's message",
+     UP + "slot-gradients.md, optimizer-transform.md"),
+    (JI + "delete_model", "samplers: a model's snapshots go with it", UP + "sampler-snapshots.md"),
+    (JI + "forward_backward", "warmup: records the batch shape", OWN),
+    (JI + "forward", "warmup: records the batch shape", OWN),
+    (JI + "optim_step", "samplers: the slot's checkpoint mark cleared", UP + "sampler-checkpoint-slot.md"),
+    (JI + "load_checkpoint", "samplers: the slot's checkpoint mark cleared", UP + "sampler-checkpoint-slot.md"),
+    (JI + "sample", "samplers: borrowed slot; warmup: padded sizes; mesh: the fsdp axis",
+     UP + "sampler-checkpoint-slot.md, sampling-batch-mesh.md"),
+    (JI + "save_sampler_checkpoint", "samplers: the mark; unnamed snapshots make room", UP + "sampler-snapshots.md",
+     "param", "persist"),
+    (JB + "delete_model", "mesh: broadcast to every process", UP + "delete-model-broadcast.md"),
+    (JB + "save_sampler_checkpoint", "samplers: room made before SkyRL's probe file", UP + "sampler-snapshots.md"),
+)) + _entries(OVERRIDE, RAY, (  # ray_actors.backend_class: the engine's proxy
+    (RJ + "RayJaxBackend.__init__", "ray: every actor runs what the engine does", OWN),
+    (RJ + "RayJaxBackend.save_sampler_checkpoint", "samplers: the engine's snapshot book", UP + "sampler-snapshots.md"),
+    (RJ + "RayJaxBackend.delete_model", "samplers: the engine's snapshot book", UP + "sampler-snapshots.md"),
+)) + _entries(REBINDING, ENGINE, (
+    ("skyrl.tinker.engine:get_backend_classes", "the backend table hands out rlcli's backend classes", SEAM),
+    ("skyrl.utils.log:RichHandler", "wake: SkyRL's rich log handler swapped for a plain one",
+     UP + "rich-log-on-request-path.md"),
+)) + _entries(REBINDING, JAX, (
+    ("skyrl.tx.layers.lora:LoRAMixin.apply_lora", "lora: each sequence its own adapter", UP + "lora-per-sequence.md"),
+    ("skyrl.tinker.loss_fns:LOSS_FUNCTIONS", "gspo appended to the jax loss registry", UP + "jax-gspo.md",
+     "by", "rlcli_losses: identities, index and a run through lax.switch"),
+    ("skyrl.tinker.types:LOSS_TYPES", "gspo's index in the jax loss registry", UP + "jax-gspo.md", "by",
+     "rlcli_losses"),
+    ("transformers.utils.import_utils:is_torch_available", "no-torch: the jax engine imports without torch",
+     UP + "engine-imports-torch.md", "by", "rlcli_no_torch's one-shot import hook"),
+    ("skyrl.tx.utils.models:peft", "no-torch: a recorded stand-in for peft's LoraConfig",
+     UP + "engine-imports-torch.md", "by", "rlcli_no_torch.check_peft_uses at install"),
+    ("jax:distributed.initialize", "mesh: rlcli brings jax's runtime up first, bound where the user said", OWN),
+)) + _entries(REBINDING, WORKER, (
+    ("skyrl.backends.jax:JaxBackendImpl", "workers build rlcli's impl (run_worker looks it up by name)", SEAM),
+    ("jax._src.compiler:_cache_write", "mesh: a worker writes its own compilation cache entries",
+     "a jax that writes cache entries from every process"),
+)) + _entries(REBINDING, RAY, (
+    (RJ + "JaxBackendImpl", "ray: the actors build rlcli's impl (their setup looks it up by name)", SEAM,
+     "holds", "self.backend = JaxBackendImpl(", "jax.distributed.initialize("),
+)) + _entries(REBINDING, API, (  # rlcli_api, rlcli_wake, rlcli_tenants: SkyRL's API is functions and an app
+    (TA + "_build_uv_run_cmd_engine", "launcher: the engine runs through the venv's Python", UP + "engine-command.md"),
+    (TA + "poll_futures", "wake: the poller waits for the engine's ring", UP + "polling-sleeps.md"),
+    (TA + "wait_for_future", "wake: results rung before their retrieve_future", UP + "polling-sleeps.md"),
+    (TA + "create_future", "wake: a future filed in one statement", LOOK),
+    (TA + "get_model", "wake: a known model's row is not read again", LOOK),
+    (TA + "app", "routes /api/v1/rlcli/*; the tenant gate wraps it (add_middleware)", OWN),
+)) + _entries(RELIED, ENGINE, (
+    ("skyrl.tinker.engine:FutureDB", "wake: the rows _complete_futures writes", "", "fields", "request_id",
+     "request_type", "model_id", "request_data", "status", "result_data", "completed_at"),
+    ("skyrl.tinker.engine:update", "wake: the rows' one bulk UPDATE", ""),
+    ("skyrl.tinker.engine:Session", "wake: the rows' commit", ""),
+    ("skyrl.tinker.engine:datetime", "wake: completed_at as SkyRL writes it", ""),
+    (TE + "process_single_requests", "samplers: single requests run one by one", "", "calls", "process_single_request"),
+    ("skyrl.tinker.db_models:CheckpointDB", "samplers: a deleted snapshot's row", "", "fields", "model_id",
+     "checkpoint_id", "checkpoint_type"),
+    ("skyrl.tinker.types:SampleInput", "samplers: the refusal", "", "fields", "checkpoint_id"),
+)) + _entries(RELIED, JAX, (
+    (JB + "_broadcast_and_call", "mesh: delete_model's broadcast", ""),
+    ("skyrl.backends.jax:AccumulatedGradients.reset_adapter", "slots", ""),
+    ("skyrl.backends.jax:JaxBackendConfig", "warmup, mesh: the user's sampling cap", "", "fields",
+     "sample_max_num_sequences", "max_lora_adapters"),
+    ("skyrl.tinker.types:ModelMetadata", "samplers: the slot's mark", "", "fields", "loaded_checkpoint_id",
+     "adapter_index"),
+    ("skyrl.tinker.types:PreparedSampleBatch", "samplers, warmup: per-sequence lists", "", "fields", "all_model_ids",
+     "all_checkpoint_ids", "all_checkpoint_paths", "all_model_inputs"),
+    ("skyrl.tinker.types:PreparedModelPassBatch", "warmup: the replayed batches", ""),
+    ("skyrl.tx.utils.models:extract_adapter_state", "samplers: a slot set aside", ""),
+    ("skyrl.tx.utils.models:insert_adapter_state", "samplers: a slot put back", ""),
+    ("skyrl.tx.utils.models:round_up_seq_len", "warmup: the padded length", ""),
+    ("skyrl.tx.layers.lora:LoRAMixin._apply_lora_weight", "lora: the contraction it steps aside from", ""),
+    ("skyrl.tx.layers.lora:LoRAEmbed._apply_lora_weight", "lora: the embedding's contraction", ""),
+)) + _entries(RELIED, WORKER, (
+    ("skyrl.backends.jax:run_worker", "workers: the module global above", "", "calls", "JaxBackendImpl"),
+    ("jax._src.compilation_cache:put_executable_and_time", "mesh: the worker's cache write", ""),
+)) + _entries(RELIED, RAY, (
+    (RJ + "RayJaxBackendImpl", "ray: the actors' __ray_call__ answers what they run", ""),
+)) + _entries(RELIED, API, (
+    (TA + "lifespan", "wake: starts the poller by its module global", "", "calls", "poll_futures"),
+    (TA + "retrieve_future", "wake: waits by its module global", "", "calls", "wait_for_future"),
+    (TA + "forward_backward", "wake: files by the module global; drops get_model's row", "", "calls", "create_future",
+     "get_model"),
+    (TA + "optim_step", "wake: drops get_model's row", "", "by", "rlcli_wake.drops_get_model (bytecode)"),
+    (TA + "TERMINAL_STATUSES", "wake: the poller's database read", ""),
+    (TA + "ForwardBackwardInput._ALLOWED_KEYS_BY_LOSS_FN", "gspo: the API accepts it and its clip keys", ""),
+    ("skyrl.tinker.proto_serialization:parse_forward_backward_request", "tenants: the gate reads protobuf bodies", ""),
+    ("skyrl.tinker.db_models:SessionDB", "readiness probes forgotten", "", "fields", "tags"),
+    ("skyrl.tinker.db_models:ModelDB", "readiness probes; tenants' quotas", "", "fields", "model_id", "session_id",
+     "status"),
+    ("skyrl.tinker.config:config_to_argv", "launcher: the engine's flags", ""),
+    ("skyrl.backends.renderer:render_model_input", "lazy torch: torch only inside the renderer's functions",
+     UP + "engine-imports-torch.md", "by", "tests/integration/server_checks.py"),
+))
+# The tinker client and tinker-cookbook (rlcli/train/hooks.py): each hook replaces one name for a `with` block (or a
+# client object's life) and puts it back; "holds": texts the module's source must hold for the hook to work.
+T, TP, TS, CU = ("tinker:TrainingClient.", "tinker.lib.public_interfaces.", "tinker_cookbook.supervised.train:",
+                 "tinker_cookbook.utils.ml_log:")
+COOKBOOK = "hosted Tinker's client and recipes, fitted to SkyRL (docs/decisions.md): when SkyRL answers as hosted"
+HOOKS = tuple(Entry(target, why, REBINDING, CLIENT, COOKBOOK, ("holds", *texts) if texts else ())
               for target, why, *texts in (
     (T + "__init__", "on_training_client: slot records, loss route, step statistics"),
     (T + "forward_backward", "replace_forward_backward: the loss route (per client)"),
@@ -214,10 +194,10 @@ HOOKS = tuple(E(target, why, REBINDING, CLIENT, COOKBOOK, ("holds", *texts) if t
     (CU + "MultiplexLogger", "cookbook_logging appends to its loggers", "self.loggers = loggers"),
     (CU + "configure_logging_module", "cookbook_logging: console to warnings"),
 ))
-ENTRIES += HOOKS + (E("transformers.models.auto.auto_factory:add_generation_mixin_to_remote_model",
-                      "lean_imports: auto_factory runs without transformers' generation module; this one function "
-                      "imports it when called", REBINDING, CLIENT, "a transformers whose auto_factory imports "
-                      "GenerationMixin lazily", ("by", "rlcli.lean_imports.applies (its source, at import)")),)
+ENTRIES += HOOKS + (Entry("transformers.models.auto.auto_factory:add_generation_mixin_to_remote_model",
+                          "lean_imports: auto_factory imports without transformers' generation module", REBINDING,
+                          CLIENT, "a transformers whose auto_factory imports GenerationMixin lazily",
+                          ("by", "rlcli.lean_imports.applies (its source, at import)")),)
 
 
 def overridden() -> list[str]:
@@ -232,9 +212,8 @@ def satisfies(version: str, spec: str) -> bool:
 
     for clause in spec.split(","):
         op, want = re.fullmatch(r"\s*(==|>=|<)\s*(\S+)\s*", clause).groups()
-        ok = fnmatch.fnmatch(version, want) if op == "==" else (
-            number(version) >= number(want) if op == ">=" else number(version) < number(want))
-        if not ok:
+        if not (fnmatch.fnmatch(version, want) if op == "==" else
+                number(version) >= number(want) if op == ">=" else number(version) < number(want)):
             return False
     return True
 
@@ -252,7 +231,7 @@ def version_drift(packages=SERVER_PINS) -> list[str]:
 
 
 def problems(where: set[str]) -> list[str]:
-    """What no longer fits among the entries checked in these processes: a target that is gone, or a check it fails."""
+    """What no longer fits among the entries these processes check: a target that is gone, or a check it fails."""
     found = []
     for entry in (e for e in ENTRIES if e.where in where):
         try:
@@ -261,8 +240,8 @@ def problems(where: set[str]) -> list[str]:
             found.append(f"{entry.target} is gone ({entry.why})")
             continue
         kind, *names = entry.check or ("",)
-        missing = [name for name in names if not _holds(kind, target, entry.module, name)]
-        found += [f"{entry.target} no longer {kind} {name!r} ({entry.why})" for name in missing]
+        found += [f"{entry.target} no longer {kind} {name!r} ({entry.why})" for name in names
+                  if not _holds(kind, target, entry.module, name)]
     return found
 
 
@@ -296,14 +275,3 @@ def check(where: set[str]) -> None:
     if found:
         raise SystemExit(f"rlcli's server runtime {VERSION} does not fit this SkyRL: {'; '.join(found)}: "
                          "rebuild the server venv with `rlcli serve install`")
-
-
-def lines() -> list[str]:
-    """The manifest as `rlcli doctor --manifest` prints it."""
-    out = [f"rlcli overrides {len(overridden())} names in SkyRL, jax, tinker and tinker-cookbook "
-           f"({', '.join(f'{p}{s}' for p, s in PINS.items())}):"]
-    for entry in ENTRIES:
-        checked = " ".join(str(part) for part in entry.check) or "resolves"
-        out.append(f"{entry.kind:<18} {entry.target}\n    for: {entry.why}\n    checked: {checked} "
-                   f"({entry.where})" + (f"\n    goes: {entry.goes}" if entry.goes else ""))
-    return out

@@ -65,9 +65,16 @@ def connect() -> None:
 
 
 def backend_class(stock: type) -> type:
-    """SkyRL's RayJaxBackend (the engine's proxy) with rlcli's overrides; the backend table hands it out."""
+    """SkyRL's RayJaxBackend (the engine's proxy) with rlcli's overrides; the backend table hands it out.
+
+    Ray pickles the actor class's methods with the globals they name, here: the actors build what this process's
+    `ray_jax.JaxBackendImpl` is when RayJaxBackend starts them, so it is rlcli's (bring_up rebinds it there too)."""
     import ray
+    import rlcli_backend
     import rlcli_samplers as samplers
+    from skyrl.backends import ray_jax
+
+    ray_jax.JaxBackendImpl = rlcli_backend.RlcliJaxImpl
 
     class RlcliRayJaxBackend(stock):
         def __init__(self, base_model, config):
