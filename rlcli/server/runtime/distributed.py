@@ -1,12 +1,7 @@
-"""Several processes behind one jax server: JAX's distributed runtime, brought up by rlcli's launcher.
-
-Runs INSIDE the server venv (Python 3.12): standard library, jax and skyrl only. SkyRL's jax backend runs process 0
-(the engine) as the coordinator and broadcasts every backend call to the others (`run_worker`). rlcli brings the
-runtime up itself, first in every process (jax refuses to after any computation, and rlcli's changes compute as they
-install: the gspo check), bound to the host the user named, with heartbeats; a worker joins once the coordinator's
-port listens and writes its own compilation cache entries; and every process compares what it runs with the others
-through the runtime's key-value store before anything is served (docs/decisions.md, "Several jax processes").
-On CPU the pinned jax uses gloo for cross-process collectives; one CPU device per process, so fsdp = processes.
+"""Several processes behind one jax server: JAX's distributed runtime, brought up by rlcli's launcher first in every
+process (jax refuses to after any computation, and rlcli's gspo check computes), bound where the user said; a worker
+joins once the coordinator listens and writes its own compilation cache entries; every process compares what it runs
+with the others through the runtime's key-value store (docs/decisions.md, "Several jax processes").
 """
 
 from __future__ import annotations

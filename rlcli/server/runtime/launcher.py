@@ -1,22 +1,12 @@
-"""rlcli's launcher for SkyRL's Tinker API server.
+"""rlcli's launcher for SkyRL's Tinker API server (runs INSIDE the server venv: standard library and skyrl only).
 
-Runs INSIDE the server venv (Python 3.12): standard library and skyrl only, never rlcli's client dependencies.
-`rlcli serve start` runs `<server-venv>/bin/python launcher.py supervise --log FILE --max-log-bytes N -- <SkyRL API
-flags>` in a new session, so every process of the server shares one process group that `serve stop` ends. Roles:
-
-- supervise: starts the API (and preload, --local-workers) as children and copies their output into FILE, rotating
-  it at N bytes (FILE.1 keeps the previous part); stops the server when a jax worker dies.
-- api: SkyRL's FastAPI app under uvicorn, with rlcli's changes (rlcli_api.install).
-- engine: started by the API through rlcli's engine command; builds rlcli_engine's engine class where SkyRL's
-  `engine.main()` builds TinkerEngine. Stock SkyRL's own `main()` when no rlcli change applies (--no-extensions).
-- worker (jax backend, several processes): joins JAX's distributed runtime as process K and serves SkyRL's worker
-  loop (distributed.py); `rlcli serve worker` runs one on another machine.
-- preload (jax backend): imports the engine's modules while the API starts, then waits for the API's engine
-  command to hand it the engine's flags and environment and runs the engine itself; the engine role then only
-  stands in for it towards the API. The engine's imports took ~8-10 s of a ~21 s start on 2 cores and began only
-  after the API's own ~3 s; side by side they overlap.
-Which rlcli changes apply comes from RLCLI_SERVER_EXTENSIONS (shared.RLCLI, shared.TENANTS); each role applies
-them in one place, in the order written there, after the manifest's check (manifest.py).
+`rlcli serve start` runs `launcher.py supervise --log FILE --max-log-bytes N -- <SkyRL API flags>` in a new session;
+every process of the server shares its process group. Roles: supervise (starts the API, the preload and local jax
+workers; copies their output into FILE, rotated at N bytes), api (SkyRL's app with rlcli_api's changes), engine
+(started by the API's engine command: rlcli_engine's class, or stock SkyRL's main() when no rlcli change applies),
+worker (jax process K: distributed.py), preload (imports the jax engine's modules while the API starts, then runs
+the engine the API asks for; the engine role stands in for it). Which changes apply comes from EXTENSIONS_ENV
+(shared.py); each role applies them in one place, in the order written there, after manifest.check.
 """
 
 from __future__ import annotations

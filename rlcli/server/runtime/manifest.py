@@ -1,10 +1,8 @@
-"""Every name in SkyRL, jax, tinker and tinker-cookbook that rlcli overrides or relies on, in one list.
+"""Every name in SkyRL, jax, tinker and tinker-cookbook that rlcli overrides or relies on, in one list (stdlib only).
 
-Standard library only: the server's processes import it as `manifest`, rlcli's client as
-`rlcli.server.runtime.manifest` (train/hooks.py takes its PINS and PATCHES from here; `rlcli doctor --manifest`
-prints it). Each entry: its target ("module:dotted.name"), what it is for, its kind, the process that checks it, when
-it can go, and how it is checked. Every server process that changes SkyRL calls `check(where)` at start: a version
-other than PINS, or a target that moved, stops it with one line naming what was expected.
+Imported as `manifest` by the server's processes, which call `check(where)` at start (a version other than PINS or
+a moved target stops the process with one line), and as `rlcli.server.runtime.manifest` by the client (hooks.py's
+PINS and PATCHES; `rlcli doctor --manifest`).
 """
 
 from __future__ import annotations

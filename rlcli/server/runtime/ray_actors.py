@@ -1,15 +1,9 @@
 """rlcli's changes inside the Ray actors of SkyRL's jax backend (`use_ray`), and the engine's Ray proxy.
 
-Runs INSIDE the server venv: standard library at import; jax, ray and skyrl inside functions. With use_ray SkyRL's
-engine only proxies (RayJaxBackend) and each jax process is a RayJaxBackendImpl actor started by the cluster's own
-Python, where rlcli's launcher never runs. So the engine joins Ray itself before SkyRL would (`connect`), with a
-job-wide runtime_env: working_dir = this folder (Ray ships it to every node, first on the actors' path),
-env_vars (rlcli's features, the kept-snapshots setting, the engine's jax cache settings) and a
-worker_process_setup_hook that wraps `jax.distributed.initialize`. When SkyRL's actor calls it, rlcli brings the
-runtime up (distributed.py), applies its changes, rebinds the JaxBackendImpl the actor is about to build, and the
-actors compare what they run. The engine's RlcliRayJaxBackend then asks each actor (`__ray_call__`) and stops with
-one line on any difference; the answer is written for the API's capabilities route (shared.RAY_REPORT).
-Why this way, and what was rejected: docs/decisions.md ("jax on Ray: the actors load rlcli's extensions").
+The engine joins Ray before SkyRL would (`connect`) with a runtime_env: working_dir = this folder, rlcli's settings,
+and a setup hook that wraps `jax.distributed.initialize`, which SkyRL's actor calls before it builds its impl: the
+runtime comes up (distributed.py), rlcli's changes apply, the actors compare. RlcliRayJaxBackend asks each actor what
+it runs and stops the engine on a difference (docs/decisions.md, "jax on Ray: the actors load rlcli's extensions").
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""SkyRL's API process as rlcli runs it: the engine command, rlcli's routes, and the request path's and the tenant
-gate's rebindings (SkyRL's API is a module of functions and a FastAPI app: no class to subclass).
-
-Runs INSIDE the server venv: standard library and skyrl. Routes: GET CAPABILITIES_ROUTE says which losses this
-server computes in one forward_backward and what each of rlcli's changes does; POST FORGET_ROUTE deletes the rows of
-`serve start`'s readiness probes (docs/decisions.md, "`serve start`'s readiness probe leaves no training run
-behind").
+"""SkyRL's API process as rlcli runs it (a module of functions and a FastAPI app: no class to subclass): the engine
+command, the request path's and the tenant gate's rebindings, and rlcli's routes: GET CAPABILITIES_ROUTE (the losses
+served in one forward_backward, what each change does) and POST FORGET_ROUTE (docs/decisions.md, "`serve start`'s
+readiness probe leaves no training run behind").
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """rlcli's jax backend: SkyRL's JaxBackendImpl (every jax process) and JaxBackend (process 0, which broadcasts each
-call to the others and then runs it through `super()`), with rlcli's changes as methods.
-
-Runs INSIDE the server venv, in jax processes only (it imports jax and SkyRL's jax backend). SkyRL's backend table
-hands these classes to the engine (rlcli_engine.use_rlcli_backends); workers and Ray actors build their impl through
-the module global SkyRL looks it up by (`prepare`). Method signatures keep SkyRL's annotations: a worker rebuilds
-each broadcast call's arguments from them. Every method here is listed in manifest.py; why each exists:
-docs/upstream/ (one file per SkyRL defect) and docs/decisions.md.
+call, then runs it through `super()`) with rlcli's changes as methods. Signatures keep SkyRL's annotations: a
+worker rebuilds each broadcast call's arguments from them. Every override is in manifest.py; why: docs/upstream/.
 """
 
 import functools

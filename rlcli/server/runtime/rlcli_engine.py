@@ -1,9 +1,6 @@
-"""rlcli's engine: SkyRL's TinkerEngine with rlcli's changes as methods, and the backend table that hands out
-rlcli's backend classes. The launcher builds `engine_class(...)(config).run()` where SkyRL's `engine.main()`
-builds TinkerEngine; method resolution order is the order the changes apply in.
-
-Runs INSIDE the server venv, in the engine process (standard library and skyrl; jax only for the jax backend).
-Every method here is listed in manifest.py; why each exists: docs/upstream/ and docs/decisions.md.
+"""rlcli's engine: SkyRL's TinkerEngine with rlcli's changes as methods (method resolution order is the order they
+apply in), and the backend table that hands out rlcli's backend classes. Every override is in manifest.py; why:
+docs/upstream/ and docs/decisions.md.
 """
 
 import sys

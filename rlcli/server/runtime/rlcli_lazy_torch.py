@@ -1,11 +1,6 @@
-"""A stand-in for torch that imports the real one on first use: SkyRL's API process starts without it.
-
-Runs INSIDE the server venv: standard library only. SkyRL 0.4.0's API imports `skyrl.backends.renderer` (through
-`skyrl.tinker.extra.external_inference`), whose top-level `import torch` serves only an external inference engine
-or image inputs: ~1.2 of the API's ~2 s of imports, on the cores the preloaded engine imports on. The launcher
-calls `defer()` in the API process before anything imports SkyRL; rlcli_no_torch uses the same stand-in in the
-engine. (importlib's LazyLoader does not do: Python 3.12's import statement reads __spec__, which loads it.)
-Measured: docs/decisions.md, "SkyRL's API imports torch lazily".
+"""A stand-in for torch that imports the real one on first use: SkyRL's API imports torch through its renderer for
+functions it never calls (~1.2 of ~2 s of imports). importlib's LazyLoader does not do: Python 3.12's import
+statement reads __spec__. Measured: docs/decisions.md, "SkyRL's API imports torch lazily".
 """
 
 from __future__ import annotations

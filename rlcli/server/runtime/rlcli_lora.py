@@ -1,13 +1,7 @@
-"""A step pays for the LoRA adapters its batch uses, not for every slot of the table.
-
-Runs INSIDE the server venv (stdlib + skyrl + jax). SkyRL 0.4.0's LoRA layers (`LoRAMixin.apply_lora`) sort the
-tokens by adapter and run `jax.lax.ragged_dot` over all `max_lora_adapters` groups, and XLA's CPU lowering pays for
-every group, used or not. Every sequence of a batch has one adapter, so the LoRA path runs per sequence here: each
-sequence's own A and B are gathered (for the embedding, its A rows at the sequence's token ids) and contracted
-with batched matmuls, x_b @ A[i_b] @ B[i_b] * scaling[i_b]. The same sums in another order (tests/integration
-checks values and gradients against the stock path). It steps aside (the stock path runs) for layers with their
-own LoRA routing and where the gathered weights would pass GATHER_BUDGET_BYTES. Why and measurements:
-docs/upstream/lora-per-sequence.md.
+"""A step pays for the LoRA adapters its batch uses, not for every slot: SkyRL's `LoRAMixin.apply_lora` runs a
+ragged_dot over every slot; here each sequence's own A and B are gathered and contracted (the same sums in another
+order). It steps aside for layers with their own contraction and over GATHER_BUDGET_BYTES
+(docs/upstream/lora-per-sequence.md).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""GSPO served fused by SkyRL's jax backend: one forward_backward instead of a forward and a shifted ppo.
-
-Runs INSIDE the server venv (stdlib + skyrl + jax). SkyRL 0.4.0's API accepts `gspo`, but its jax backend checks
-names against `skyrl.tinker.types.LOSS_TYPES` (name -> index) and dispatches with `jax.lax.switch(index,
-LOSS_FUNCTIONS, ...)`; backends/jax.py imported both objects by name, so gspo is appended to that same list and its
-index added to that same dict (no class seam: a module-level registry). lax.switch CLAMPS an out-of-range index, so
-a registration that did not take would silently run cispo: the identities, the index and a numeric run through
-the switch are checked, and the process refuses to start if any fails. The reduction, and why dppo is not
-registered: docs/upstream/jax-gspo.md.
+"""GSPO served fused by SkyRL's jax backend: gspo appended to the same LOSS_FUNCTIONS list and LOSS_TYPES dict
+backends/jax.py imported (a module-level registry: no class seam). lax.switch CLAMPS an out-of-range index, so a
+registration that did not take would run cispo: identities, index and a run through the switch are checked, and the
+process refuses to start otherwise. docs/upstream/jax-gspo.md.
 """
 
 import os
@@ -20,12 +15,8 @@ FUSED = ("gspo",)
 
 
 def gspo_loss(target_logprobs, loss_mask, sampling_logprobs, advantages, loss_fn_config):
-    """GSPO-token (arXiv 2507.18071) per-token losses of one sequence, in SkyRL's loss signature.
-
-    log s = weighted mean over the response of (logp - old_logp); each token's ratio is
-    exp(logp - sg(logp) + sg(log s)): its value is the sequence ratio s, its gradient flows through
-    that token's logp only. loss_t = -min(ratio*A, clip(ratio, low, high)*A) on response tokens.
-    """
+    """GSPO-token (arXiv 2507.18071) per-token losses of one sequence, in SkyRL's loss signature: each token's ratio
+    has the sequence's value (the mean log ratio over the response) and its own token's gradient."""
     import jax
     import jax.numpy as jnp
 
@@ -35,8 +26,7 @@ def gspo_loss(target_logprobs, loss_mask, sampling_logprobs, advantages, loss_fn
     weight_sum = jnp.maximum(jnp.sum(loss_mask, axis=-1, keepdims=True), 1e-9)
     log_seq_ratio = jnp.sum(loss_mask * log_ratio, axis=-1, keepdims=True) / weight_sum
     sg = jax.lax.stop_gradient
-    # No clamp on log s (SkyRL's torch GSPO clamps at 10): this keeps the loss identical to the paper
-    # and to rlcli's 2-pass route (forward + shifted ppo), which cannot clamp.
+    # No clamp on log s (SkyRL's torch GSPO clamps at 10): the paper's loss, and the 2-pass route's, which cannot.
     ratio = jnp.exp(target_logprobs - sg(target_logprobs) + sg(log_seq_ratio))
     clipped = jnp.clip(ratio, loss_fn_config.clip_low_threshold, loss_fn_config.clip_high_threshold)
     surrogate = jnp.minimum(ratio * advantages, clipped * advantages)
@@ -86,11 +76,8 @@ def verify_registration(index: int) -> None:
 
 
 def self_test(functions: list, index: int) -> None:
-    """Run gspo through vmap + lax.switch as the backend does; compare with values worked out by hand.
-
-    Row 0 is unclipped (loss and gradient -s*A per response token); row 1 is clipped (loss
-    -high*A, gradient 0). cispo, the loss a clamped index would run, gives other numbers for both.
-    """
+    """gspo through vmap + lax.switch as the backend runs it, against values worked out by hand: row 0 unclipped,
+    row 1 clipped. cispo, what a clamped index would run, gives other numbers for both."""
     import math
 
     import jax
@@ -128,11 +115,12 @@ def jax_fused_blocker(backend_config: dict) -> str | None:
     return None
 
 
+def log(message: str) -> None:
+    print(f"[rlcli losses] {message}", file=sys.stderr, flush=True)
+
+
 def register(backend_config: dict) -> None:
     """In a jax process that computes (not a Ray engine, which only proxies): register gspo, or log why not."""
-    def log(message: str) -> None:
-        print(f"[rlcli losses] {message}", file=sys.stderr, flush=True)
-
     blocker = jax_fused_blocker(backend_config)
     if blocker:
         log(f"gspo NOT registered ({blocker}); clients fall back to the 2-pass route")

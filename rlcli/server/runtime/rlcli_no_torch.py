@@ -1,16 +1,9 @@
-"""SkyRL's jax engine starts without importing torch.
+"""SkyRL's jax engine starts without importing torch (docs/decisions.md, "The jax engine imports without torch").
 
-Runs INSIDE the server venv: standard library only at import. The launcher calls `prepare()` in the processes that
-import SkyRL's jax backend (the preloaded engine, the engine, the jax workers) BEFORE they import it, where rlcli's
-changes run. torch came in three ways, none of which the jax engine computes with (docs/decisions.md, "The jax
-engine imports without torch"); here, in the prepared process:
-- a one-shot import hook makes transformers' `is_torch_available` answer False (configurations and tokenizers
-  load; transformers' models, which the jax engine never builds, do not);
-- torch gets rlcli_lazy_torch's stand-in: `import torch` is free, the first use imports it;
-- `peft` is a stand-in whose `LoraConfig` takes the three keywords SkyRL passes and writes the adapter config
-  from a record made with the real peft at install (`python rlcli_no_torch.py record`, run by `rlcli serve
-  install`), checked there to reproduce peft's text byte for byte. Where the record is missing or was made with
-  other peft or transformers versions, the engine imports as stock SkyRL does (and says so in the log).
+`prepare()`, before a process imports SkyRL's jax backend: a one-shot import hook makes transformers'
+`is_torch_available` answer False, torch gets rlcli_lazy_torch's stand-in, and `peft` a stand-in whose LoraConfig
+writes the adapter config from a record the real peft made at install (`python rlcli_no_torch.py record`, checked
+there to reproduce peft's text byte for byte). Without a fitting record the engine imports as stock SkyRL does.
 """
 
 from __future__ import annotations

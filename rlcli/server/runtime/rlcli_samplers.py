@@ -1,11 +1,6 @@
-"""Sampler weights on the jax backend: sampling a saved checkpoint never changes the model that is training, the
-weights a borrowed slot read stay in memory, and the unnamed snapshots RL loops save every step do not pile up.
-
-Runs INSIDE the server venv: standard library at import, skyrl and jax inside functions. The overrides that use
-this are `rlcli_backend.RlcliJaxImpl` (sample, save_sampler_checkpoint, optim_step, load_checkpoint,
-delete_model) and `rlcli_engine.RlcliEngine` (the start's sweep, the refusal of a deleted snapshot, its rows).
-Why: docs/upstream/sampler-checkpoint-slot.md and docs/upstream/sampler-snapshots.md; docs/decisions.md
-("A checkpoint sampled again on a borrowed slot comes from memory", "Unnamed sampler snapshots").
+"""Sampler weights on the jax backend: an older checkpoint is sampled on a borrowed slot (never over a training
+model's weights), the weights it read stay in memory, and unnamed per-step snapshots do not pile up. Used by
+rlcli_backend and rlcli_engine. docs/upstream/sampler-checkpoint-slot.md, sampler-snapshots.md.
 """
 
 from __future__ import annotations

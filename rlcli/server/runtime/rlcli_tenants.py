@@ -1,15 +1,7 @@
-"""API keys and isolation between tenants, for a server a team shares (`rlcli serve start --tenants`).
-
-Runs INSIDE the server venv: standard library, skyrl and what skyrl imports. SkyRL 0.4.0 checks no credentials;
-`install` wraps SkyRL's whole ASGI app (FastAPI's add_middleware), so nothing reaches a route unchecked:
-- deny by default: every request but PUBLIC needs a key from RLCLI_TENANTS_FILE (X-API-Key or a bearer token; the
-  file holds SHA-256 hashes and is reread when it changes, so a revoked key is refused from the next request on);
-- bodies are read as JSON (forward_backward's also as the SDK's protobuf, by SkyRL's own parser); any other is 422;
-- the ids a tenant's requests create are its own (tenant_owners.py); a request naming another's answers 404 as an
-  absent one would, and the training-run listing shows the caller's runs only;
-- quotas (max_models, max_queued) answer 429 + Retry-After; weight_decay > 0 is refused (SkyRL's optimizer decays
-  every LoRA slot on any model's step: docs/decisions.md, "Tenants: keys checked inside SkyRL's API").
-The engine's side, `fair_pick`, takes pending work round-robin between tenants (rlcli_engine.FairEngine).
+"""API keys and isolation between tenants (`serve start --tenants`): `install` wraps SkyRL's whole ASGI app. Every
+request but PUBLIC needs a key from TENANTS_FILE_ENV (SHA-256 hashes, reread when the file changes); the ids a
+tenant's requests create are its own (tenant_owners.py), another's answer 404; quotas answer 429; weight_decay > 0
+is refused (docs/decisions.md, "Tenants"). `fair_pick` is the engine's round-robin (rlcli_engine.FairEngine).
 """
 
 from __future__ import annotations
@@ -337,13 +329,9 @@ def install(api) -> None:
 
 
 def fair_pick(candidates: list[tuple], tenant_of, served: dict, take: int = 1) -> tuple[list[tuple], dict[str, int]]:
-    """Choose from candidates (request_id, model_id, ...), in id order, what one engine pass takes.
-
-    SkyRL's engine takes every pending request of a kind in arrival order each pass, so a tenant that queues many
-    makes everyone behind it wait. With more than one tenant pending, each gives at most `take` of its earliest
-    requests (a prefix: order within a model is kept) and tenants go in turn, the one served longest ago (or never,
-    by its earliest request) first. Returns the chosen candidates and, per model, the smallest request id left for
-    later. `served` maps tenant -> the pass it was last served in, and is updated."""
+    """What one engine pass takes of candidates (request_id, model_id, ...) in id order: with several tenants pending,
+    each gives at most `take` of its earliest (order within a model kept), the one served longest ago first. Returns
+    those and, per model, the smallest request id left for later; updates `served` (tenant -> its last pass)."""
     lanes: dict[str, list[tuple]] = {}
     for item in candidates:
         lanes.setdefault(tenant_of(item[1]), []).append(item)

@@ -1,16 +1,10 @@
-"""SkyRL's API and engine wake each other instead of looking on a timer; small results travel in the ring.
+"""SkyRL's API and engine ring each other instead of looking on timers; small results ride the engine's ring.
 
 Runs INSIDE the server venv: standard library at import, skyrl inside functions. The engine's side is
-`rlcli_engine.RlcliEngine` (its loop, `_complete_futures` and looks); this module holds the doorbells, the
-ring messages, and the API's rebindings (its future poller, `wait_for_future`, `create_future`, `get_model`).
-
-Each process binds a Linux abstract datagram socket named by a random id the API makes and hands to its engine in
-the environment. The database stays where every request and result is kept: a ring says "look now", and the
-engine's ring also carries results of up to RING_RESULTS_MAX bytes, sent before their commit. Rings are
-numbered; a lost one only delays a look to the safety interval (ENGINE_SAFETY_S, API_SAFETY_S). Why, and the
-measurements: docs/upstream/polling-sleeps.md and docs/decisions.md ("A new future is filed in one statement",
-"Small results travel in the engine's ring", "A known model's row and absent barriers are not read again",
-"SkyRL's log written without rich").
+rlcli_engine.RlcliEngine; here are the doorbells (a Linux abstract datagram socket per process, named by a random id
+the API hands its engine in the environment), the ring messages and the API's rebindings. The database stays where
+every request and result is kept; a lost ring only delays a look to the safety interval. Why and measurements:
+docs/upstream/polling-sleeps.md, request-path-queries.md, rich-log-on-request-path.md; docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -55,7 +49,7 @@ class Doorbell:
         self.sock.setblocking(False)
 
     def ring(self, message: bytes = b"!") -> bool:
-        """Send one ring; False when it did not go (the caller decides whether that matters)."""
+        """False when it did not go (the caller decides whether that matters)."""
         try:
             self.sock.sendto(message, self.peer)
             _state["rings_sent"] += 1
@@ -87,16 +81,16 @@ class EngineBell(Doorbell):
 
     @classmethod
     def from_env(cls) -> EngineBell | None:
-        """None where the API made no doorbell (it loaded no rlcli changes): the engine keeps SkyRL's timer."""
+        """None where the API made no doorbell: the engine keeps SkyRL's timer."""
         wake_id = os.environ.get(ENV_ID)
         return cls(wake_id) if wake_id else None
 
     def look_ring(self) -> None:
-        """After a commit: "read the database"; owed again when even that does not fit in the API's socket."""
+        """After a commit: "read the database" (owed while the API's socket is full)."""
         self.owed = not self.ring(b"!%d" % next(self.sequence))
 
     def results(self, rows: list[dict]) -> bool:
-        """Ring with finished futures' rows before they are committed; False: the API must read the database."""
+        """Ring with finished futures' rows before their commit; False: the API must read the database."""
         message = results_message(next(self.sequence), rows)
         rung = message is not None and self.ring(message)
         self.owed = self.owed and not rung
@@ -104,8 +98,7 @@ class EngineBell(Doorbell):
 
 
 def drops_get_model(route) -> bool:
-    """Whether `route` awaits the module global get_model and drops its result (the await's END_SEND followed by
-    POP_TOP, Python 3.12 bytecode), never keeping it: skip_known_model_checks may then answer it without a read."""
+    """Whether `route` awaits the module global get_model and drops its result (END_SEND then POP_TOP, 3.12)."""
     import dis
     import inspect
 
@@ -119,8 +112,7 @@ def drops_get_model(route) -> bool:
 
 
 def relax_sqlite_sync() -> None:
-    """sqlite commits without an fsync each (PRAGMA synchronous=NORMAL: 0.5 -> 0.01 ms a commit here). In SkyRL's WAL
-    mode that never corrupts the database; a power cut may lose the last commits, a crashed server loses nothing."""
+    """sqlite commits without an fsync each (synchronous=NORMAL: 0.5 -> 0.01 ms a commit); safe in SkyRL's WAL mode."""
     from sqlalchemy import event
     from sqlalchemy.pool import Pool
 
@@ -134,9 +126,7 @@ def relax_sqlite_sync() -> None:
 
 
 def plain_log(logger_name: str = "skyrl") -> int:
-    """Swap the logger's rich handlers for plain stream handlers (same format, level and stream); return how many.
-    rich lays each record out as a table (~1 ms of CPU), and the engine logs one between a batch's computation and
-    its futures' completion."""
+    """Swap the logger's rich handlers for plain ones (same format, level and stream); return how many."""
     import logging
 
     logger = logging.getLogger(logger_name)
@@ -154,8 +144,8 @@ def plain_log(logger_name: str = "skyrl") -> int:
 
 
 def results_message(seq: int, rows: list[dict]) -> bytes | None:
-    """b"R", a JSON header [seq, [[request_id, status, n_bytes], ...]], a newline, then each result's JSON text back
-    to back. None when the results are bigger than RING_RESULTS_MAX together (the API then reads the database)."""
+    """b"R", a JSON header [seq, [[request_id, status, n_bytes], ...]], a newline, the results' JSON texts; None over
+    RING_RESULTS_MAX (the API then reads the database)."""
     bodies = [row["result_data"].encode() for row in rows]
     if sum(map(len, bodies)) > RING_RESULTS_MAX:
         return None
@@ -203,9 +193,8 @@ def write_rows(db_engine, rows: list[dict]) -> None:
 
 
 class Results:
-    """The API's side of results that come by ring: `filed` (request_id -> type) are the futures this process filed,
-    whose results the engine will ring with; `ready`, results rung before their retrieve_future arrived. Anything
-    else (too big, a ring that did not arrive, an id filed elsewhere) is read from the database."""
+    """The API's side: `filed`, futures this process filed (the engine rings with their results); `ready`, results
+    rung before their retrieve_future. Anything else is read from the database."""
 
     def __init__(self, api):
         self.api = api
@@ -279,8 +268,7 @@ class Results:
 
 
 def install_api(api) -> str:
-    """Rebind the API's poller, wait_for_future, create_future and get_model; return the wake id the engine (started
-    later by the API) inherits through the environment."""
+    """Rebind the API's poller, wait_for_future, create_future and get_model; the engine inherits the wake id."""
     import time
 
     from sqlalchemy import event
@@ -302,8 +290,7 @@ def install_api(api) -> str:
             wake["event"].set()
 
     async def poll_futures(db_engine, waiters, poll_interval_sec=None):
-        """Resolve awaited futures by the engine's ring, or from the database when a ring cannot bring them and at
-        least every API_SAFETY_S while somebody waits."""
+        """By the engine's ring, or from the database when no ring can bring them (at least every API_SAFETY_S)."""
         loop = asyncio.get_running_loop()
         wake["event"], wake["waiters"] = asyncio.Event(), waiters
         loop.add_reader(bell.sock.fileno(), on_readable)
@@ -351,9 +338,8 @@ def install_api(api) -> str:
 
 
 def skip_known_model_checks(api) -> dict:
-    """SkyRL's get_model without the read for a model already read, when awaited by a route that drops the result
-    (MODEL_CHECK_ROUTES, checked in their bytecode); returns its counters. SkyRL never deletes a model's row, so a
-    model found once exists for good; every other caller, and each model's first call, reads as stock."""
+    """get_model without the read of a model already read, for MODEL_CHECK_ROUTES (rows are never deleted); every
+    other caller reads as stock. Returns its counters."""
     stock = api.get_model
     checking = {getattr(api, route).__code__ for route in MODEL_CHECK_ROUTES if drops_get_model(getattr(api, route))}
     known: set[str] = set()
@@ -374,10 +360,8 @@ def skip_known_model_checks(api) -> dict:
 
 
 def one_statement_submit(api, on_filed=None):
-    """SkyRL's create_future with the insert first: `INSERT ... ON CONFLICT (model_id, seq_id) DO NOTHING RETURNING
-    request_id` (sqlite and PostgreSQL) files a new request in one statement where stock runs three; only when it
-    files nothing does the row already there decide, as stock (same type and data: the SDK's retry, its id; else
-    409). No error is raised, so no savepoint is needed. Another database keeps SkyRL's function."""
+    """create_future as one `INSERT ... ON CONFLICT DO NOTHING RETURNING` (sqlite, PostgreSQL); on a conflict the row
+    there decides, as stock (a retry gets its id, else 409). Another database keeps SkyRL's function."""
     from datetime import UTC, datetime
 
     from sqlalchemy.dialects import postgresql, sqlite
@@ -413,8 +397,7 @@ def one_statement_submit(api, on_filed=None):
 
 
 async def resolve_finished(api, db_engine, waiters: dict) -> dict:
-    """One look at the awaited futures: hand finished ones to their waiters (what SkyRL's poller gives them), KeyError
-    for ids with no row (rows exist before their id reaches a client, and are never deleted); return the outcomes."""
+    """Hand finished futures to their waiters as SkyRL's poller does (KeyError for ids with no row); the outcomes."""
     ids = list(waiters)
     table = api.FutureDB
     query = api.select(table.request_id, table.status, table.request_type, table.result_data).where(

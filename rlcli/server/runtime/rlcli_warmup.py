@@ -1,13 +1,6 @@
-"""A restarted engine traces the batch shapes its earlier runs served before it serves; sampling batches are padded
-to a few sizes.
-
-Runs INSIDE the server venv: standard library at import, skyrl and jax inside functions. The engine records each
-(kind, batch size, padded length) of forward and forward_backward it serves in RLCLI_WARMUP_FILE
-(`rlcli_backend.RlcliJaxImpl`) and, at its next start, replays the most used on a scratch LoRA model with zero loss
-weights and one optim_step at learning rate 0 before its loop serves (`rlcli_engine.RlcliEngine.run`). Sampling
-batches of N sequences are padded to `sampling_batch(N)` with copies of their first sequence, whose results go
-nowhere. Why and measurements: docs/decisions.md ("A restart replays the batch shapes it served", "Sampling
-batches are padded to a few sizes").
+"""A restarted engine replays the batch shapes its earlier runs served (recorded in WARMUP_FILE_ENV) on a scratch
+model with zero loss weights before it serves; sampling batches are padded to a few sizes with copies of their first
+sequence (docs/decisions.md, "A restart replays the batch shapes", "Sampling batches are padded").
 """
 
 from __future__ import annotations
