@@ -201,3 +201,26 @@ def test_processes_check_names_cores_jax_and_ray(tmp_path):
     assert status == "ok" and "jax 0.12.0.1" in detail and "no ray" in detail
     (tmp_path / "ray-2.60.0.dist-info").mkdir()
     assert "ray 2.60.0 in the server venv" in scaling.doctor_check(tmp_path)[1]
+
+
+def test_the_manifest_check_compares_the_server_venvs_skyrl_and_jax_with_the_pins(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLCLI_SERVER_VENV", str(tmp_path / "venv"))
+    assert doctor.check_manifest().status == "warn"  # no server venv yet
+    site = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
+    for name in ("skyrl-0.4.0.dist-info", "jax-0.12.0.1.dist-info", "jaxlib-0.13.0.dist-info"):
+        (site / name).mkdir(parents=True)
+    check = doctor.check_manifest()
+    assert check.status == "ok" and "skyrl 0.4.0, jax 0.12.0.1" in check.detail and "--manifest" in check.detail
+    (site / "skyrl-0.4.0.dist-info").rename(site / "skyrl-0.5.0.dist-info")
+    check = doctor.check_manifest()
+    assert check.status == "fail" and "skyrl 0.5.0 (rlcli expects skyrl==0.4.0)" in check.detail
+    assert "rlcli serve install" in check.detail
+
+
+def test_doctor_manifest_prints_every_entry_and_stops(capsys):
+    from rlcli.server.runtime import manifest
+
+    assert doctor.doctor(manifest=True) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"rlcli overrides {len(manifest.overridden())} names")
+    assert all(entry.target in out for entry in manifest.ENTRIES) and "doctor:" not in out  # no checks ran

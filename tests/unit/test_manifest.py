@@ -60,3 +60,12 @@ def test_doctor_prints_the_manifest_with_its_count():
     assert lines[0].startswith(f"rlcli overrides {len(manifest.overridden())} names")
     assert len(lines) == len(manifest.ENTRIES) + 1
     assert any("goes: upstream: docs/upstream/slot-gradients.md" in line for line in lines)
+
+
+def test_entries_checked_where_they_act_are_not_imported_by_the_start_check(monkeypatch):
+    """A "by" entry names something only its own code can check (torch's stand-in, the loss registry): resolving it
+    at start would import what the stand-in keeps out."""
+    assert all(isinstance(entry.check, tuple) for entry in manifest.ENTRIES)
+    by = manifest.Entry("sys:modules['torch']", "a stand-in", manifest.REBINDING, "x", "", ("by", "its owner"))
+    monkeypatch.setattr(manifest, "ENTRIES", (by,))
+    assert manifest.problems({"x"}) == []

@@ -40,7 +40,7 @@ class Entry(NamedTuple):
 
 
 def _entries(kind: str, where: str, rows: tuple) -> tuple[Entry, ...]:
-    return tuple(Entry(target, why, kind, where, goes, check) for target, why, goes, *check in rows)
+    return tuple(Entry(target, why, kind, where, goes, tuple(check)) for target, why, goes, *check in rows)
 
 
 TE, JB, JI = "skyrl.tinker.engine:TinkerEngine.", "skyrl.backends.jax:JaxBackend.", "skyrl.backends.jax:JaxBackendImpl."
@@ -94,6 +94,8 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
     ("skyrl.tx.utils.models:peft", "no-torch: a recorded stand-in for peft's LoraConfig",
      UP + "engine-imports-torch.md", "by", "rlcli_no_torch.check_peft_uses at install"),
     ("jax:distributed.initialize", "mesh: rlcli brings jax's runtime up first, bound where the user said", OWN),
+    ("sys:modules['torch']", "lazy torch (API), no-torch (jax engine): a stand-in imports torch on first use",
+     UP + "engine-imports-torch.md", "by", "rlcli_lazy_torch.defer"),
 )) + _entries(REBINDING, WORKER, (
     ("skyrl.backends.jax:JaxBackendImpl", "workers build rlcli's impl (run_worker looks it up by name)", SEAM),
     ("jax._src.compiler:_cache_write", "mesh: a worker writes its own compilation cache entries",
@@ -231,7 +233,7 @@ def version_drift(packages=SERVER_PINS) -> list[str]:
 def problems(where: set[str]) -> list[str]:
     """What no longer fits among the entries these processes check: a target that is gone, or a check it fails."""
     found = []
-    for entry in (e for e in ENTRIES if e.where in where):
+    for entry in (e for e in ENTRIES if e.where in where and e.check[:1] != ("by",)):  # "by": where it acts
         try:
             target = resolve(entry.target)
         except (ImportError, AttributeError):
@@ -260,7 +262,7 @@ def _holds(kind: str, target, module: str, name: str) -> bool:
         return name in inspect.signature(target).parameters
     if kind == "holds":
         return name in inspect.getsource(importlib.import_module(module))
-    return True  # ("by", who): checked where it acts
+    return True
 
 
 def check(where: set[str]) -> None:
