@@ -28,7 +28,7 @@ from common import summary, versions, write_receipt  # noqa: E402
 
 from rlcli.config import server_venv_dir  # noqa: E402
 from rlcli.server import server_venv  # noqa: E402
-from rlcli.server.runtime.launcher import PRELOAD_MODULES  # noqa: E402
+from rlcli.server.runtime.shared import PRELOAD_MODULES  # noqa: E402
 
 CHILD = """
 import json, time, importlib

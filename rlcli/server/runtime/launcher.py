@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from shared import DISTRIBUTED_ENV, EXTENSIONS_ENV, RLCLI, TENANTS
+from shared import DISTRIBUTED_ENV, EXTENSIONS_ENV, PRELOAD_MODULES, RLCLI, TENANTS
 
 HERE = Path(__file__).resolve().parent
 
@@ -75,8 +75,6 @@ def run_api(argv: list[str]) -> None:
 
 
 PRELOAD_ENV = "RLCLI_ENGINE_PRELOAD"  # the preloaded engine's socket name, set for the API by the supervisor
-# What the engine imports before it reads its flags: the engine loop and the jax backend with its model code.
-PRELOAD_MODULES = ("skyrl.tinker.engine", "skyrl.backends.jax")
 PRELOAD_PATIENCE_S = 5.0  # how long the engine command waits for the preload's socket to appear
 
 

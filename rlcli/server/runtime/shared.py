@@ -28,5 +28,8 @@ PEFT_RECORD = "rlcli-peft-lora-config.json"  # peft's LoraConfig as recorded for
 NO_FREE_SLOT = "Maximum number of LoRA adapters"  # create_model when every jax LoRA slot is taken
 NOT_LOADED = "not loaded"  # sampling from a sampler checkpoint whose model was unloaded
 
+# What the preloaded engine imports before it reads its flags (benchmarks/engine_imports.py times the same).
+PRELOAD_MODULES = ("skyrl.tinker.engine", "skyrl.backends.jax")
+
 # The server log's line that says what the engine's warm-up did at its start (`serve status` reads it).
 WARMED = "[rlcli warmup] warmed"
