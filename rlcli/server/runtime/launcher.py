@@ -26,8 +26,6 @@ from pathlib import Path
 
 from shared import DISTRIBUTED_ENV, EXTENSIONS_ENV, PRELOAD_MODULES, RLCLI, TENANTS
 
-HERE = Path(__file__).resolve().parent
-
 
 def _features() -> set[str]:
     return {name.strip() for name in os.environ.get(EXTENSIONS_ENV, "").split(",") if name.strip()}

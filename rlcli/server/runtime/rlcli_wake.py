@@ -87,7 +87,7 @@ class EngineBell(Doorbell):
 
     def look_ring(self) -> None:
         """After a commit: "read the database" (owed while the API's socket is full)."""
-        self.owed = not self.ring(b"!%d" % next(self.sequence))
+        self.owed = not self.ring(plain_message(next(self.sequence)))
 
     def results(self, rows: list[dict]) -> bool:
         """Ring with finished futures' rows before their commit; False: the API must read the database."""
