@@ -1,5 +1,5 @@
 """What a client process pays before its first request, with rlcli's lean imports (rlcli/lean_imports.py) and
-with transformers' stock imports (RLCLI_STOCK_IMPORTS=1).
+with transformers' stock imports (the finder taken out again after `import rlcli`).
 
     .venv/bin/python -m benchmarks.client_start --rounds 8 [--base-url http://127.0.0.1:8000] --label L
 
@@ -27,7 +27,6 @@ from pathlib import Path
 import fire
 
 from benchmarks.common import REPO, summary, versions, write_receipt
-from rlcli import lean_imports
 from rlcli.demo import DEMO_CHATS
 
 MODEL = REPO / "rlcli" / "assets" / "rlcli-tiny-qwen3-v1"
@@ -36,6 +35,8 @@ CHILD = """
 import json, sys, time
 wall, cpu = time.perf_counter(), time.process_time()
 import rlcli.cli, tinker
+if sys.argv[2] == "stock":
+    rlcli.lean_imports.uninstall()
 from tinker_cookbook import renderers
 from tinker_cookbook.supervised.data import conversation_to_datum
 from tinker_cookbook.tokenizer_utils import get_tokenizer
@@ -47,15 +48,15 @@ print(json.dumps({"wall_s": wall, "cpu_s": cpu,
 """
 
 
+STOCK_CLI = "import rlcli; rlcli.lean_imports.uninstall(); from rlcli.cli import entry; entry()"
+
+
 def arm_env(arm: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != lean_imports.STOCK_VAR}
-    if arm == "stock":
-        env[lean_imports.STOCK_VAR] = "1"
-    return dict(env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 
 
 def imports(arm: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(MODEL)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(MODEL), arm], capture_output=True, text=True,
                           env=arm_env(arm), timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"the import child ({arm}) failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -66,7 +67,8 @@ def train_sl(arm: str, base_url: str, data: Path, scratch: Path) -> dict:
     run = Path(tempfile.mkdtemp(dir=scratch))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "rlcli.cli", "train", "sl", "--dataset", str(data), "--base-url",
+    cli = ["-c", STOCK_CLI] if arm == "stock" else ["-m", "rlcli.cli"]
+    proc = subprocess.run([sys.executable, *cli, "train", "sl", "--dataset", str(data), "--base-url",
                            base_url, "--epochs", "1", "--batch-size", "8", "--save-every", "0", "--log-path",
                            str(run / "run")], capture_output=True, text=True, env=arm_env(arm), timeout=900)
     wall = time.perf_counter() - wall
@@ -104,7 +106,7 @@ def main(rounds: int = 8, base_url: str | None = None, label: str = "", out: str
     body = {"label": label, "versions": versions("transformers", "torch", "tinker", "tinker-cookbook"),
             "config": {"rounds": rounds, "order": "alternating, A B then B A", "model": "rlcli-tiny-qwen3-v1",
                        "train_sl": "the 4 demo chats x 4, 1 epoch, batch 8, no checkpoints" if base_url else None,
-                       "arms": {"lean": "rlcli's finder (default)", "stock": f"{lean_imports.STOCK_VAR}=1"}},
+                       "arms": {"lean": "rlcli's finder (default)", "stock": "rlcli.lean_imports.uninstall()"}},
             "raw": raw, "results": results, "median_saving_s": saving}
     receipt = write_receipt("client-start", body, Path(out) if out else None)
     print(json.dumps({"median_saving_s": {k: {m: round(v, 2) for m, v in s.items()} for k, s in saving.items()}}))

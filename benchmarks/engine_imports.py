@@ -25,7 +25,7 @@ import fire
 from benchmarks.common import summary, versions, write_receipt
 from rlcli.config import server_venv_dir
 from rlcli.server import server_venv
-from rlcli.server.runtime.launcher import PRELOAD_MODULES
+from rlcli.server.runtime.shared import PRELOAD_MODULES
 
 CHILD = """
 import json, time, importlib

@@ -1,5 +1,5 @@
-"""What sampling costs when the batch sizes vary, with rlcli's padded sampling batches (rlcli_warmup) and with
-SkyRL's exact ones (RLCLI_EXACT_SAMPLING_BATCHES=1).
+"""What sampling costs when the batch sizes vary, with rlcli's padded sampling batches (rlcli_warmup). SkyRL's
+exact ones were the second arm until RLCLI_EXACT_SAMPLING_BATCHES was retired (its receipts stay the evidence).
 
     .venv/bin/python -m benchmarks.sampling_batches [--rounds 1] [--label L]
 
@@ -28,7 +28,7 @@ from rlcli.model import ensure_embedded_model
 from rlcli.server.private import private_server
 
 COUNTS = (1, 3, 2, 5, 4, 7, 6, 12, 9, 16, 14, 17, 10, 3, 5)
-ARMS = {"padded": {}, "exact": {"RLCLI_EXACT_SAMPLING_BATCHES": "1"}}
+ARMS: dict[str, dict] = {"padded": {}}
 PROGRAM = re.compile(r"Compiling jit\(_prefill_and_decode\) with global shapes and types \(([^\n]*)")
 
 
@@ -46,8 +46,6 @@ def arm_environment(arm: str):
     """os.environ as one arm's server must see it (private_server hands it on), put back as it was on exit."""
     saved = dict(os.environ)
     os.environ.update({"JAX_LOG_COMPILES": "1", **ARMS[arm]})
-    for key in ARMS["exact"].keys() - ARMS[arm].keys():
-        os.environ.pop(key, None)
     try:
         yield
     finally:
@@ -96,8 +94,7 @@ def main(rounds: int = 1, label: str = "", out: str | None = None) -> None:
     body = {"label": label, "versions": {**versions("tinker"), "server": server_versions()},
             "config": {"rounds": rounds, "counts": list(COUNTS), "prompt_tokens": 16, "max_tokens": 8,
                        "model": "rlcli-tiny-qwen3-v1", "server": "--slots 3, a new RLCLI_HOME (empty compilation "
-                       "cache) per arm and round", "arms": {"padded": "as `serve start` runs it",
-                                                           "exact": "RLCLI_EXACT_SAMPLING_BATCHES=1"}},
+                       "cache) per arm and round", "arms": {"padded": "as `serve start` runs it"}},
             "raw": raw, "results": results}
     receipt = write_receipt("sampling-batches", body, Path(out) if out else None)
     for arm, r in results.items():

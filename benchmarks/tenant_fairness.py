@@ -1,15 +1,15 @@
-"""How long one tenant waits while another floods the queue (`serve start --tenants`), before and after fairness.
+"""How long one tenant waits while another floods the queue (`serve start --tenants`).
 
-    .venv/bin/python -m benchmarks.tenant_fairness [--size large] [--flood 24] [--reps 3] [--take 0]
+    .venv/bin/python -m benchmarks.tenant_fairness [--size large] [--flood 24] [--reps 3]
 
 One private server with tenants `flood` and `quiet`. Each rep: `quiet` times one forward_backward
 (8 x 64 tokens) on an idle server (alone), then `flood` submits --flood forward_backwards of the same
 size as raw requests, each queued (answered with its id) before `quiet` submits its one, timed until its
 result (flooded).
---take sets the engine's round-robin between tenants (runtime/rlcli_fair.py, RLCLI_FAIR_TAKE): how many
-requests of each tenant one engine pass takes while others wait; 0 keeps SkyRL's arrival order, where the
-engine takes every pending pass and runs them model by model, earliest first, so quiet waits for the
-whole flood once each pass costs real compute (--size large: benchmarks/models.py's ~26M model).
+The engine takes pending work round-robin between tenants (runtime/rlcli_engine.py's FairEngine). SkyRL's own
+arrival order (receipts taken with RLCLI_FAIR_TAKE=0, a switch since retired, measured it) takes
+every pending pass and runs them model by model, earliest first, so quiet waited for the whole flood once each
+pass costs real compute (--size large: benchmarks/models.py's ~26M model).
 Writes benchmarks/receipts/tenant-fairness-<time>.json.
 """
 
@@ -68,10 +68,7 @@ def main() -> None:
     parser.add_argument("--flood", type=int, default=24)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--size", choices=("tiny", "large"), default="tiny")
-    parser.add_argument("--take", type=int, default=None, help="RLCLI_FAIR_TAKE (0: SkyRL's arrival order)")
     args = parser.parse_args()
-    if args.take is not None:  # the server inherits this environment
-        os.environ["RLCLI_FAIR_TAKE"] = str(args.take)
 
     home = Path(tempfile.mkdtemp(prefix="rlcli-fairness-home-"))
     alone, flooded, flood_total = [], [], []
@@ -90,12 +87,11 @@ def main() -> None:
     ratio = summary(flooded)["median"] / summary(alone)["median"]
     path = write_receipt("tenant-fairness", {
         "versions": versions("tinker"), "model": describe_model(Path(model)), "size": args.size,
-        "fair_take": args.take if args.take is not None else "default (1)", "flood_requests": args.flood,
+        "fair_take": 1, "flood_requests": args.flood,
         "batch": "8 x 64 tokens", "train_micro_batch_size": 8,
         "quiet_alone_s": summary(alone), "quiet_flooded_s": summary(flooded), "flood_total_s": summary(flood_total),
         "flooded_over_alone": ratio, "raw": {"alone": alone, "flooded": flooded, "flood_total": flood_total}})
-    take = "default" if args.take is None else args.take
-    print(f"quiet waits {ratio:.1f}x its idle time behind {args.flood} flood requests (take {take}); "
+    print(f"quiet waits {ratio:.1f}x its idle time behind {args.flood} flood requests (take 1); "
           f"receipt {path}")
 
 

@@ -18,10 +18,9 @@ import urllib.request
 from rlcli.config import PLACEHOLDER_API_KEY
 from rlcli.errors import RlcliError, UsageError
 
-# SkyRL 0.4.0's messages, as the tinker client passes them on inside its exceptions' text.
-NO_FREE_SLOT = "Maximum number of LoRA adapters"  # create_model when every jax LoRA slot is taken
-NOT_LOADED = "not loaded"  # sampling from a sampler checkpoint whose model was unloaded
-CAPABILITIES_ROUTE = "/api/v1/rlcli/capabilities"  # rlcli's server extension: losses and slot hygiene it serves
+# SkyRL's messages and rlcli's capabilities route: strings the server runtime uses too (runtime/shared.py).
+from rlcli.server.runtime.shared import CAPABILITIES_ROUTE, NO_FREE_SLOT, NOT_LOADED  # noqa: F401
+
 FUTURE_PENDING = 408  # retrieve_future's status while the request is still queued or running
 
 

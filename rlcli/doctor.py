@@ -1,6 +1,6 @@
 """`rlcli doctor`: is this machine ready for rlcli, and is the server? One line per check, with the fix.
 
-Launch:  rlcli doctor [--base-url http://host:8000]
+Launch:  rlcli doctor [--base-url http://host:8000] [--manifest]
          python scripts/doctor.py
 
 ok / warn / fail per line; the exit code is 1 when any check fails (a warning does not fail). Each check
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rlcli import config
 from rlcli.errors import RlcliError
-from rlcli.options import BASE_URL, Record
+from rlcli.options import BASE_URL, Record, option
 from rlcli.server.backend_config import map_count_warning, read_map_count
 from rlcli.server.server_venv import installed_version
 
@@ -90,6 +90,37 @@ def check_tinker_pins() -> Check:
     server = next((v for sp in sorted(lib.glob("python3*/site-packages")) if (v := installed_version(sp, "tinker"))),
                   None)
     return Check("tinker-pins", *compare_pins(client, server))
+
+
+def check_manifest() -> Check:
+    """The server venv's SkyRL and jax against the versions rlcli's changes to them are written for."""
+    from rlcli.server.runtime import manifest
+
+    lib = config.server_venv_dir() / "lib"
+    site = next(iter(sorted(lib.glob("python3*/site-packages"))), None)
+    found = {package: installed_version(site, package) if site else None for package in manifest.SERVER_PINS}
+    if not any(found.values()):
+        return Check("manifest", "warn", "no server venv to compare with (`rlcli serve install`)")
+    drift = [f"{p} {v or 'missing'} (rlcli expects {p}{manifest.PINS[p]})" for p, v in found.items()
+             if v is None or not manifest.satisfies(v, manifest.PINS[p])]
+    if drift:
+        return Check("manifest", "fail", f"the server venv has {'; '.join(drift)}: rlcli's server would refuse to "
+                     "start; `rlcli serve install` rebuilds it from the pins")
+    return Check("manifest", "ok", f"{', '.join(f'{p} {v}' for p, v in found.items())} as pinned; rlcli overrides "
+                 f"{len(manifest.overridden())} names in them and the client's (`rlcli doctor --manifest`)")
+
+
+def manifest_lines() -> list[str]:
+    """rlcli's manifest (rlcli/server/runtime/manifest.py) as `rlcli doctor --manifest` prints it."""
+    from rlcli.server.runtime import manifest
+
+    out = [f"rlcli overrides {len(manifest.overridden())} names in SkyRL, jax, tinker and tinker-cookbook "
+           f"({', '.join(f'{p}{s}' for p, s in manifest.PINS.items())}):"]
+    for e in manifest.ENTRIES:
+        checked = " ".join(str(part) for part in e.check) or "resolves"
+        out.append(f"{e.kind:<18} {e.target}\n    for: {e.why}\n    checked: {checked} ({e.where})"
+                   + (f"\n    goes: {e.goes}" if e.goes else ""))
+    return out
 
 
 def check_server_venv() -> Check:
@@ -302,6 +333,7 @@ def run_checks(srv: Server) -> list[Check]:
         ("server-python", check_server_python),
         ("tinker-pins", check_tinker_pins),
         ("server-venv", check_server_venv),
+        ("manifest", check_manifest),
         ("server", lambda: check_server(srv)),
         ("api-key", lambda: check_api_key(srv)),
         ("database", check_database),
@@ -329,11 +361,16 @@ class DoctorOptions(Record):
     """`rlcli doctor`'s options (--api-key, as for every command, goes to TINKER_API_KEY first: rlcli.cli)."""
 
     base_url: str | None = BASE_URL(None)
+    manifest: bool = option(False, "print every name rlcli overrides or relies on in SkyRL, jax, tinker and "
+                                   "tinker-cookbook (what for, how it is checked, when it can go), then stop")
 
 
 def doctor(o: DoctorOptions) -> int:
-    """Check this machine and the server: Pythons, pins, venv, server, backend, CUDA, processes, Docker, disk,
-    memory, map count."""
+    """Check this machine and the server: Pythons, pins, venv, manifest, server, backend, CUDA, processes, Docker,
+    disk, memory, map count."""
+    if o.manifest:
+        print("\n".join(manifest_lines()))
+        return 0
     explicit = bool(o.base_url or os.environ.get("TINKER_BASE_URL"))
     checks = run_checks(Server(config.resolve_base_url(o.base_url), explicit))
     failed = [c.name for c in checks if c.status == "fail"]

@@ -14,8 +14,8 @@ stand-in from its own dict, then wraps that one function so that it imports the 
 called, and gives the module the real class on first attribute access. The rest of `transformers.generation`
 imports as always (configuration_utils needs its `GenerationConfig`), and anything that imports
 `GenerationMixin` itself (a model class, peft, `rlcli export`) gets the real class. Where auto_factory no
-longer reads as it did when this was written (a transformers upgrade), the finder leaves it alone.
-`RLCLI_STOCK_IMPORTS=1` in the environment turns the finder off.
+longer reads as it did when this was written (a transformers upgrade), the finder leaves it alone. The name it
+changes is in rlcli's manifest (rlcli/server/runtime/manifest.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.machinery
-import os
 import sys
 import types
 from typing import Any
@@ -32,7 +31,6 @@ TARGET = "transformers.models.auto.auto_factory"
 GENERATION = "transformers.generation"
 # The one function of auto_factory that uses GenerationMixin (applies() checks that it is the only one).
 WRAPPED = "add_generation_mixin_to_remote_model"
-STOCK_VAR = "RLCLI_STOCK_IMPORTS"
 
 
 def applies(source: str) -> bool:
@@ -147,9 +145,8 @@ _FINDER = _Finder()
 
 
 def install() -> None:
-    """Put the finder in place, unless transformers' auto module is already imported or the user asked for
-    stock imports. Idempotent."""
-    if os.environ.get(STOCK_VAR) == "1" or TARGET in sys.modules or _FINDER in sys.meta_path:
+    """Put the finder in place, unless transformers' auto module is already imported. Idempotent."""
+    if TARGET in sys.modules or _FINDER in sys.meta_path:
         return
     sys.meta_path.insert(0, _FINDER)
 

@@ -2,8 +2,8 @@
 
 SkyRL 0.4.0's jax backend clears a slot's gradient accumulator only in optim_step; a model
 unloaded after a forward_backward with no optim_step leaves its gradients to the next model
-that gets the slot (grad_norm ~5.4 on a zero-weight step: docs/decisions.md). Servers started by
-rlcli load runtime/rlcli_slots.py, which zeroes the accumulator on create_model, and say
+that gets the slot (grad_norm ~5.4 on a zero-weight step: docs/upstream/slot-gradients.md). Servers
+started by rlcli zero the accumulator on create_model (runtime/rlcli_backend.py), and say
 so in GET /api/v1/rlcli/capabilities. For any other server, `ensure_clean_next_slot` scrubs
 the slot the next create_model will take (SkyRL hands out the lowest free index): it creates
 a throwaway model there, applies an optim_step at learning rate 0 (which consumes and clears
@@ -18,8 +18,7 @@ import urllib.error
 
 from rlcli.client import CAPABILITIES_ROUTE, request_json, wait_future
 from rlcli.errors import RlcliError
-
-SLOT_EXTENSION = "rlcli_slots"
+from rlcli.server.runtime.shared import RLCLI
 
 
 def _result(base_url: str, request_id: str) -> dict:
@@ -33,12 +32,12 @@ def _result(base_url: str, request_id: str) -> dict:
 
 
 def server_cleans_slots(base_url: str) -> bool:
-    """True when the server runs rlcli's slot extension (asked, not assumed)."""
+    """True when the server runs rlcli's changes to SkyRL, the slot reset among them (asked, not assumed)."""
     try:
         caps = request_json(base_url + CAPABILITIES_ROUTE, timeout=10)
     except (OSError, ValueError):
         return False
-    return SLOT_EXTENSION in caps.get("extensions", [])
+    return RLCLI in caps.get("extensions", [])
 
 
 def scrub_next_slot(base_url: str, base_model: str) -> float:

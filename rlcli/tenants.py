@@ -29,12 +29,11 @@ from rlcli.errors import UsageError
 from rlcli.files import staged_file
 from rlcli.options import Opt, Record, option
 from rlcli.server import process
+from rlcli.server.runtime.shared import OWNERS_FILE, TENANTS_FILE_ENV, TENANTS_INTERNAL_ENV
 
 KEY_PREFIX = "tml-"  # the tinker client refuses keys without it
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-FILE_ENV = "RLCLI_TENANTS_FILE"  # the server extension reads the tenants from this file
-INTERNAL_ENV = "RLCLI_TENANTS_INTERNAL"  # hash of the one-start key `serve start` proves readiness with
-INTERNAL_TENANT = "_rlcli"  # its tenant; no user name can take it (names start with a letter or digit)
+FILE_ENV, INTERNAL_ENV = TENANTS_FILE_ENV, TENANTS_INTERNAL_ENV  # the tenant gate reads these (runtime/shared.py)
 
 
 def tenants_file() -> Path:
@@ -113,7 +112,6 @@ def add(o: AddOptions) -> int:
     return 0
 
 
-OWNERS_FILE = "tenant-owners.jsonl"  # the server's record of who created what (runtime/rlcli_tenants.py)
 
 
 def models_held(server: str = "default") -> dict[str, int]:

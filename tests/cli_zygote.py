@@ -141,7 +141,7 @@ HEAVY_COMMANDS = frozenset({"train", "loop", "eval", "sample", "chat", "export",
 # TMPDIR: tempfile's choice is reset in the child. TORCHINDUCTOR_CACHE_DIR: torch reads it (and sets its default
 # into os.environ) when inductor first runs, which an in-process test may do after the zygote started.
 CALL_TIME_VARS = ("TINKER_API_KEY", "TINKER_BASE_URL", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR")
-IMPORT_TIME_RLCLI_VARS = ("RLCLI_STOCK_IMPORTS",)
+IMPORT_TIME_RLCLI_VARS: tuple[str, ...] = ()  # RLCLI_ variables an import reads: none since RLCLI_STOCK_IMPORTS went
 
 
 def differing(env: dict[str, str], base: dict[str, str]) -> set[str]:

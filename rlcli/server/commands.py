@@ -20,15 +20,14 @@ from rlcli.errors import RlcliError, UsageError
 from rlcli.options import Opt, Record, option, subset
 from rlcli.server import backend_config as hw
 from rlcli.server import process, scaling, server_venv
+from rlcli.server.runtime import shared
 from rlcli.server.server_venv import Backend
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 LAUNCHER = RUNTIME_DIR / "launcher.py"
 MAX_LOG_BYTES = 20 * 2**20
-SERVER_EXTENSIONS = ",".join(["rlcli_lazy_torch", "rlcli_no_torch", "rlcli_losses", "rlcli_slots", "rlcli_wake",
-                              "rlcli_lora", "rlcli_samplers", "rlcli_warmup"])
-SNAPSHOTS_ENV = "RLCLI_SAMPLER_SNAPSHOTS"
-SAMPLER_CACHE_ENV = "RLCLI_SAMPLER_CACHE"  # sampled checkpoints kept in memory (runtime/rlcli_samplers.py)
+SERVER_EXTENSIONS = shared.RLCLI  # every change rlcli makes to SkyRL (runtime/manifest.py lists them)
+SNAPSHOTS_ENV, SAMPLER_CACHE_ENV = shared.SNAPSHOTS_ENV, shared.SAMPLER_CACHE_ENV
 
 
 def _is_loopback(host: str) -> bool:
@@ -273,20 +272,12 @@ def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: s
         env["RAY_ADDRESS"] = ray_address
     env.update(compilation_cache_env())
     env.update(malloc_env(backend))
-    env["RLCLI_WARMUP_FILE"] = str(warmup_file(model, backend, backend_cfg))
-    # runtime/rlcli_lazy_torch.py (first: before anything imports SkyRL): the API imports torch on first use.
-    # runtime/rlcli_no_torch.py: the jax engine (and its workers) import SkyRL's jax backend without torch.
-    # runtime/rlcli_losses.py: fused gspo for the jax backend and GET /api/v1/rlcli/capabilities;
-    # runtime/rlcli_slots.py: a new model never inherits gradients left in its LoRA slot.
-    # runtime/rlcli_wake.py: API and engine wake each other instead of polling on 100 ms / 50 ms timers.
-    # runtime/rlcli_lora.py: a step computes the LoRA adapters of its batch only, not every slot.
-    # runtime/rlcli_samplers.py: sampling a saved checkpoint never replaces a training model's weights, and
-    # the RL loops' unnamed per-step sampler snapshots are deleted beyond the newest few per model.
-    # runtime/rlcli_warmup.py: a restart traces the batch shapes earlier runs served before it is ready.
-    env["RLCLI_SERVER_EXTENSIONS"] = SERVER_EXTENSIONS if extensions else ""
+    env[shared.WARMUP_FILE_ENV] = str(warmup_file(model, backend, backend_cfg))
+    # rlcli's changes to SkyRL (runtime/manifest.py): the launcher applies them in every process of the server.
+    env[shared.EXTENSIONS_ENV] = SERVER_EXTENSIONS if extensions else ""
     env.update(tenant_env or {})  # PGPASSWORD for --database-url; the tenants file for --tenants
-    if tenant_env and "RLCLI_TENANTS_FILE" in tenant_env:  # runtime/rlcli_tenants.py, even with --no-extensions
-        env["RLCLI_SERVER_EXTENSIONS"] = ",".join(filter(None, [env["RLCLI_SERVER_EXTENSIONS"], "rlcli_tenants"]))
+    if tenant_env and shared.TENANTS_FILE_ENV in tenant_env:  # the tenant gate, even with --no-extensions
+        env[shared.EXTENSIONS_ENV] = ",".join(filter(None, [env[shared.EXTENSIONS_ENV], shared.TENANTS]))
     cmd = [str(venv_dir / "bin" / "python"), str(LAUNCHER), "supervise", "--log", str(paths["log"]),
            "--max-log-bytes", str(MAX_LOG_BYTES), "--local-workers", str(local_workers), "--", *api_args]
     proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -387,7 +378,7 @@ def status(o: Named) -> int:
 def _warmup_line(name: str) -> str | None:
     """What the engine's warm-up did at its last start, from the log (runtime/rlcli_warmup.py), if it is there."""
     lines = process.tail(process.layout(config.server_state_dir(name))["log"], 400).splitlines()
-    found = [ln for ln in lines if ln.startswith("[rlcli_warmup") and "warmed" in ln]
+    found = [ln for ln in lines if ln.startswith(shared.WARMED)]
     return "start-up " + found[-1].split("] ", 1)[1] if found else None
 
 
@@ -467,17 +458,16 @@ def worker(o: WorkerOptions) -> int:
 # 256 MiB free at the heap's top still goes back to the system, so a load's peak is not held for good.
 CPU_ENGINE_TUNABLES = ("glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
                        "glibc.malloc.trim_threshold=268435456", "glibc.malloc.hugetlb=1")
-STOCK_MALLOC_ENV = "RLCLI_STOCK_MALLOC"
 
 
 def malloc_env(backend: str) -> dict[str, str]:
     """GLIBC_TUNABLES for a server's processes: CPU_ENGINE_TUNABLES where a jax engine computes on the CPU.
 
-    Nothing for fsdp/megatron or where jax may find a GPU (its scratch lives on the device there), nor with
-    RLCLI_STOCK_MALLOC=1. Tunables the user already set come first and win: a name they chose is not added.
+    Nothing for fsdp/megatron or where jax may find a GPU (its scratch lives on the device there). Tunables the user
+    already set come first and win: a name they chose is not added.
     glibc before 2.35 ignores the huge-pages tunable, and other C libraries ignore the variable.
     """
-    if backend != "jax" or os.environ.get(STOCK_MALLOC_ENV) == "1":
+    if backend != "jax":
         return {}
     if hw.has_cuda() and os.environ.get("JAX_PLATFORMS", "").strip().lower() != "cpu":
         return {}

@@ -24,6 +24,7 @@ from pathlib import Path
 from rlcli.client import request_json
 from rlcli.errors import RlcliError, UsageError
 from rlcli.options import Opt
+from rlcli.server.runtime.shared import FORGET_ROUTE, READINESS_TAG
 
 NAME = Opt("which managed server (one state folder each)")  # `serve --name`, `tenant list --name`
 
@@ -189,10 +190,6 @@ def _await_future(url: str, request_id: str, deadline: float) -> dict:
         except TimeoutError:
             pass
     raise TimeoutError
-
-
-READINESS_TAG = "rlcli-readiness"  # runtime/rlcli_losses.py deletes these sessions' unloaded models
-FORGET_ROUTE = "/api/v1/rlcli/forget_readiness_models"
 
 
 def engine_round_trip(url: str, base_model: str, deadline: float) -> None:

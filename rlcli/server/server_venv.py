@@ -22,6 +22,7 @@ from typing import Literal
 
 from rlcli.config import server_venv_dir
 from rlcli.errors import RlcliError, UsageError
+from rlcli.server.runtime.shared import PEFT_RECORD as PEFT_RECORD_FILE
 
 Backend = Literal["jax", "fsdp", "megatron"]  # a fixed choice of `rlcli serve start|install --backend`
 BACKENDS: tuple[str, ...] = typing.get_args(Backend)
@@ -29,7 +30,7 @@ REQUIRED_PYTHON = (3, 12)
 MARKER = ".rlcli-complete"
 BYTECODE = "bytecode:1"  # the marker's line once every module of the venv has its bytecode written
 TOP_LEVEL = "top-level:1"  # ... once every distribution in it declares its import names (top_level_names.py)
-RECORD = "rlcli-peft-lora-config.json"  # runtime/rlcli_no_torch.py's RECORD_NAME, in the venv's folder
+RECORD = PEFT_RECORD_FILE  # peft's LoraConfig recorded for the torch-free engine (runtime/rlcli_no_torch.py)
 PEFT_RECORD = "peft-record:1"  # ... once peft's LoraConfig is recorded for the torch-free engine (rlcli_no_torch.py)
 
 

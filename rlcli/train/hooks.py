@@ -59,10 +59,12 @@ from tinker_cookbook.rl import train as rl_train
 from tinker_cookbook.utils import ml_log
 
 from rlcli.errors import RlcliError
+from rlcli.server.runtime import manifest
 from rlcli.train import metrics as keys
 
-# The versions the hooks were written against: the same specifiers as pyproject.toml's dependencies.
-PINS = {"tinker": ">=0.25,<0.26", "tinker-cookbook": "==0.5.5"}
+# The versions the hooks were written against (pyproject.toml's specifiers) and what each hook replaces: entries of
+# rlcli's one manifest of names it changes in other people's code (rlcli/server/runtime/manifest.py).
+PINS = {package: manifest.PINS[package] for package in ("tinker", "tinker-cookbook")}
 
 
 @dataclass(frozen=True)
@@ -73,47 +75,7 @@ class Patch:
     needs_text: tuple[str, ...] = ()  # strings the module's source must hold for the hook to work
 
 
-PATCHES = (
-    Patch("tinker", "TrainingClient.__init__", "on_training_client: slot records, loss route, step statistics"),
-    Patch("tinker", "TrainingClient.forward_backward", "replace_forward_backward: the loss route (per client)"),
-    Patch("tinker", "TrainingClient.forward_backward_async", "replace/watch_forward_backward (per client)"),
-    Patch("tinker.lib.public_interfaces.service_client", "ServiceClient._create_lora_training_client_submit",
-          "seeded_lora: the seed of a new LoRA", ("seed=seed,",)),
-    Patch("tinker.lib.public_interfaces.sampling_client", "SamplingClient.__init__",
-          "seeded_sampling: the order sampling clients are made in"),
-    Patch("tinker.lib.public_interfaces.sampling_client", "SamplingClient.sample",
-          "seeded_sampling: every sample call (sample_async goes through it)", ("            self.sample(",)),
-    Patch("tinker_cookbook.checkpoint_utils", "CheckpointManager.maybe_save_async",
-          "sl_checkpoints_name_the_next_batch: the SL recipe's periodic saves"),
-    Patch("tinker_cookbook.checkpoint_utils", "save_checkpoint_async", "failed_saves: every save, recorded "
-          "after the server confirmed it", ("await v.result_async() for k, v in futures.items()",
-                                            "save_checkpoint_async(\n")),
-    Patch("tinker", "TrainingClient.save_weights_and_get_sampling_client_async", "failed_saves: the RL loop's "
-          "sampler weights before each step"),
-    Patch("tinker_cookbook.supervised.train", "Config.submit_ahead", "rlcli runs SL with submit_ahead=0",
-          ('"batch": submitted.batch_idx,', "checkpoint_mgr.maybe_save_async(", "start_batch = resume_info.batch")),
-    Patch("tinker_cookbook.rl.train", "tqdm", "quiet_rl_sampling",
-          ("tqdm(total=",)),
-    Patch("tinker_cookbook.rl.train", "main", "the RL loop submits through forward_backward_async and logs one "
-          "row per step with progress/batch", ("training_client.forward_backward_async(", f'"{keys.BATCH}"')),
-    Patch("tinker", "SamplingClient.compute_logprobs_async", "hosted_prompt_logprobs: pads SkyRL's N-1 answer"),
-    Patch("tinker_cookbook.distillation.train_on_policy", "incorporate_kl_penalty", "hosted_prompt_logprobs: "
-          "the teacher KL slices the hosted shape", ("teacher_logprobs[1:]", "compute_logprobs_async(")),
-    Patch("tinker_cookbook.rl.metrics", "incorporate_kl_penalty", "hosted_prompt_logprobs: the KL penalty "
-          "slices the hosted shape", ("base_logprobs[1:]", "compute_logprobs_async(")),
-    Patch("tinker_cookbook.distillation.train_on_policy", "do_sync_training", "rlcli's distill loop hands it "
-          "the teacher clients and logs one row per step with progress/batch",
-          ("teacher_clients", f'"{keys.BATCH}"', "train_step(")),
-    Patch("tinker_cookbook.rl.train", "_remove_mask", "response_weights: the mask becomes weights",
-          ("_remove_mask(d) for d in",)),
-    Patch("tinker_cookbook.supervised.train", "main", "the SL loop logs train_mean_nll per step",
-          (f"{keys.TRAIN_NLL}=",)),
-    Patch("tinker_cookbook.utils.ml_log", "setup_logging", "cookbook_logging: joins its MultiplexLogger",
-          ("configure_logging_module(",)),
-    Patch("tinker_cookbook.utils.ml_log", "MultiplexLogger", "cookbook_logging appends to its loggers",
-          ("self.loggers = loggers",)),
-    Patch("tinker_cookbook.utils.ml_log", "configure_logging_module", "cookbook_logging: console to warnings"),
-)
+PATCHES = tuple(Patch(e.module, e.name, e.why, tuple(e.check[1:])) for e in manifest.HOOKS)
 
 
 def problems() -> list[str]:

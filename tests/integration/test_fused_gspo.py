@@ -18,6 +18,7 @@ import pytest
 
 from rlcli.client import request_json, unload_model
 from rlcli.errors import UsageError
+from rlcli.server.runtime import manifest
 from rlcli.train.losses import (
     GSPO_DEFAULTS,
     gspo_reference,
@@ -75,11 +76,10 @@ def test_skyrl_jax_loss_registry_is_the_one_rlcli_extends():
 
 
 CAPABILITIES_AND_FAILURE = """
-import sys
-import rlcli_losses as ext
+import rlcli_api, rlcli_losses as ext
 from skyrl.tinker.config import EngineConfig
 def caps(backend, **backend_config):
-    return ext.capabilities(EngineConfig(base_model="m", backend=backend, backend_config=backend_config))
+    return rlcli_api.capabilities(EngineConfig(base_model="m", backend=backend, backend_config=backend_config))
 assert "gspo" in caps("jax")["losses"] and "note" not in caps("jax")
 assert "gspo" not in caps("jax", use_ray=True)["losses"] and "Ray" in caps("jax", use_ray=True)["note"]
 assert "gspo" not in caps("jax", num_processes=2)["losses"]
@@ -87,8 +87,7 @@ assert set(caps("fsdp")["losses"]) == {"cross_entropy", "importance_sampling", "
                                        "ppo_critic"}
 assert "ppo_critic" not in caps("megatron")["losses"] and "dppo" in caps("megatron")["losses"]
 ext.STOCK_JAX = {"cross_entropy": 0}  # as if SkyRL's registry had changed under the extension
-sys.argv = ["launcher.py", "engine", "--base-model", "m", "--backend", "jax"]
-ext.register("engine")
+ext.register({})
 """
 
 
@@ -232,7 +231,7 @@ def sequence_mean_loss(output, mask: np.ndarray) -> float:
 def test_capabilities_route_says_gspo_is_fused(server):
     description, served = served_losses(server.url)
     assert served == {"cross_entropy", "importance_sampling", "ppo", "cispo", "gspo"}
-    assert description == "jax backend with rlcli_losses 1.1"
+    assert description == f"jax backend with rlcli runtime {manifest.VERSION}"
     assert plan_loss("gspo", None, "auto", served).passes == 1
 
 
@@ -323,7 +322,7 @@ def test_stock_server_refuses_fused_gspo_fast_and_clearly(stock_server, embedded
             client.forward_backward(data, "gspo").result()
     finally:
         unload_model(url, client.model_id)
-    assert "rlcli_losses" not in (Path(env["RLCLI_HOME"]) / "servers" / "default" / "server.log").read_text()
+    assert "[rlcli losses]" not in (Path(env["RLCLI_HOME"]) / "servers" / "default" / "server.log").read_text()
 
 
 def test_torch_free_engine_computes_and_saves_as_the_stock_engine(server, service, stock_server, embedded_model,
@@ -338,7 +337,7 @@ def test_torch_free_engine_computes_and_saves_as_the_stock_engine(server, servic
 
     caps = request_json(f"{server.url}/api/v1/rlcli/capabilities")
     assert caps["rlcli_no_torch"]["engine_imports"].startswith("without torch"), caps.get("rlcli_no_torch")
-    assert "the jax engine imported without torch" in server.log.read_text()
+    assert "the jax engine imports without torch" in server.log.read_text()
     url, _env = stock_server
     stock_log = (Path(_env["RLCLI_HOME"]) / "servers" / "default" / "server.log").read_text()
     assert "rlcli_no_torch" not in stock_log

@@ -175,7 +175,7 @@ def test_two_tenants_train_and_sample_at_once(shared, request):
     for t in threads:
         t.join(timeout=600)
     assert errors == [] and set(results) == {"alice", "bob"}, errors
-    assert "[rlcli_fair 1.0] the engine takes pending work round-robin" in srv.log.read_text()
+    assert "[rlcli tenants] the engine takes pending work round-robin" in srv.log.read_text()
     assert all(n > 0 for _, n in results.values())
     for name, other in (("alice", "bob"), ("bob", "alice")):
         listing = call(srv.url + "/api/v1/training_runs", key=keys[name])[1]["training_runs"]

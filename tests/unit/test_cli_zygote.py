@@ -25,7 +25,7 @@ def test_only_variables_read_while_a_command_runs_may_differ():
     assert forkable(dict(base), base)
     assert forkable(dict(base, RLCLI_HOME="/b", RLCLI_BASE_URL="http://x", TINKER_API_KEY="k"), base)
     assert not forkable(dict(base, HF_HUB_OFFLINE="0"), base)  # transformers reads it at import
-    assert not forkable(dict(base, RLCLI_STOCK_IMPORTS="1"), base)  # rlcli's import finder reads it at import
+    assert not forkable(dict(base, TRANSFORMERS_OFFLINE="0"), base)  # read at import too
     assert not forkable({k: v for k, v in base.items() if k != "PATH"}, base)
     assert not forkable(dict(base, TINKER_LOG="debug"), base)
 

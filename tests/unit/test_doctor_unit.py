@@ -154,8 +154,8 @@ def test_docker(monkeypatch, ping_error, image_missing, status, words):
 
 
 def _stub_checks(monkeypatch, statuses: dict[str, str]):
-    for name in ("client_python", "server_python", "tinker_pins", "server_venv", "database", "cuda", "processes",
-                 "docker", "disk", "map_count"):
+    for name in ("client_python", "server_python", "tinker_pins", "server_venv", "manifest", "database", "cuda",
+                 "processes", "docker", "disk", "map_count"):
         status = statuses.get(name, "ok")
         monkeypatch.setattr(doctor, f"check_{name}", lambda n=name, s=status: Check(n, s, "detail"))
     for name in ("server", "api_key", "backend", "memory"):
@@ -167,11 +167,11 @@ def test_exit_code_fails_only_on_a_failed_check(monkeypatch, capsys):
     _stub_checks(monkeypatch, {"cuda": "warn", "docker": "warn"})
     assert doctor.doctor(doctor.DoctorOptions(base_url="http://127.0.0.1:9")) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 15 and out[-1] == "doctor: 12 ok, 2 warn, 0 fail"
-    assert out[8].startswith("warn  cuda")
+    assert len(out) == 16 and out[-1] == "doctor: 13 ok, 2 warn, 0 fail"
+    assert out[9].startswith("warn  cuda")
     _stub_checks(monkeypatch, {"disk": "fail"})
     assert doctor.doctor(doctor.DoctorOptions(base_url="http://127.0.0.1:9")) == 1
-    assert capsys.readouterr().out.splitlines()[-1] == "doctor: 13 ok, 0 warn, 1 fail (disk)"
+    assert capsys.readouterr().out.splitlines()[-1] == "doctor: 14 ok, 0 warn, 1 fail (disk)"
 
 
 def test_a_crashing_check_is_a_failed_line_not_a_traceback(monkeypatch, capsys):
@@ -201,3 +201,26 @@ def test_processes_check_names_cores_jax_and_ray(tmp_path):
     assert status == "ok" and "jax 0.12.0.1" in detail and "no ray" in detail
     (tmp_path / "ray-2.60.0.dist-info").mkdir()
     assert "ray 2.60.0 in the server venv" in scaling.doctor_check(tmp_path)[1]
+
+
+def test_the_manifest_check_compares_the_server_venvs_skyrl_and_jax_with_the_pins(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLCLI_SERVER_VENV", str(tmp_path / "venv"))
+    assert doctor.check_manifest().status == "warn"  # no server venv yet
+    site = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
+    for name in ("skyrl-0.4.0.dist-info", "jax-0.12.0.1.dist-info", "jaxlib-0.13.0.dist-info"):
+        (site / name).mkdir(parents=True)
+    check = doctor.check_manifest()
+    assert check.status == "ok" and "skyrl 0.4.0, jax 0.12.0.1" in check.detail and "--manifest" in check.detail
+    (site / "skyrl-0.4.0.dist-info").rename(site / "skyrl-0.5.0.dist-info")
+    check = doctor.check_manifest()
+    assert check.status == "fail" and "skyrl 0.5.0 (rlcli expects skyrl==0.4.0)" in check.detail
+    assert "rlcli serve install" in check.detail
+
+
+def test_doctor_manifest_prints_every_entry_and_stops(capsys):
+    from rlcli.server.runtime import manifest
+
+    assert doctor.doctor(doctor.DoctorOptions(manifest=True)) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"rlcli overrides {len(manifest.overridden())} names")
+    assert all(entry.target in out for entry in manifest.ENTRIES) and "doctor:" not in out  # no checks ran

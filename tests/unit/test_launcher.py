@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ RUNTIME = Path(commands.__file__).resolve().parent / "runtime"
 
 
 def _load(name: str):
+    if str(RUNTIME) not in sys.path:  # its siblings (shared.py), as in the launcher
+        sys.path.insert(0, str(RUNTIME))
     spec = importlib.util.spec_from_file_location(f"rlcli_runtime_{name}", RUNTIME / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

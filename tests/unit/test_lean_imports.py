@@ -49,7 +49,7 @@ def test_another_auto_factory_is_left_alone(change):
 # Run in a fresh process: whether rlcli's finder is used, what transformers loaded, and what it answers.
 PROBE = r"""
 import json, sys
-import rlcli  # installs the finder unless RLCLI_STOCK_IMPORTS=1
+import rlcli  # installs the finder
 from tinker_cookbook import renderers
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 tokenizer = get_tokenizer(sys.argv[1])
@@ -89,10 +89,12 @@ print(json.dumps({"logits": logits[0, -1, :8].tolist(), "generates": hasattr(mod
 
 
 def probe(stock: bool, code: str = PROBE) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != lean_imports.STOCK_VAR}
+    """The code in a fresh process; `stock`: with rlcli's finder taken out again right after `import rlcli`."""
     if stock:
-        env[lean_imports.STOCK_VAR] = "1"
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        code = code.replace("import rlcli\n", "import rlcli\nrlcli.lean_imports.uninstall()\n", 1)
+        code = code.replace("import rlcli  # installs the finder\n",
+                            "import rlcli\nrlcli.lean_imports.uninstall()\n", 1)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     proc = subprocess.run([sys.executable, "-c", code, str(MODEL)], capture_output=True, text=True, env=env,
                           cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

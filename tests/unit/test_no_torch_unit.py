@@ -5,7 +5,6 @@ test_fused_gspo.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,16 +13,14 @@ import textwrap
 import pytest
 
 from rlcli.server import commands, server_venv
+from tests.unit.test_tenant_fair_unit import runtime
 
 MODULE = commands.RUNTIME_DIR / "rlcli_no_torch.py"
 
 
 @pytest.fixture
 def lean():
-    spec = importlib.util.spec_from_file_location("rlcli_no_torch_under_test", MODULE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return runtime("rlcli_no_torch")
 
 
 RECORD = {"peft": "0.0.1", "transformers": "9.9", "made_by": "test",
@@ -31,8 +28,7 @@ RECORD = {"peft": "0.0.1", "transformers": "9.9", "made_by": "test",
 
 
 def test_the_venv_install_writes_the_record_where_the_engine_reads_it(lean):
-    assert server_venv.RECORD == lean.RECORD_NAME
-    assert "rlcli_no_torch" in commands.SERVER_EXTENSIONS.split(",")
+    assert server_venv.RECORD == lean.RECORD_NAME == lean.record_path().name
 
 
 def test_stand_in_writes_the_recorded_fields_with_the_inputs_sorted_and_indented(lean, tmp_path):
@@ -47,7 +43,7 @@ def test_stand_in_writes_the_recorded_fields_with_the_inputs_sorted_and_indented
     (tmp_path / "file").write_text("")
     with pytest.raises(AssertionError, match="should be a directory"):
         peft.LoraConfig(base_model_name_or_path="m", r=1, lora_alpha=1).save_pretrained(tmp_path / "file")
-    with pytest.raises(AttributeError, match="RLCLI_ENGINE_TORCH=1"):
+    with pytest.raises(AttributeError, match="--no-extensions"):
         peft.get_peft_model  # noqa: B018
     assert peft.__version__ == "0.0.1"
 
@@ -117,12 +113,12 @@ def test_prepared_process_sees_no_torch_and_gets_the_peft_stand_in(tmp_path):
     assert got["torch_loaded"] is False  # the stand-in for torch was never touched
 
 
-def test_without_a_fitting_record_or_with_the_switch_the_imports_stay_stock(tmp_path):
+def test_without_a_fitting_record_the_imports_stay_stock(tmp_path):
     got = _run_prepared(tmp_path, None)
     assert "peft" not in got and "the real peft must not be imported" in got["err"]  # stock: the real (fake) peft
     assert "no record of peft's LoraConfig" in got["err"]
-    switched = _run_prepared(tmp_path, {**RECORD, **_installed()}, RLCLI_ENGINE_TORCH="1")
-    assert "the real peft must not be imported" in switched["err"]
+    other = _run_prepared(tmp_path, {**RECORD, **_installed(), "transformers": "0.0.0-other"})
+    assert "the real peft must not be imported" in other["err"] and "transformers 0.0.0-other" in other["err"]
 
 
 def test_check_refuses_a_skyrl_that_uses_peft_otherwise(lean, tmp_path, monkeypatch):

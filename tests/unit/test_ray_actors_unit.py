@@ -1,4 +1,4 @@
-"""The Ray actors' extension check (runtime/ray_actors.py): its pure pieces, with stand-ins for Ray's handles.
+"""The Ray actors' check (runtime/ray_actors.py): its pure pieces, with stand-ins for Ray's handles.
 The real thing runs in tests/integration/test_ray_jax.py on a local Ray cluster."""
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ import sys
 import pytest
 
 from tests.unit.test_tenant_fair_unit import runtime
-
-EXTENSIONS = "rlcli_losses,rlcli_slots,rlcli_tenants"
 
 
 class FakeRay:
@@ -34,21 +32,17 @@ def test_only_the_jax_backend_with_use_ray_is_on_ray():
     assert not actors.on_ray(["--backend", "jax"]) and not actors.on_ray(["--backend-config", "not json"])
 
 
-def test_actors_that_loaded_what_the_engine_did_are_reported_to_the_api(tmp_path, monkeypatch):
+def test_actors_that_run_what_the_engine_does_are_reported_to_the_api(tmp_path, monkeypatch):
     actors = runtime("ray_actors")
     monkeypatch.chdir(tmp_path)
-    for name in ("rlcli_losses", "rlcli_slots"):
-        monkeypatch.setitem(sys.modules, name, type(sys)(name))
-        sys.modules[name].VERSION = "1.0"
-    same = ["rlcli_losses 1.0", "rlcli_slots 1.0"]  # rlcli_tenants is the engine's queue: not compared
-    assert actors.describe()["extensions"] is None  # before the engine set its actors up
-    actors.check_actors(FakeRay, [FakeActor(same), FakeActor(same)], EXTENSIONS)
-    assert actors.describe() == {"actors": 2, "extensions": same, "live": ["rlcli_losses", "rlcli_slots"],
-                                 "engine_only": {}}
-    assert oct((tmp_path / actors.REPORT).stat().st_mode & 0o777) == "0o600"
+    same = runtime("distributed").identity({"rlcli"})
+    assert actors.describe()["runtime"] is None  # before the engine set its actors up
+    actors.check_actors(FakeRay, [FakeActor(same), FakeActor(same)])
+    assert actors.describe() == {"actors": 2, "runtime": same}
+    assert oct((tmp_path / "rlcli-ray-actors.json").stat().st_mode & 0o777) == "0o600"
 
     with pytest.raises(RuntimeError) as caught:  # an actor that kept stock SkyRL (or another rlcli) stops the engine
-        actors.check_actors(FakeRay, [FakeActor(same), FakeActor(None)], EXTENSIONS)
+        actors.check_actors(FakeRay, [FakeActor(same), FakeActor(None)])
     message = str(caught.value)
     assert message.startswith("Ray actor 1 loaded the server extensions None") and "\n" not in message
     assert "ray start" in message
@@ -100,12 +94,13 @@ def test_the_engine_forwards_its_cache_settings_to_the_actors(monkeypatch, tmp_p
     actors = runtime("ray_actors")
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/c")
     monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    monkeypatch.setenv("RLCLI_SAMPLER_SNAPSHOTS", "2")
     seen = {}
-    fake_ray = type("Ray", (), {"init": staticmethod(lambda runtime_env: seen.update(runtime_env))})
-    backend = type("RayJaxBackend", (), {"__init__": lambda self: None})
-    monkeypatch.setattr(actors, "_targets", lambda: (fake_ray, type("M", (), {"RayJaxBackend": backend})))
-    monkeypatch.setenv(actors.EXTENSIONS_ENV, "rlcli_losses")
+    monkeypatch.setitem(sys.modules, "ray", type(sys)("ray"))
+    sys.modules["ray"].init = lambda runtime_env: seen.update(runtime_env)
     monkeypatch.chdir(tmp_path)  # connect() clears the actors' report in its working folder
     actors.connect()
     assert json.loads(seen["env_vars"][actors.CACHE_ENV]) == {"JAX_COMPILATION_CACHE_DIR": "/c",
                                                               "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    assert seen["env_vars"]["RLCLI_SERVER_EXTENSIONS"] == "rlcli" and seen["env_vars"]["RLCLI_SAMPLER_SNAPSHOTS"] == "2"
+    assert seen["worker_process_setup_hook"] == "ray_actors.setup" and seen["working_dir"] == str(actors.HERE)

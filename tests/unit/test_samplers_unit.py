@@ -3,30 +3,26 @@ checks (the real server runs it in tests/integration/test_sampler_snapshots.py).
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from rlcli.errors import UsageError
 from rlcli.server import commands
+from rlcli.server.runtime.shared import SAMPLER_CACHE_ENV, SNAPSHOTS_ENV
+from tests.unit.test_tenant_fair_unit import runtime
 
 
 def _samplers():
-    path = commands.RUNTIME_DIR / "rlcli_samplers.py"
-    spec = importlib.util.spec_from_file_location("rlcli_samplers_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return runtime("rlcli_samplers")
 
 
-def _save(snapshots, folder, model: str, name: str, persist: bool):
-    """What the wrapped save_sampler_checkpoint does around SkyRL's write."""
+def _save(snapshots, folder, model: str, name: str, persist: bool, fails: bool = False):
+    """What rlcli_backend's save_sampler_checkpoint does around SkyRL's write (which writes a probe file too)."""
     path = folder / f"{name}.tar.gz"
-    if not persist:
-        snapshots.make_room(model)
-    path.write_bytes(b"weights")
-    path.with_name(path.name + ".probe").write_text("write_probe")
-    snapshots.saved(model, name, path, persist)
+    with snapshots.saving(model, path, persist):
+        path.with_name(path.name + ".probe").write_text("write_probe")
+        if fails:
+            raise OSError("No space left on device")
+        path.write_bytes(b"weights")
 
 
 def _on_disk(folder) -> set[str]:
@@ -44,7 +40,7 @@ def test_the_newest_unnamed_snapshots_stay_and_named_ones_are_never_deleted(tmp_
                                   "ss3_seq3.tar.gz", "ss3_seq3.tar.gz.probe"}
     assert snapshots.rows == [("m", "ss0_seq0"), ("m", "ss1_seq1")]
     refusal = snapshots.refusal("m", "ss0_seq0")
-    assert "tinker://m/sampler_weights/ss0_seq0 were deleted" in refusal and samplers.KEEP_ENV in refusal
+    assert "tinker://m/sampler_weights/ss0_seq0 were deleted" in refusal and SNAPSHOTS_ENV in refusal
     assert snapshots.refusal("m", "ss3_seq3") is None and snapshots.refusal("m", "named") is None
 
     _save(snapshots, tmp_path, "m", "ss3_seq3", persist=True)  # a user's name that was a snapshot's: kept now
@@ -63,18 +59,21 @@ def test_each_model_keeps_its_own_and_workers_record_no_rows(tmp_path):
     assert _on_disk(tmp_path / "a") == _on_disk(tmp_path / "b") == {"ss2_seq2.tar.gz", "ss2_seq2.tar.gz.probe"}
     assert worker.rows == []
     worker.delete("a", "ss9_seq9", tmp_path / "a" / "ss9_seq9.tar.gz")  # a file another process removed already
+    with pytest.raises(OSError):  # room first (keep=1: ss2 goes), then a save that fails leaves nothing behind
+        _save(worker, tmp_path / "a", "a", "ss3_seq3", persist=False, fails=True)
+    assert _on_disk(tmp_path / "a") == set() and worker.refusal("a", "ss3_seq3") is not None
     worker.model_gone("a")
     assert _on_disk(tmp_path / "a") == set()
     assert _on_disk(tmp_path / "b") == {"ss2_seq2.tar.gz", "ss2_seq2.tar.gz.probe"}
 
 
-@pytest.mark.parametrize(("variable", "value"), [*(("RLCLI_SAMPLER_SNAPSHOTS", v) for v in ("0", "-1", "two", "1.5")),
-                                               *(("RLCLI_SAMPLER_CACHE", v) for v in ("-1", "two", "1.5"))])
+@pytest.mark.parametrize(("variable", "value"), [*((SNAPSHOTS_ENV, v) for v in ("0", "-1", "two", "1.5")),
+                                               *((SAMPLER_CACHE_ENV, v) for v in ("-1", "two", "1.5"))])
 def test_a_bad_sampler_setting_is_one_line(variable, value, monkeypatch):
     """Refused by the engine at its start, and by `serve start` before one (the kept count names its flag)."""
     monkeypatch.setenv(variable, value)
     samplers = _samplers()
-    snapshots = variable == samplers.KEEP_ENV
+    snapshots = variable == SNAPSHOTS_ENV
     with pytest.raises(SystemExit, match=variable):
         samplers.keep_count() if snapshots else samplers.cache_size()
     with pytest.raises(UsageError, match="--sampler-snapshots" if snapshots else variable):
@@ -88,7 +87,9 @@ def test_the_flag_wins_over_the_environment_and_the_default_is_the_extensions(mo
     monkeypatch.delenv("RLCLI_SAMPLER_SNAPSHOTS")
     assert commands._snapshots_env(None) == {}
     samplers = _samplers()
-    assert samplers.keep_count() == samplers.DEFAULT_KEEP and samplers.VERSION.endswith(f"keep={samplers.DEFAULT_KEEP}")
+    assert samplers.keep_count() == samplers.DEFAULT_KEEP
+    # Every process of one server compares what it runs: the kept count is part of it.
+    assert runtime("distributed").identity({"rlcli"}).endswith(f"keep={samplers.DEFAULT_KEEP}")
 
 
 def test_kept_sampler_weights_follow_their_file_and_the_newest_stay(tmp_path):

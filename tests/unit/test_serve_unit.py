@@ -96,7 +96,7 @@ def test_compilation_cache_is_a_private_folder_under_rlcli_home(home, monkeypatc
 
 def test_a_cpu_jax_engine_keeps_its_scratch_memory_and_the_users_tunables_win(monkeypatch):
     ours = ":".join(commands.CPU_ENGINE_TUNABLES)
-    for name in ("GLIBC_TUNABLES", commands.STOCK_MALLOC_ENV, "JAX_PLATFORMS"):
+    for name in ("GLIBC_TUNABLES", "JAX_PLATFORMS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(hw, "has_cuda", lambda: False)
     assert commands.malloc_env("jax") == {"GLIBC_TUNABLES": ours}
@@ -111,9 +111,6 @@ def test_a_cpu_jax_engine_keeps_its_scratch_memory_and_the_users_tunables_win(mo
     monkeypatch.setenv("GLIBC_TUNABLES", ours.replace("=1", "=0"))
     assert commands.malloc_env("jax") == {}  # every name already set: nothing to add
     monkeypatch.delenv("GLIBC_TUNABLES")
-    monkeypatch.setenv(commands.STOCK_MALLOC_ENV, "1")
-    assert commands.malloc_env("jax") == {}
-    monkeypatch.delenv(commands.STOCK_MALLOC_ENV)
     # jax may compute on a GPU here: its scratch is on the device, glibc is left as it is
     monkeypatch.setattr(hw, "has_cuda", lambda: True)
     assert commands.malloc_env("jax") == {}

@@ -1,4 +1,4 @@
-"""The engine's round-robin between tenants (runtime/rlcli_fair.py) and the owners record's compaction
+"""The engine's round-robin between tenants (runtime/rlcli_tenants.py's fair_pick) and the owners record's compaction
 (runtime/tenant_owners.py): pure pieces, no server."""
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ OWNER = {"fa": "flood", "fb": "flood", "q": "quiet"}.get
 
 
 def test_one_tenant_keeps_everything_in_arrival_order():
-    fair = runtime("rlcli_fair")
+    fair = runtime("rlcli_tenants")
     pending = [(1, "fa"), (2, "fb"), (3, "fa")]
     assert fair.fair_pick(pending, OWNER, {}, take=1) == (pending, {})
 
 
 def test_a_flood_is_capped_and_the_quiet_tenant_goes_in_turn():
-    fair = runtime("rlcli_fair")
+    fair = runtime("rlcli_tenants")
     served: dict = {}
     flood = [(i, "fa" if i % 2 else "fb") for i in range(1, 25)]
     chosen, later = fair.fair_pick([*flood, (25, "q")], OWNER, served, take=1)
@@ -42,7 +42,7 @@ def test_a_flood_is_capped_and_the_quiet_tenant_goes_in_turn():
 
 
 def test_the_tenant_served_longest_ago_goes_first():
-    fair = runtime("rlcli_fair")
+    fair = runtime("rlcli_tenants")
     served = {"": 5, "flood": 5, "quiet": 3}
     chosen, _ = fair.fair_pick([(1, "fa"), (2, "q"), (3, "x")], OWNER, served, take=1)
     # an unknown model is a tenant of its own, never served: first; then quiet (3) before flood (5)
@@ -89,10 +89,11 @@ def test_the_engine_reads_the_owners_file_as_it_grows_and_after_compaction(tmp_p
     assert tenant_of("m1") == "alice" and tenant_of("m3") == "bob"
 
 
-def test_the_readiness_probe_the_server_forgets_is_the_one_serve_start_makes():
-    """rlcli_losses runs in the server venv and cannot import rlcli: the tag and route are written twice."""
+def test_the_readiness_probe_the_server_forgets_is_the_internal_keys_alone():
+    """serve start's probe tag and the route that forgets it are written once (runtime/shared.py); with --tenants
+    no tenant's key reaches that route."""
     from rlcli.server import process
+    from rlcli.server.runtime import shared
 
-    losses, tenants = runtime("rlcli_losses"), runtime("rlcli_tenants")
-    assert (losses.READINESS_TAG, losses.FORGET_ROUTE) == (process.READINESS_TAG, process.FORGET_ROUTE)
-    assert process.FORGET_ROUTE in tenants.ADMIN  # a tenant's key never reaches it
+    assert (process.READINESS_TAG, process.FORGET_ROUTE) == (shared.READINESS_TAG, shared.FORGET_ROUTE)
+    assert shared.FORGET_ROUTE in runtime("rlcli_tenants").ADMIN

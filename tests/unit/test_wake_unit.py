@@ -6,7 +6,6 @@ import importlib.util
 import io
 import logging
 import secrets
-import sys
 import types
 
 import pytest
@@ -92,21 +91,25 @@ def test_plain_log_swaps_rich_handlers_for_plain_ones_on_the_same_stream_and_for
     assert wake.plain_log(logger.name) == 0  # nothing rich left: a second call changes nothing
 
 
-def test_rich_log_env_keeps_skyrls_rich_handler(monkeypatch):
-    """RLCLI_RICH_LOG=1 (the benchmark's B arm) leaves SkyRL's handler alone; otherwise it is swapped."""
-    for name in ("skyrl", "skyrl.utils", "skyrl.utils.log"):  # what the swap imports, as stand-ins
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    logger = logging.getLogger("skyrl")
-    rich = RichHandler(io.StringIO())
-    monkeypatch.setattr(logger, "handlers", [rich])
+def test_the_engines_bell_numbers_its_rings_and_owes_one_the_api_could_not_take(monkeypatch):
+    """rlcli_engine.RlcliEngine's doorbell: no wake id from the API means SkyRL's timer; results ride a numbered
+    ring; a ring that did not fit in the API's socket is owed until one goes."""
     wake = _wake_module()
-    monkeypatch.setenv(wake.RICH_LOG_ENV, "1")
-    wake._plain_log_unless_asked()
-    assert logger.handlers == [rich] and wake._state["log"] == "rich (stock)"
-    monkeypatch.delenv(wake.RICH_LOG_ENV)
-    wake._plain_log_unless_asked()
-    assert len(logger.handlers) == 1 and type(logger.handlers[0]) is logging.StreamHandler
-    assert wake._state["log"] == "plain"
+    monkeypatch.delenv(wake.ENV_ID, raising=False)
+    assert wake.EngineBell.from_env() is None
+    wake_id = secrets.token_hex(8)
+    monkeypatch.setenv(wake.ENV_ID, wake_id)
+    engine = wake.EngineBell.from_env()
+    engine.look_ring()  # no API yet: refused, so owed
+    assert engine.owed
+    api = wake.Doorbell(wake_id, own="api", peer="engine")
+    assert engine.results([_row(7, "completed", '{"x": 1}')]) and not engine.owed
+    engine.look_ring()
+    api.wait(5.0)
+    rings = api.drain()
+    assert wake.read_results(rings[0]) == (2, [(7, "completed", '{"x": 1}')]) and rings[1] == wake.plain_message(3)
+    big = [_row(8, "completed", "x" * (wake.RING_RESULTS_MAX + 1))]
+    assert not engine.results(big) and not engine.owed  # too big: the caller rings "look" after its commit
 
 
 def _results_side(wake):

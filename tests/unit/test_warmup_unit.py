@@ -1,20 +1,13 @@
-"""runtime/rlcli_warmup.py's shape file and runtime/pins.py's check, without SkyRL (the replay itself runs in
-tests/integration/test_serve.py, on a real restart)."""
+"""runtime/rlcli_warmup.py's shape file and padded batches, and runtime/manifest.py's checks, without SkyRL (the
+replay itself runs in tests/integration/test_serve.py, on a real restart)."""
 
 from __future__ import annotations
-
-import importlib.util
 
 import pytest
 
 from rlcli.server import commands
-
-
-def _runtime(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", commands.RUNTIME_DIR / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from rlcli.server.runtime import manifest
+from tests.unit.test_tenant_fair_unit import runtime as _runtime
 
 
 def test_recorded_shapes_survive_a_restart_and_the_least_used_are_dropped(tmp_path):
@@ -46,11 +39,21 @@ def test_each_model_and_config_has_its_own_shape_file(monkeypatch, tmp_path):
     assert a.parent == tmp_path / "cache" / "warmup" and oct(a.parent.stat().st_mode & 0o777) == "0o700"
 
 
-def test_a_missing_target_stops_the_extension_naming_it():
-    pins = _runtime("pins")
-    pins.require("x", {"here": len, "checked": True})
-    with pytest.raises(RuntimeError, match=r"x: this SkyRL lacks gone, fact; it is not the version rlcli pins"):
-        pins.require("x", {"here": len, "gone": None, "fact": False})
+def test_a_moved_target_or_another_version_stops_a_server_process_in_one_line(monkeypatch):
+    here = manifest.Entry("json:dumps", "why it matters", manifest.RELIED, "x", check=("param", "indent"))
+    gone = manifest.Entry("json:no_such_name", "a feature", manifest.OVERRIDE, "x")
+    lost = manifest.Entry("json:loads", "another", manifest.RELIED, "x", check=("param", "no_such_param"))
+    monkeypatch.setattr(manifest, "ENTRIES", (here, gone, lost))
+    monkeypatch.setattr(manifest, "version_drift", lambda: [])
+    assert manifest.problems({"x"}) == ["json:no_such_name is gone (a feature)",
+                                        "json:loads no longer param 'no_such_param' (another)"]
+    assert manifest.problems({"y"}) == []  # another process's targets are checked there
+    with pytest.raises(SystemExit) as caught:
+        manifest.check({"x"})
+    assert "json:no_such_name is gone" in str(caught.value) and "\n" not in str(caught.value)
+    monkeypatch.setattr(manifest, "version_drift", lambda: ["skyrl 0.5.0 (rlcli expects skyrl==0.4.0)"])
+    with pytest.raises(SystemExit, match=r"skyrl 0.5.0 \(rlcli expects skyrl==0.4.0\): rebuild it"):
+        manifest.check({"x"})
 
 
 def test_sampling_batch_sizes_are_few_and_never_more_than_double():
@@ -79,47 +82,44 @@ class _Batch:
         return _Batch(**{**self.fields, **update})
 
 
-class _Backend:
-    def __init__(self, cap: int = 0, fsdp: int = 1):
-        self.config = type("Config", (), {"sample_max_num_sequences": cap})()
-        self.mesh = type("Mesh", (), {"shape": {"fsdp": fsdp}})()
-
-    def sample(self, prepared_batch):
-        return prepared_batch  # what SkyRL's sample was given
-
-
-def _sampled(backend: _Backend, count: int) -> _Batch:
-    batch = _Batch(all_model_inputs=[f"prompt{i}" for i in range(count)],
-                   all_sampling_params=[{"seed": i} for i in range(count)],
-                   all_model_ids=["m"] * count, needs_prompt_logprobs=False,
-                   request_batch_slices=[("r", "m", 0, count, False, 0)])
-    return type(backend).sample(backend, batch)
-
-
 def test_a_sampling_batch_is_padded_with_copies_of_its_first_sequence():
     warmup = _runtime("rlcli_warmup")
 
-    class Impl(_Backend):
-        pass
+    def padded(count: int, cap: int = 0, fsdp: int = 1) -> _Batch:
+        batch = _Batch(all_model_inputs=[f"prompt{i}" for i in range(count)],
+                       all_sampling_params=[{"seed": i} for i in range(count)],
+                       all_model_ids=["m"] * count, needs_prompt_logprobs=False,
+                       request_batch_slices=[("r", "m", 0, count, False, 0)])
+        return warmup.padded(batch, fsdp, cap)
 
-    warmup.pad_sampling_batches(Impl)
-    warmup.pad_sampling_batches(Impl)  # once only
-    got = _sampled(Impl(), 5)
+    got = padded(5)
     assert got.all_model_inputs == [f"prompt{i}" for i in range(5)] + ["prompt0"] * 3
     assert got.all_sampling_params[5:] == [{"seed": 0}] * 3 and got.all_model_ids == ["m"] * 8
     assert got.request_batch_slices == [("r", "m", 0, 5, False, 0)]  # the copies belong to no request
-    assert len(_sampled(Impl(), 4).all_model_inputs) == 4  # already a size: untouched
-    assert len(_sampled(Impl(fsdp=2), 1).all_model_inputs) == 2
-    assert len(_sampled(Impl(cap=3), 5).all_model_inputs) == 5  # the user's cap: SkyRL's own padding
+    assert len(padded(4).all_model_inputs) == 4  # already a size: untouched
+    assert len(padded(1, fsdp=2).all_model_inputs) == 2
+    assert len(padded(5, cap=3).all_model_inputs) == 5  # the user's cap: SkyRL's own padding
 
 
-def test_exact_sampling_batches_is_a_different_version_and_says_so(monkeypatch):
-    """RLCLI_EXACT_SAMPLING_BATCHES=1 keeps SkyRL's batches; the processes of one server compare versions, so a
-    worker started without it cannot join an engine started with it."""
-    padded = _runtime("rlcli_warmup")
-    monkeypatch.setenv("RLCLI_EXACT_SAMPLING_BATCHES", "1")
-    exact = _runtime("rlcli_warmup")
-    assert padded.VERSION != exact.VERSION and "exact" in exact.VERSION
-    assert "RLCLI_EXACT_SAMPLING_BATCHES=1" in exact.describe()["sampling_batches"]
-    monkeypatch.delenv("RLCLI_EXACT_SAMPLING_BATCHES")
-    assert "copies of the first" in exact.describe()["sampling_batches"]
+def test_shapes_are_recorded_where_a_file_is_named_and_not_while_replaying(tmp_path, monkeypatch):
+    warmup = _runtime("rlcli_warmup")
+    monkeypatch.delenv("RLCLI_WARMUP_FILE", raising=False)
+    assert warmup.Shapes.from_env().path is None  # a worker or Ray actor: nothing recorded
+    monkeypatch.setenv("RLCLI_WARMUP_FILE", str(tmp_path / "shapes.json"))
+    shapes = warmup.Shapes.from_env()
+    monkeypatch.setattr(warmup, "save", lambda path, recorded: setattr(shapes, "saved", dict(recorded)))
+    import sys
+    import types
+
+    models = types.ModuleType("skyrl.tx.utils.models")
+    models.round_up_seq_len = lambda n: -(-n // 32) * 32
+    for name in ("skyrl", "skyrl.tx", "skyrl.tx.utils"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "skyrl.tx.utils.models", models)
+    chunk = types.SimpleNamespace(tokens=list(range(40)))
+    batch = types.SimpleNamespace(all_model_inputs=[types.SimpleNamespace(chunks=[chunk])] * 3)
+    shapes.record("forward_backward", batch)
+    assert shapes.saved == {"forward_backward:3:64": 1}
+    shapes.replaying = True
+    shapes.record("forward", batch)
+    assert shapes.recorded == {"forward_backward:3:64": 1}

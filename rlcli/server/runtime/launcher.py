@@ -1,35 +1,12 @@
-"""rlcli's launcher for SkyRL's Tinker API server.
+"""rlcli's launcher for SkyRL's Tinker API server (runs INSIDE the server venv: standard library and skyrl only).
 
-Runs INSIDE the server venv (Python 3.12): standard library and skyrl only,
-never rlcli's client dependencies. `rlcli serve start` runs it as
-
-    <server-venv>/bin/python launcher.py supervise --log FILE --max-log-bytes N -- <SkyRL API flags>
-
-in a new session, so the supervisor, SkyRL's API and SkyRL's engine share one
-process group that `rlcli serve stop` ends as a whole. Three roles:
-
-- supervise: starts the API as a child and copies its output (and the
-  engine's, which inherits it) into FILE, rotating it at N bytes (FILE.1 keeps
-  the previous part) so a long-lived server never fills the disk.
-- api: applies rlcli's shims (skyrl_shims.py) and runs SkyRL's FastAPI app
-  under uvicorn, as `python -m skyrl.tinker.api` would.
-- engine: runs SkyRL's engine (`python -m skyrl.tinker.engine`); started by
-  the API through the shimmed engine command. With the jax backend on Ray it
-  first joins the cluster so that every actor loads the extensions (ray_actors.py).
-- worker (jax backend, several processes): joins JAX's distributed runtime as
-  process K and serves SkyRL's worker loop (distributed.py). The supervisor
-  starts --local-workers of them next to the API and stops the server when one
-  dies; `rlcli serve worker` runs one on another machine.
-- preload (jax backend): started by the supervisor next to the API, it imports
-  the engine's modules while the API starts, then waits for the API's engine
-  command to hand it the engine's flags and environment and runs the engine
-  itself. The engine role then only stands in for it towards the API (passes
-  stop signals on, exits when it ends); if no preload answers it runs the
-  engine as before. Why: the engine's imports (jax, flax, transformers, torch
-  through peft) took ~8-10 s of a ~21 s start on 2 cores and began only after
-  the API's own ~3 s start-up; side by side they overlap.
-  The processes that import SkyRL's jax backend (preload, engine, worker) first
-  let rlcli_no_torch prepare their imports, where the extension list names it.
+`rlcli serve start` runs `launcher.py supervise --log FILE --max-log-bytes N -- <SkyRL API flags>` in a new session;
+every process of the server shares its process group. Roles: supervise (starts the API, the preload and local jax
+workers; copies their output into FILE, rotated at N bytes), api (SkyRL's app with rlcli_api's changes), engine
+(started by the API's engine command: rlcli_engine's class, or stock SkyRL's main() when no rlcli change applies),
+worker (jax process K: distributed.py), preload (imports the jax engine's modules while the API starts, then runs
+the engine the API asks for; the engine role stands in for it). Which changes apply comes from EXTENSIONS_ENV
+(shared.py); each role applies them in one place, in the order written there, after manifest.check.
 """
 
 from __future__ import annotations
@@ -47,44 +24,37 @@ import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from shared import DISTRIBUTED_ENV, EXTENSIONS_ENV, PRELOAD_MODULES, RLCLI, TENANTS
 
 
-def _load_extensions(role: str) -> None:
-    """Import rlcli's server-side extensions listed in RLCLI_SERVER_EXTENSIONS (comma-separated)."""
-    import importlib
-
-    for name in _extension_names():
-        module = importlib.import_module(name)
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(role)
-
-
-def _extension_names() -> list[str]:
-    return [name.strip() for name in os.environ.get("RLCLI_SERVER_EXTENSIONS", "").split(",") if name.strip()]
+def _features() -> set[str]:
+    return {name.strip() for name in os.environ.get(EXTENSIONS_ENV, "").split(",") if name.strip()}
 
 
 def _prepare_jax_imports() -> None:
-    """Before a process imports SkyRL's jax backend: rlcli_no_torch, where the extension list names it, keeps torch
-    out of it (its import hooks must be in place before the imports they change)."""
-    if "rlcli_no_torch" in _extension_names():
+    """Before a process imports SkyRL's jax backend: keep torch out of it (the import hooks come first)."""
+    if RLCLI in _features():
         import rlcli_no_torch
 
         rlcli_no_torch.prepare()
 
 
 def run_api(argv: list[str]) -> None:
-    import skyrl_shims
+    features = _features()
+    if RLCLI in features:  # before anything imports SkyRL's API, which imports torch at its top
+        import rlcli_lazy_torch
 
-    _load_extensions("api")  # before the shims: rlcli_lazy_torch must act before anything imports SkyRL's API
-    skyrl_shims.apply_api_shims()
+        rlcli_lazy_torch.defer()
+    import manifest
 
+    manifest.check({manifest.API})
+    import rlcli_api
     import uvicorn
     from skyrl.tinker import api
     from skyrl.tinker.config import EngineConfig, add_model
     from skyrl.utils.log import get_uvicorn_log_config
 
+    rlcli_api.install(api, features)
     parser = argparse.ArgumentParser(prog="rlcli-skyrl-api")
     add_model(parser, EngineConfig)
     parser.add_argument("--host", default="127.0.0.1")
@@ -103,8 +73,6 @@ def run_api(argv: list[str]) -> None:
 
 
 PRELOAD_ENV = "RLCLI_ENGINE_PRELOAD"  # the preloaded engine's socket name, set for the API by the supervisor
-# What the engine imports before it reads its flags: the engine loop and the jax backend with its model code.
-PRELOAD_MODULES = ("skyrl.tinker.engine", "skyrl.backends.jax")
 PRELOAD_PATIENCE_S = 5.0  # how long the engine command waits for the preload's socket to appear
 
 
@@ -121,25 +89,53 @@ def run_engine(argv: list[str]) -> int:
 
 def _start_engine(argv: list[str]) -> None:
     import distributed
-
-    if _preloads(argv) or "--backend" not in argv:  # SkyRL's engine defaults to the jax backend
-        _prepare_jax_imports()
-    sys.argv = [sys.argv[0], "engine", *argv]  # extensions read the engine's flags from here
-    several = distributed.settings_from_engine_argv(argv)
-    if several:  # the runtime before the extensions: they run jax code as they load (distributed.py)
-        distributed.initialize(*several, process_id=0)
-        distributed.broadcast_delete_model()
     import ray_actors
 
-    if ray_actors.on_ray(argv):  # with use_ray the extensions must reach the actors: the driver joins Ray first
+    features, several, on_ray = _features(), distributed.settings_from_engine_argv(argv), ray_actors.on_ray(argv)
+    rlcli, jax_backend = RLCLI in features, _preloads(argv) or "--backend" not in argv  # SkyRL defaults to jax
+    if jax_backend:
+        _prepare_jax_imports()
+    if several:  # jax's runtime before anything computes (rlcli's gspo check does)
+        distributed.initialize(*several, process_id=0)
+    if on_ray and rlcli:  # the actors must run rlcli's changes: the driver joins Ray first
         ray_actors.connect()
-    _load_extensions("engine")
-    if several:
-        distributed.agree(0, several[1], os.environ.get("RLCLI_SERVER_EXTENSIONS", ""))
     from skyrl.tinker import engine
 
-    sys.argv = ["skyrl.tinker.engine", *argv]
-    engine.main()
+    if not (features or several):
+        sys.argv = ["skyrl.tinker.engine", *argv]
+        engine.main()
+        return
+    import manifest
+    import rlcli_engine
+
+    manifest.check({manifest.ENGINE} | ({manifest.JAX} if jax_backend else set())
+                   | ({manifest.RAY} if on_ray and rlcli else set()))
+    config = _engine_config(argv)
+    if rlcli:
+        import rlcli_samplers
+        import rlcli_wake
+
+        rlcli_samplers.keep_count(), rlcli_samplers.cache_size()  # a bad setting stops the start, not a save
+        rlcli_wake.relax_sqlite_sync()
+        rlcli_wake.plain_log()
+    if jax_backend and (rlcli or several):
+        rlcli_engine.use_rlcli_backends(rlcli)
+    if jax_backend and rlcli and not on_ray:  # on Ray the engine only proxies: the actors compute
+        import rlcli_backend
+
+        rlcli_backend.prepare(rlcli, config.backend_config)
+    if several:
+        distributed.agree(0, several[1], distributed.identity(features))
+    rlcli_engine.engine_class(rlcli, TENANTS in features)(config).run()
+
+
+def _engine_config(argv: list[str]):
+    """The engine's EngineConfig from its flags, as SkyRL's engine.main() parses them."""
+    from skyrl.tinker.config import EngineConfig, add_model
+
+    parser = argparse.ArgumentParser(prog="rlcli-skyrl-engine")
+    add_model(parser, EngineConfig)
+    return EngineConfig.model_validate(vars(parser.parse_args(argv)))
 
 
 def _attach(address: str, argv: list[str]) -> int | None:
@@ -272,10 +268,10 @@ def supervise(log: Path, max_log_bytes: int, api_argv: list[str], local_workers:
     workers = _start_workers(api_argv, local_workers)
     import distributed
 
-    if distributed.settings_from_engine_argv(api_argv):  # every process loads the extensions: the API may say so
-        env[distributed.MARK_ENV] = "launcher"
+    if distributed.settings_from_engine_argv(api_argv):  # every process runs rlcli's changes: the API may say so
+        env[DISTRIBUTED_ENV] = "launcher"
     elif _on_ray(api_argv):  # so does every Ray actor (ray_actors.py)
-        env[distributed.MARK_ENV] = "ray"
+        env[DISTRIBUTED_ENV] = "ray"
     pipes += [worker.stdout for worker in workers]
     child = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve()), "api", *api_argv],
@@ -382,7 +378,7 @@ def main() -> int:
         import distributed
 
         _prepare_jax_imports()
-        distributed.run_worker(rest[0], int(rest[1]), int(rest[2]), _load_extensions)
+        distributed.run_worker(rest[0], int(rest[1]), int(rest[2]), _features())
         return 0
     if role == "preload":  # preload ADDRESS SUPERVISOR_PID
         return run_preload(rest[0], int(rest[1]))

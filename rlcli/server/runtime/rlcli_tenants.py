@@ -1,24 +1,7 @@
-"""rlcli server extension: API keys and isolation between tenants, for a server a team shares.
-
-Runs INSIDE the server venv (Python 3.12): standard library, skyrl and what skyrl imports; never rlcli.
-The launcher imports it when RLCLI_SERVER_EXTENSIONS names it (`rlcli serve start --tenants` does, with
-or without --no-extensions) and calls `register("api")` before SkyRL's API starts.
-
-SkyRL 0.4.0 checks no credentials. This wraps SkyRL's whole ASGI app, so nothing reaches a route unchecked:
-- Deny by default: every request needs a valid key (X-API-Key, which the tinker client sends, or
-  `Authorization: Bearer`) except PUBLIC (health). Unknown paths, /docs and /openapi.json included: 401.
-- Keys: RLCLI_TENANTS_FILE (rlcli/tenants.py writes it, SHA-256 hashes only), reread when it changes,
-  so a revoked key is refused from the next request on.
-- Bodies are read as JSON, forward_backward's also as the protobuf the tinker SDK sends (decoded by SkyRL's
-  own parser); any other body is refused (422), so no request names an id the gate did not see.
-- Isolation: the ids a tenant's requests create (sessions, models, sampling sessions, futures) are
-  recorded as its own (in OWNERS_FILE in the server's state folder, so a restart keeps them). A request
-  naming an id or a tinker:// path that is not the caller's answers 404 as if it did not exist; the
-  training-run listing shows the caller's runs only.
-- Quotas: models held and futures waiting per tenant (its max_models / max_queued), 429 + Retry-After.
-- Fairness: in the engine process, rlcli_fair.py takes pending work round-robin between tenants.
-- weight_decay > 0 is refused: SkyRL's jax optimizer (optax adamw over the whole LoRA table) decays every
-  adapter slot on any model's step, so one tenant's step would shrink everyone else's LoRA.
+"""API keys and isolation between tenants (`serve start --tenants`): `install` wraps SkyRL's whole ASGI app. Every
+request but PUBLIC needs a key from TENANTS_FILE_ENV (SHA-256 hashes, reread when the file changes); the ids a
+tenant's requests create are its own (tenant_owners.py), another's answer 404; quotas answer 429; weight_decay > 0
+is refused (docs/decisions.md, "Tenants"). `fair_pick` is the engine's round-robin (rlcli_engine.FairEngine).
 """
 
 from __future__ import annotations
@@ -32,17 +15,13 @@ import sys
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode
 
-from tenant_owners import OWNERS_FILE, Owners  # a sibling in runtime/ (the launcher's folder is on sys.path)
+from shared import FORGET_ROUTE, INTERNAL_TENANT, OWNERS_FILE, TENANTS_FILE_ENV, TENANTS_INTERNAL_ENV
+from tenant_owners import Owners
 
-NAME = "rlcli_tenants"
-VERSION = "1.0"
-FILE_ENV = "RLCLI_TENANTS_FILE"
-INTERNAL_ENV = "RLCLI_TENANTS_INTERNAL"
-INTERNAL_TENANT = "_rlcli"
 PUBLIC = {("GET", "/api/v1/healthz")}  # the only requests answered without a key
 # Server-wide controls (SkyRL's torch profiler): no tenant's business; they answer 404 as unknown paths do.
 # Answered 404 to every key but the internal one: SkyRL's profiler, and rlcli's clean-up of its readiness probes.
-ADMIN = {"/start_profiling", "/stop_profiling", "/profiling_status", "/api/v1/rlcli/forget_readiness_models"}
+ADMIN = {"/start_profiling", "/stop_profiling", "/profiling_status", FORGET_ROUTE}
 ID_FIELDS = ("session_id", "model_id", "sampling_session_id", "request_id", "sampler_id")
 RETRY_AFTER_S = 2
 # Routes that queue work for the engine (a future each): what max_queued counts and limits.
@@ -52,7 +31,7 @@ _state = {"checked": 0, "refused": 0, "hidden": 0, "throttled": 0}
 
 
 def log(message: str) -> None:
-    print(f"[{NAME} {VERSION}] {message}", file=sys.stderr, flush=True)
+    print(f"[rlcli tenants] {message}", file=sys.stderr, flush=True)
 
 
 def _hash(key: str) -> str:
@@ -339,27 +318,31 @@ def describe() -> dict:
             **_state}
 
 
-def register(role: str) -> None:
-    if role == "engine":  # the engine takes pending work round-robin between tenants
-        import rlcli_fair
-
-        rlcli_fair.install(Path.cwd() / OWNERS_FILE)
-        return
-    if role != "api":
-        return
-    file = os.environ.get(FILE_ENV)
+def install(api) -> None:
+    """Wrap SkyRL's app in the gate (API process)."""
+    file = os.environ.get(TENANTS_FILE_ENV)
     if not file:
-        raise RuntimeError(f"{NAME}: {FILE_ENV} is not set; `rlcli serve start --tenants` sets it")
-    import pins
-    from skyrl.tinker import api, db_models, proto_serialization
-
-    pins.require(NAME, {
-        "skyrl.tinker.api.app.add_middleware": getattr(api.app, "add_middleware", None),
-        "skyrl.tinker.proto_serialization.parse_forward_backward_request":
-            getattr(proto_serialization, "parse_forward_backward_request", None),
-        "skyrl.tinker.db_models.ModelDB": getattr(db_models, "ModelDB", None),
-    })
-    keys = Keys(Path(file), os.environ.get(INTERNAL_ENV) or None)
-    owners = Owners(Path.cwd() / OWNERS_FILE)
-    api.app.add_middleware(TenantGate, keys=keys, owners=owners)
+        raise RuntimeError(f"rlcli tenants: {TENANTS_FILE_ENV} is not set; `rlcli serve start --tenants` sets it")
+    keys = Keys(Path(file), os.environ.get(TENANTS_INTERNAL_ENV) or None)
+    api.app.add_middleware(TenantGate, keys=keys, owners=Owners(Path.cwd() / OWNERS_FILE))
     log(f"every request but {sorted(p for _m, p in PUBLIC)} needs a tenant key from {file}")
+
+
+def fair_pick(candidates: list[tuple], tenant_of, served: dict, take: int = 1) -> tuple[list[tuple], dict[str, int]]:
+    """What one engine pass takes of candidates (request_id, model_id, ...) in id order: with several tenants pending,
+    each gives at most `take` of its earliest (order within a model kept), the one served longest ago first. Returns
+    those and, per model, the smallest request id left for later; updates `served` (tenant -> its last pass)."""
+    lanes: dict[str, list[tuple]] = {}
+    for item in candidates:
+        lanes.setdefault(tenant_of(item[1]), []).append(item)
+    if len(lanes) <= 1:
+        return list(candidates), {}
+    turn = served.get("", 0) + 1
+    served[""] = turn  # the pass counter lives under a name no tenant has
+    chosen, later = [], {}
+    for tenant in sorted(lanes, key=lambda t: (served.get(t, 0), lanes[t][0][0])):
+        chosen += lanes[tenant][:take]
+        served[tenant] = turn
+        for request_id, model_id, *_ in lanes[tenant][take:]:
+            later[model_id] = min(later.get(model_id, request_id), request_id)
+    return chosen, later

@@ -1,17 +1,6 @@
-"""Which tenant created each id on a server started with `--tenants`: the record both server extensions read.
-
-Runs INSIDE the server venv (Python 3.12): standard library only. The API's gate (rlcli_tenants.py) appends
-one line [kind, id, tenant] per id a tenant's request created (session, model, sampling session, future)
-and ["unload", model, tenant] when it unloads one, to OWNERS_FILE in the server's state folder (mode 0600),
-so a restart keeps who owns what. The engine (rlcli_fair.py) reads the models' lines to know whose work is
-pending.
-
-Compaction: a line per future would grow the file (and the gate's memory) forever. The gate keeps the
-ownership of the KEEP_FUTURES most recent futures and of every future not yet retrieved; older futures are
-forgotten (retrieving one answers 404, like an id that never existed: clients retrieve their results
-within seconds). Sessions, models (unloaded ones too: their checkpoints stay on disk and stay theirs) and
-sampling sessions are kept. The file is rewritten, atomically (a private temporary file renamed over
-it), when the server starts and whenever twice KEEP_FUTURES futures are recorded.
+"""Which tenant created each id (`--tenants`): the gate (rlcli_tenants) appends [kind, id, tenant] lines to
+shared.OWNERS_FILE (0600), the engine (rlcli_engine.FairEngine) reads the models'. The newest KEEP_FUTURES futures
+and every one not yet retrieved are kept; the file is rewritten atomically at start and every 2 x KEEP_FUTURES.
 """
 
 from __future__ import annotations
@@ -22,7 +11,6 @@ import tempfile
 import threading
 from pathlib import Path
 
-OWNERS_FILE = "tenant-owners.jsonl"  # in the server's working folder (its state folder)
 KEEP_FUTURES = 10_000
 
 

@@ -1,23 +1,7 @@
-"""Give every installed distribution of a site-packages folder a top_level.txt, holding the import names that
-Python would otherwise work out from its file list at every start.
-
-Runs INSIDE the server venv (Python 3.12), standard library only: `python top_level_names.py SITE_PACKAGES...`.
-rlcli runs it after each install into the server venv (server_venv.write_top_level_names); it prints how many
-files it wrote, and a line on stderr for each distribution it could not write (exit 1).
-
-Why: `importlib.metadata.packages_distributions()`, which transformers calls while it is imported (in the
-engine, in every `--processes` worker and every Ray worker), reads each distribution's top_level.txt, and for a
-distribution without one lists its RECORD and stats every file in it. uv, like most wheel builders other than
-setuptools, leaves that file out: in the pinned jax venv 78 of 156 distributions have none, 21,168 stats and
-0.9-1.4 s of every engine start on a 2-core machine (0.13 s with the files).
-
-The file holds exactly the names the standard library infers (the first part of each installed path, or a
-module's name for a top-level file, keeping those without a dot), so the mapping is unchanged;
-a distribution for which nothing is inferred gets no file. Its line is added to the distribution's RECORD, so
-that uninstalling or upgrading the package removes it with the rest.
-
-`python top_level_names.py --check SITE_PACKAGES...` writes nothing: it prints the mapping's time and whether
-every distribution now declares its names.
+"""After each install into the server venv: every distribution gets a top_level.txt holding the import names Python
+would otherwise work out from its file list at every start (transformers' packages_distributions() stats every
+file of a distribution without one: 0.9-1.4 s of each engine start). `--check` writes nothing and reports.
+docs/decisions.md, "The server venv's packages declare their import names".
 """
 
 from __future__ import annotations

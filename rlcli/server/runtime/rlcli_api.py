@@ -1,0 +1,105 @@
+"""SkyRL's API process as rlcli runs it (a module of functions and a FastAPI app: no class to subclass): the engine
+command, the request path's and the tenant gate's rebindings, and rlcli's routes: GET CAPABILITIES_ROUTE (the losses
+served in one forward_backward, what each change does) and POST FORGET_ROUTE (docs/decisions.md, "`serve start`'s
+readiness probe leaves no training run behind").
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import manifest
+import rlcli_lazy_torch
+import rlcli_lora
+import rlcli_losses
+import rlcli_no_torch
+import rlcli_samplers
+import rlcli_tenants
+import rlcli_wake
+import rlcli_warmup
+from shared import CAPABILITIES_ROUTE, EXTENSIONS_ENV, FORGET_ROUTE, READINESS_TAG, RLCLI, TENANTS
+
+LAUNCHER = Path(__file__).with_name("launcher.py")
+
+
+def install(api, features: set[str]) -> None:
+    """In this order: the engine command (always), the request path and routes (rlcli), the tenant gate."""
+    from skyrl.tinker.config import config_to_argv
+
+    # SkyRL rebuilds `uv run ...` from its parent's command line, which fails outside a uv project
+    # (docs/upstream/engine-command.md): the engine runs through this venv's Python and rlcli's launcher.
+    api._build_uv_run_cmd_engine = lambda _parent, config: [sys.executable, str(LAUNCHER), "engine",
+                                                             *config_to_argv(config)]
+    if RLCLI in features:
+        rlcli_wake.install_api(api)
+
+        async def rlcli_capabilities() -> dict:
+            return capabilities(api.app.state.engine_config)
+
+        async def rlcli_forget_readiness_models() -> dict:
+            return await forget_readiness_models(api.app.state.db_engine)
+
+        api.app.add_api_route(CAPABILITIES_ROUTE, rlcli_capabilities, methods=["GET"])
+        api.app.add_api_route(FORGET_ROUTE, rlcli_forget_readiness_models, methods=["POST"])
+    if TENANTS in features:
+        rlcli_tenants.install(api)
+
+
+def capabilities(engine_config) -> dict:
+    """What the capabilities route answers for a server started with this config."""
+    from skyrl.tinker import types
+
+    backend = engine_config.backend
+    features = [e.strip() for e in os.environ.get(EXTENSIONS_ENV, "").split(",") if e.strip()]
+    answer = {"backend": backend, "extension": f"rlcli runtime {manifest.VERSION}", "extensions": features}
+    if backend == "jax":
+        losses = set(rlcli_losses.STOCK_JAX) | set(types.LOSS_TYPES)
+        blocker = rlcli_losses.jax_fused_blocker(engine_config.backend_config)
+        if blocker:
+            answer["note"] = f"gspo not fused: {blocker}"
+        else:
+            losses |= set(rlcli_losses.FUSED)
+    else:  # fsdp and megatron (SkyRL-Train) serve every Tinker loss; megatron has no critic model
+        losses = set(types.SUPPORTED_LOSS_FNS) - ({"ppo_critic"} if backend == "megatron" else set())
+    answer["losses"] = sorted(losses)
+    if backend == "jax" and engine_config.backend_config.get("use_ray"):
+        import ray_actors
+
+        answer["ray_actors"] = ray_actors.describe()
+    parts = (rlcli_wake, rlcli_samplers, rlcli_warmup, rlcli_lora, rlcli_no_torch, rlcli_lazy_torch)
+    if RLCLI in features:
+        answer |= {module.__name__: module.describe() for module in parts}
+    if TENANTS in features:
+        answer["rlcli_tenants"] = rlcli_tenants.describe()
+    return answer
+
+
+async def forget_readiness_models(db_engine) -> dict:
+    """Delete the rows of the unloaded models of readiness sessions, and those sessions where nothing else refers to
+    them. Their futures stay: SQLite gives a new row max(id) + 1, so deleting the newest futures would hand their
+    request ids to the next requests (and the tenant gate keys ownership by request id)."""
+    from skyrl.tinker.db_models import ModelDB, SamplingSessionDB, SessionDB
+    from sqlalchemy import String, cast, delete
+    from sqlmodel import select
+    from sqlmodel.ext.asyncio.session import AsyncSession
+
+    async with AsyncSession(db_engine) as session:
+        tagged = await session.exec(select(SessionDB.session_id, SessionDB.tags)
+                                    .where(cast(SessionDB.tags, String).like(f'%"{READINESS_TAG}"%')))
+        sessions = [sid for sid, tags in tagged.all() if READINESS_TAG in (tags or [])]
+        if not sessions:
+            return {"models": 0, "sessions": 0}
+        models = list((await session.exec(select(ModelDB.model_id).where(
+            ModelDB.session_id.in_(sessions), ModelDB.status == "unloaded"))).all())
+        if models:
+            await session.exec(delete(ModelDB).where(ModelDB.model_id.in_(models)))
+        held = set((await session.exec(select(ModelDB.session_id).where(ModelDB.session_id.in_(sessions)))).all())
+        held |= set((await session.exec(select(SamplingSessionDB.session_id)
+                                        .where(SamplingSessionDB.session_id.in_(sessions)))).all())
+        empty = [sid for sid in sessions if sid not in held]
+        if empty:
+            await session.exec(delete(SessionDB).where(SessionDB.session_id.in_(empty)))
+        await session.commit()
+    return {"models": len(models), "sessions": len(empty)}
