@@ -201,10 +201,11 @@ def test_doctor_against_the_live_server(server):
     proc = run_rlcli("doctor", "--base-url", server.url, env=server.env, timeout=60)
     lines = proc.stdout.strip().splitlines()
     names = [line.split()[1] for line in lines[:-1]]
-    assert names == ["client-python", "server-python", "tinker-pins", "server-venv", "server", "api-key", "database",
-                     "backend", "cuda", "processes", "docker", "disk", "memory", "map-count"], proc.stdout
-    assert lines[4].startswith("ok    server") and lines[7].startswith("ok    backend"), proc.stdout
+    assert names == ["client-python", "server-python", "tinker-pins", "server-venv", "manifest", "server", "api-key",
+                     "database", "backend", "cuda", "processes", "docker", "disk", "memory", "map-count"], proc.stdout
+    assert lines[4].startswith("ok    manifest") and lines[5].startswith("ok    server"), proc.stdout
+    assert lines[8].startswith("ok    backend"), proc.stdout
     # this server checks no keys and keeps sqlite
-    assert lines[5].startswith("ok    api-key") and lines[6].startswith("ok    database"), proc.stdout
+    assert lines[6].startswith("ok    api-key") and lines[7].startswith("ok    database"), proc.stdout
     failed = [line.split()[1] for line in lines[:-1] if line.startswith("fail")]
     assert proc.returncode == (1 if failed else 0) and all(name in lines[-1] for name in failed), proc.stdout
