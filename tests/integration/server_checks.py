@@ -426,6 +426,43 @@ def check_lora() -> str:
             f"float64 {found['float64']:.1e}, float32 {found['float32']:.1e})")
 
 
+# SkyRL's module that imports peft, and the only one among the jax engine's imports allowed to.
+PEFT_USER = "skyrl.tx.utils.models"
+
+
+def peft_uses_fit(user: str = PEFT_USER) -> None:
+    """SkyRL's jax engine meets peft only in `user`, as `peft.LoraConfig(<INPUTS as keywords>)` whose result only
+    calls save_pretrained(folder): what rlcli_no_torch's stand-in does (AssertionError where it does not)."""
+    import ast
+    import importlib.util
+
+    from rlcli_no_torch import INPUTS
+
+    source = Path(importlib.util.find_spec(user).origin).read_text()
+    tree = ast.parse(source)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "peft":
+            attribute = parents.get(node)
+            assert isinstance(attribute, ast.Attribute) and attribute.attr == "LoraConfig", \
+                f"{user} line {node.lineno} uses peft other than as peft.LoraConfig"
+            call = parents.get(attribute)
+            assert isinstance(call, ast.Call) and not call.args and {k.arg for k in call.keywords} <= set(INPUTS), \
+                f"{user} line {node.lineno}: LoraConfig takes other inputs than {INPUTS}"
+            target = parents.get(call)
+            assert isinstance(target, ast.Assign) and len(target.targets) == 1, \
+                f"{user} line {node.lineno}: the LoraConfig is not kept in one name"
+            kept = target.targets[0]
+            uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == kept.id and n is not kept]
+            assert uses and all(isinstance(parents.get(n), ast.Attribute) and parents[n].attr == "save_pretrained"
+                                for n in uses), f"{user}: the LoraConfig is used other than by save_pretrained"
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [alias.name for alias in node.names] + [getattr(node, "module", None) or ""]
+            assert not any(n.startswith("peft.") for n in names) and not (
+                isinstance(node, ast.ImportFrom) and (node.module or "").startswith("peft")), \
+                f"{user} line {node.lineno} imports from inside peft"
+
+
 # Run in a fresh process of the venv by the check: the prepared imports, then what the engine does with them.
 PREPARED_CHECK = """
 import json, sys, tempfile
@@ -438,7 +475,7 @@ import skyrl.tinker.engine, skyrl.backends.jax
 from skyrl.tx.utils import models
 assert not rlcli_lazy_torch.loaded("torch"), "importing SkyRL's jax engine loaded torch"
 holders = sorted(n for n, m in sys.modules.items() if n.startswith("skyrl") and "peft" in vars(m))
-assert holders == [lean.PEFT_USER], f"SkyRL modules holding peft: {holders}"
+assert holders == ["skyrl.tx.utils.models"], f"SkyRL modules holding peft: {holders}"
 from transformers import AutoConfig, AutoTokenizer
 config, tokenizer = AutoConfig.from_pretrained(model), AutoTokenizer.from_pretrained(model)
 ids = tokenizer.encode("What is 3 + 4?")
@@ -462,7 +499,7 @@ def check_no_torch() -> str:
     import rlcli_no_torch as lean
 
     record = lean.make_record()
-    lean.check_peft_uses()
+    peft_uses_fit()
     with tempfile.TemporaryDirectory() as scratch:
         record_file, expected = Path(scratch) / lean.RECORD_NAME, Path(scratch) / "expected.json"
         record_file.write_text(json.dumps(record))

@@ -1,7 +1,7 @@
 """Several processes behind one jax server: JAX's distributed runtime, brought up by rlcli's launcher first in every
-process (jax refuses to after any computation, and rlcli's gspo check computes), bound where the user said; a worker
-joins once the coordinator listens and writes its own compilation cache entries; every process compares what it runs
-with the others through the runtime's key-value store (docs/decisions.md, "Several jax processes").
+process (jax refuses to after any computation), bound where the user said; a worker joins once the coordinator
+listens and writes its own compilation cache entries; every process compares what it runs with the others through
+the runtime's key-value store (docs/decisions.md, "Several jax processes").
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def _start_engine(argv: list[str]) -> None:
     rlcli, jax_backend = RLCLI in features, _preloads(argv) or "--backend" not in argv  # SkyRL defaults to jax
     if jax_backend:
         _prepare_jax_imports()
-    if several:  # jax's runtime before anything computes (rlcli's gspo check does)
+    if several:  # jax's runtime before anything computes
         distributed.initialize(*several, process_id=0)
     if on_ray and rlcli:  # the actors must run rlcli's changes: the driver joins Ray first
         ray_actors.connect()

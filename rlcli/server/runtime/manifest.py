@@ -86,7 +86,7 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
 )) + _entries(REBINDING, JAX, (
     ("skyrl.tx.layers.lora:LoRAMixin.apply_lora", "lora: each sequence its own adapter", UP + "lora-per-sequence.md"),
     ("skyrl.tinker.loss_fns:LOSS_FUNCTIONS", "gspo appended to the jax loss registry", UP + "jax-gspo.md",
-     "by", "rlcli_losses: identities, index and a run through lax.switch"),
+     "by", "rlcli_losses: the stock registry, the backend's own objects"),
     ("skyrl.tinker.types:LOSS_TYPES", "gspo's index in the jax loss registry", UP + "jax-gspo.md", "by",
      "rlcli_losses"),
     ("transformers.utils.import_utils:is_torch_available", "no-torch: the jax engine imports without torch",

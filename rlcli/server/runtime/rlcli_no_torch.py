@@ -27,8 +27,6 @@ INPUTS = ("base_model_name_or_path", "r", "lora_alpha")  # the keywords SkyRL pa
 # float alpha (SkyRL passes its LoraConfig.alpha as given).
 SAMPLES = ({"base_model_name_or_path": "Qwen/Qwen3-0.6B", "r": 8, "lora_alpha": 16},
            {"base_model_name_or_path": 'models/"d\u00e9j\u00e0"/m', "r": 32, "lora_alpha": 64.5})
-# SkyRL's module that imports peft, and the only one among the jax engine's imports allowed to.
-PEFT_USER = "skyrl.tx.utils.models"
 
 _state: dict = {"mode": None}
 
@@ -206,42 +204,10 @@ def make_record() -> dict:
     return record
 
 
-def check_peft_uses() -> None:
-    """SkyRL's jax engine meets peft only in PEFT_USER, as `peft.LoraConfig(<INPUTS as keywords>)` whose result
-    only calls save_pretrained(folder)."""
-    import ast
-    import importlib.util
-
-    source = Path(importlib.util.find_spec(PEFT_USER).origin).read_text()
-    tree = ast.parse(source)
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id == "peft":
-            attribute = parents.get(node)
-            assert isinstance(attribute, ast.Attribute) and attribute.attr == "LoraConfig", \
-                f"{PEFT_USER} line {node.lineno} uses peft other than as peft.LoraConfig"
-            call = parents.get(attribute)
-            assert isinstance(call, ast.Call) and not call.args and {k.arg for k in call.keywords} <= set(INPUTS), \
-                f"{PEFT_USER} line {node.lineno}: LoraConfig takes other inputs than {INPUTS}"
-            target = parents.get(call)
-            assert isinstance(target, ast.Assign) and len(target.targets) == 1, \
-                f"{PEFT_USER} line {node.lineno}: the LoraConfig is not kept in one name"
-            kept = target.targets[0]
-            uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == kept.id and n is not kept]
-            assert uses and all(isinstance(parents.get(n), ast.Attribute) and parents[n].attr == "save_pretrained"
-                                for n in uses), f"{PEFT_USER}: the LoraConfig is used other than by save_pretrained"
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = [alias.name for alias in node.names] + [getattr(node, "module", None) or ""]
-            assert not any(n.startswith("peft.") for n in names) and not (
-                isinstance(node, ast.ImportFrom) and (node.module or "").startswith("peft")), \
-                f"{PEFT_USER} line {node.lineno} imports from inside peft"
-
-
 def main(argv: list[str]) -> None:
     """`python rlcli_no_torch.py record [PATH]`: write the record (SystemExit with one line where it cannot)."""
     path = Path(argv[1]) if len(argv) > 1 else record_path()
     record = make_record()
-    check_peft_uses()
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     os.replace(partial, path)
