@@ -25,14 +25,21 @@ def log(message: str) -> None:
     print(f"[rlcli distributed] {message}", file=sys.stderr, flush=True)
 
 
+def backend_of(argv: list[str]) -> tuple[str, dict]:
+    """SkyRL's --backend (its default: jax) and --backend-config ({} where absent or unreadable) in argv."""
+    def flag(name: str, default: str) -> str:
+        return argv[argv.index(name) + 1] if name in argv[:-1] else default
+
+    try:
+        config = json.loads(flag("--backend-config", "{}"))
+    except ValueError:
+        config = None
+    return flag("--backend", "jax"), config if isinstance(config, dict) else {}
+
+
 def settings_from_engine_argv(argv: list[str]) -> tuple[str, int] | None:
     """(coordinator_address, num_processes) from the engine's --backend-config, or None for one process."""
-    if "--backend-config" not in argv:
-        return None
-    try:
-        config = json.loads(argv[argv.index("--backend-config") + 1])
-    except (IndexError, ValueError):
-        return None
+    config = backend_of(argv)[1]
     if config.get("use_ray") or not config.get("coordinator_address"):
         return None  # on Ray the actors bring the runtime up themselves
     return config["coordinator_address"], int(config.get("num_processes") or 1)
@@ -107,15 +114,6 @@ def cache_worker_programs() -> None:
     compiler._cache_write = cache_write
 
 
-def _client():
-    from jax._src import distributed
-
-    client = distributed.global_state.client
-    if client is None or not callable(getattr(client, "key_value_set", None)):
-        raise RuntimeError("rlcli distributed: this jax has no key-value store on its distributed client")
-    return client
-
-
 def identity(features: set[str]) -> str:
     """What every process of one server must run alike: the runtime, rlcli's changes or not, the kept snapshots."""
     import manifest
@@ -128,7 +126,9 @@ def identity(features: set[str]) -> str:
 
 def agree(process_id: int, num_processes: int, mine: str) -> None:
     """Fail unless every process runs the same (identity above)."""
-    client = _client()
+    from jax._src import distributed
+
+    client = distributed.global_state.client  # jax's own, up since initialize()
     client.key_value_set(f"rlcli/runtime/{process_id}", mine)
     for other in range(1, num_processes) if process_id == 0 else [0]:
         theirs = client.blocking_key_value_get(f"rlcli/runtime/{other}", AGREE_TIMEOUT_MS)

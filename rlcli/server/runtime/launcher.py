@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -51,21 +52,14 @@ def run_api(argv: list[str]) -> None:
     import rlcli_api
     import uvicorn
     from skyrl.tinker import api
-    from skyrl.tinker.config import EngineConfig, add_model
     from skyrl.utils.log import get_uvicorn_log_config
 
     rlcli_api.install(api, features)
-    parser = argparse.ArgumentParser(prog="rlcli-skyrl-api")
-    add_model(parser, EngineConfig)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    args = parser.parse_args(argv)
-    fields = {k: v for k, v in vars(args).items() if k in EngineConfig.model_fields}
-    api.app.state.engine_config = EngineConfig.model_validate(fields)
+    api.app.state.engine_config, args = _engine_config(argv, api=True)
     uvicorn.run(
         api.app,
-        host=args.host,
-        port=args.port,
+        host=args["host"],
+        port=args["port"],
         log_config=get_uvicorn_log_config(),
         backlog=getattr(api, "SKYRL_HTTP_CONNECTION_LIMIT", 2048),
         timeout_keep_alive=getattr(api, "HTTP_KEEP_ALIVE_TIMEOUT_SECONDS", 30),
@@ -92,25 +86,24 @@ def _start_engine(argv: list[str]) -> None:
     import ray_actors
 
     features, several, on_ray = _features(), distributed.settings_from_engine_argv(argv), ray_actors.on_ray(argv)
-    rlcli, jax_backend = RLCLI in features, _preloads(argv) or "--backend" not in argv  # SkyRL defaults to jax
+    rlcli, jax_backend = RLCLI in features, distributed.backend_of(argv)[0] == "jax"
     if jax_backend:
         _prepare_jax_imports()
     if several:  # jax's runtime before anything computes
         distributed.initialize(*several, process_id=0)
     if on_ray and rlcli:  # the actors must run rlcli's changes: the driver joins Ray first
         ray_actors.connect()
-    from skyrl.tinker import engine
+    if not (features or several):  # stock SkyRL, as SkyRL starts its engine
+        from skyrl.tinker import engine
 
-    if not (features or several):
         sys.argv = ["skyrl.tinker.engine", *argv]
-        engine.main()
-        return
+        return engine.main()
     import manifest
     import rlcli_engine
 
     manifest.check({manifest.ENGINE} | ({manifest.JAX} if jax_backend else set())
                    | ({manifest.RAY} if on_ray and rlcli else set()))
-    config = _engine_config(argv)
+    config = _engine_config(argv)[0]
     if rlcli:
         import rlcli_samplers
         import rlcli_wake
@@ -129,13 +122,18 @@ def _start_engine(argv: list[str]) -> None:
     rlcli_engine.engine_class(rlcli, TENANTS in features)(config).run()
 
 
-def _engine_config(argv: list[str]):
-    """The engine's EngineConfig from its flags, as SkyRL's engine.main() parses them."""
+def _engine_config(argv: list[str], api: bool = False):
+    """The EngineConfig from SkyRL's flags, as its engine's and API's main() parse them; and every flag's value (the
+    API's host and port too)."""
     from skyrl.tinker.config import EngineConfig, add_model
 
-    parser = argparse.ArgumentParser(prog="rlcli-skyrl-engine")
+    parser = argparse.ArgumentParser(prog=f"rlcli-skyrl-{'api' if api else 'engine'}")
     add_model(parser, EngineConfig)
-    return EngineConfig.model_validate(vars(parser.parse_args(argv)))
+    if api:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+    flags = vars(parser.parse_args(argv))
+    return EngineConfig.model_validate({k: v for k, v in flags.items() if k in EngineConfig.model_fields}), flags
 
 
 def _attach(address: str, argv: list[str]) -> int | None:
@@ -143,10 +141,14 @@ def _attach(address: str, argv: list[str]) -> int | None:
 
     None: no preloaded engine took the job (the caller runs the engine itself)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # The supervisor starts the preload before the API, but a loaded machine may run the API's engine command
+    # before the preload has bound its socket. A preload that died is never there.
+    deadline = time.monotonic() + PRELOAD_PATIENCE_S
     try:
-        _connect(conn, address)
-        if not _same_server(conn):
-            return None  # not our preload: it gets neither our flags nor our environment
+        while (refused := conn.connect_ex("\0" + address)) == errno.ECONNREFUSED and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if refused or not _same_server(conn):
+            return None  # none there, or not our preload: it gets neither our flags nor our environment
         conn.sendall(json.dumps({"argv": argv, "env": dict(os.environ)}).encode() + b"\n")
         reply = conn.makefile("rb").readline()  # the engine's pid, once it has its imports and the job
     except OSError:
@@ -154,15 +156,7 @@ def _attach(address: str, argv: list[str]) -> int | None:
     if not reply:
         return None  # it died before taking the job (its imports failed; the log says why)
     pid = json.loads(reply)["pid"]
-    stopping = []
-
-    def forward(signum, _frame):
-        stopping.append(signum)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    stopping = _pass_stops_on(lambda signum: os.kill(pid, signum))
     with contextlib.suppress(OSError):
         while conn.recv(4096):  # the engine never writes again: EOF means it has ended
             pass
@@ -183,18 +177,19 @@ def _same_server(conn: socket.socket) -> bool:
         return False
 
 
-def _connect(conn: socket.socket, address: str) -> None:
-    """Connect to the preload; the supervisor starts it before the API, but a loaded machine may run the
-    API's engine command before the preload has bound its socket. A preload that died is never there."""
-    deadline = time.monotonic() + PRELOAD_PATIENCE_S
-    while True:
-        try:
-            conn.connect("\0" + address)
-            return
-        except ConnectionRefusedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+def _pass_stops_on(send) -> list[int]:
+    """SIGTERM and SIGINT passed on through send(signum) (a process already gone aside); the list of those that
+    came, for the caller to tell a stop it was asked for from a crash."""
+    stopping = []
+
+    def forward(signum, _frame):
+        stopping.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            send(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    return stopping
 
 
 def run_preload(address: str, supervisor: int) -> int:
@@ -224,12 +219,8 @@ def run_preload(address: str, supervisor: int) -> int:
     os.environ.update(job["env"])  # e.g. the wake id the API made for its engine
     os.environ.pop(PRELOAD_ENV, None)
     conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
-    _keep_open.append(conn)  # closed by the kernel when this process ends: that ends the stand-in
-    _start_engine(job["argv"])
-    return 0
-
-
-_keep_open: list[socket.socket] = []
+    _start_engine(job["argv"])  # conn stays open in this frame: the kernel closes it as this process ends,
+    return 0  # which ends the stand-in
 
 
 class _RotatingLog:
@@ -249,44 +240,31 @@ class _RotatingLog:
             self.file.write(data)
 
 
-def _preloads(api_argv: list[str]) -> bool:
-    """Preload the engine for the jax backend only: the others import other modules, in Ray workers."""
-    return "--backend" in api_argv and api_argv[api_argv.index("--backend") + 1] == "jax"
+def _spawn(*args: str, env: dict | None = None) -> subprocess.Popen:
+    """This launcher in another role, its output (both streams) to a pipe the supervisor copies into the log."""
+    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 def supervise(log: Path, max_log_bytes: int, api_argv: list[str], local_workers: int = 0) -> int:
+    import distributed
+    import ray_actors
+
     out = _RotatingLog(log, max_log_bytes)
     env = dict(os.environ)
     pipes = []
-    if _preloads(api_argv):
+    if distributed.backend_of(api_argv)[0] == "jax":  # the others import other modules, in Ray workers
         env[PRELOAD_ENV] = f"rlcli-engine-{secrets.token_hex(8)}"
-        preload = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "preload", env[PRELOAD_ENV], str(os.getpid())],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-        pipes.append(preload.stdout)
+        pipes.append(_spawn("preload", env[PRELOAD_ENV], str(os.getpid())).stdout)
     workers = _start_workers(api_argv, local_workers)
-    import distributed
-
     if distributed.settings_from_engine_argv(api_argv):  # every process runs rlcli's changes: the API may say so
         env[DISTRIBUTED_ENV] = "launcher"
-    elif _on_ray(api_argv):  # so does every Ray actor (ray_actors.py)
+    elif ray_actors.on_ray(api_argv):  # so does every Ray actor (ray_actors.py)
         env[DISTRIBUTED_ENV] = "ray"
     pipes += [worker.stdout for worker in workers]
-    child = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "api", *api_argv],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-    )
+    child = _spawn("api", *api_argv, env=env)
     pipes.append(child.stdout)
-    stopping = []
-
-    def forward(signum, _frame):
-        # Pass a polite stop on to the API, which stops its engine itself.
-        stopping.append(signum)
-        child.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    stopping = _pass_stops_on(child.send_signal)  # a polite stop goes to the API, which stops its engine itself
 
     def pump(pipe) -> None:
         # read1 returns whatever is there, so lines reach the log as they are printed.
@@ -316,12 +294,6 @@ def supervise(log: Path, max_log_bytes: int, api_argv: list[str], local_workers:
     return code
 
 
-def _on_ray(argv: list[str]) -> bool:
-    import ray_actors
-
-    return ray_actors.on_ray(argv)
-
-
 def _start_workers(api_argv: list[str], count: int) -> list[subprocess.Popen]:
     """jax processes 1..count on this machine, for the coordinator named in the API's --backend-config."""
     if not count:
@@ -330,10 +302,7 @@ def _start_workers(api_argv: list[str], count: int) -> list[subprocess.Popen]:
 
     coordinator, num_processes = distributed.settings_from_engine_argv(api_argv)
     env = {k: v for k, v in os.environ.items() if k != PRELOAD_ENV}
-    return [subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "worker", coordinator, str(num_processes), str(i)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-    ) for i in range(1, count + 1)]
+    return [_spawn("worker", coordinator, str(num_processes), str(i), env=env) for i in range(1, count + 1)]
 
 
 def _end_group_except_self() -> None:

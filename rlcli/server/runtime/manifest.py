@@ -135,6 +135,7 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
     ("skyrl.tx.utils.models:round_up_seq_len", "warmup: the padded length", ""),
     ("skyrl.tx.layers.lora:LoRAMixin._apply_lora_weight", "lora: the contraction it steps aside from", ""),
     ("skyrl.tx.layers.lora:LoRAEmbed._apply_lora_weight", "lora: the embedding's contraction", ""),
+    ("jax._src.distributed:global_state", "mesh: the processes compare what they run in its key-value store", ""),
 )) + _entries(RELIED, WORKER, (
     ("skyrl.backends.jax:run_worker", "workers: the module global above", "", "calls", "JaxBackendImpl"),
     ("jax._src.compilation_cache:put_executable_and_time", "mesh: the worker's cache write", ""),

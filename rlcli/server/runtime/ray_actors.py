@@ -32,12 +32,10 @@ def log(message: str) -> None:
 
 def on_ray(argv: list[str]) -> bool:
     """The engine's flags ask for the jax backend in Ray actors."""
-    if "--backend-config" not in argv or ("--backend" in argv and argv[argv.index("--backend") + 1] != "jax"):
-        return False
-    try:
-        return bool(json.loads(argv[argv.index("--backend-config") + 1]).get("use_ray"))
-    except (IndexError, ValueError, AttributeError):
-        return False
+    import distributed
+
+    backend, config = distributed.backend_of(argv)
+    return backend == "jax" and bool(config.get("use_ray"))
 
 
 # --- driver (the engine process) ------------------------------------------------------------------

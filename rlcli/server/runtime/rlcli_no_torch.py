@@ -8,6 +8,7 @@ there to reproduce peft's text byte for byte). Without a fitting record the engi
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import json
 import logging
@@ -68,9 +69,7 @@ def load_record(path: Path | None = None) -> tuple[dict | None, str]:
 
 def render(record: dict, values: dict) -> str:
     """The text of adapter_config.json for these inputs: the recorded fields with the inputs set."""
-    config = dict(record["config"])
-    config.update(values)
-    return json.dumps(config, indent=2, sort_keys=True)
+    return json.dumps({**record["config"], **values}, indent=2, sort_keys=True)
 
 
 class _TorchAbsentForTransformers:
@@ -161,14 +160,9 @@ def prepare(record_file: Path | None = None) -> bool:
     return True
 
 
+@functools.cache
 def describe() -> dict:
     """What the capabilities route says (API process: the venv's record decides the engine's case). Read once."""
-    if "described" not in _state:
-        _state["described"] = _describe()
-    return _state["described"]
-
-
-def _describe() -> dict:
     record, why = load_record()
     if record is None:
         return {"engine_imports": f"torch imported at start (stock): {why}"}
