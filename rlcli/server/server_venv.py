@@ -247,11 +247,11 @@ def write_top_level_names(venv: Path) -> None:
     """Give each distribution in the venv a top_level.txt with the names Python would infer, so that
     importlib.metadata.packages_distributions() (transformers calls it in every engine and worker) reads one
     file each instead of stat-ing every installed file: 0.9-1.4 s of each engine start on 2 cores, 0.13 s after
-    (runtime/top_level_names.py says why and how; docs/decisions.md)."""
+    (top_level_names.py, run in the venv, says why and how; docs/decisions.md)."""
     sites = _site_packages(venv)
     if not sites or not _writable(venv, sites):
         return  # nothing of its own, or read-only (compile_bytecode has said so): starts are slower, no more
-    script = Path(__file__).resolve().parent / "runtime" / "top_level_names.py"
+    script = Path(__file__).resolve().parent / "top_level_names.py"
     proc = subprocess.run([str(venv / "bin" / "python"), str(script), *map(str, sites)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
