@@ -149,6 +149,8 @@ def check_look() -> str:
     """RlcliEngine's looks against SkyRL's finders on scratch sqlite databases: for queues holding nothing, one type,
     passes behind a barrier, samples, single requests and a mix, every finder must find inside a look what stock
     does, and the one query must name exactly the pending types; with --tenants (one tenant) the same again."""
+    import os
+    import secrets
     import tempfile
     import types as pytypes
 
@@ -179,6 +181,8 @@ def check_look() -> str:
               [kind.FORWARD, kind.OPTIM_STEP, kind.FORWARD, kind.SAMPLE, kind.SAVE_WEIGHTS, kind.FORWARD_BACKWARD],
               [kind.FORWARD, kind.LOAD_WEIGHTS, kind.FORWARD, kind.FORWARD_BACKWARD, kind.FORWARD],
               [kind.SAVE_WEIGHTS, kind.FORWARD_BACKWARD, kind.SAVE_WEIGHTS, kind.OPTIM_STEP, kind.FORWARD_BACKWARD]]
+
+    os.environ[wake.ENV_ID] = secrets.token_hex(8)  # RlcliEngine's bell: the API's wake id, here one of no API
 
     class Collect(TinkerEngine):  # the finders' own code on a scratch database, without a backend
         def __init__(self, db_engine):
@@ -303,9 +307,24 @@ def check_results() -> str:
     return "results rows match SkyRL's _complete_futures and read back from a ring (3 kinds, a failure)"
 
 
+def drops_get_model(route) -> bool:
+    """Whether `route` awaits the module global get_model and drops its result (END_SEND then POP_TOP, 3.12)."""
+    import dis
+    import inspect
+
+    if route is None:
+        return False
+    ins = list(dis.get_instructions(inspect.unwrap(route).__code__))
+    calls = [i for i, x in enumerate(ins) if x.opname == "LOAD_GLOBAL" and x.argval == "get_model"]
+    ends = [next((k for k in range(at, len(ins)) if ins[k].opname == "END_SEND"), None) for at in calls]
+    return bool(calls) and all(end is not None and end + 1 < len(ins) and ins[end + 1].opname == "POP_TOP"
+                               for end in ends)
+
+
 def check_model_checks() -> str:
-    """skip_known_model_checks through SkyRL's own optim_step route on a scratch sqlite database: an unknown model is
-    404 every time, a known one is read once and then not, and any other caller of get_model still gets the row."""
+    """skip_known_model_checks: the routes it serves drop get_model's row (their bytecode), and through SkyRL's own
+    optim_step route on a scratch sqlite database an unknown model is 404 every time, a known one is read once and
+    then not, and any other caller of get_model still gets the row."""
     import asyncio
     import tempfile
 
@@ -314,6 +333,9 @@ def check_model_checks() -> str:
     from sqlalchemy.ext.asyncio import create_async_engine
 
     stock = api.get_model
+    kept = [route for route in wake.MODEL_CHECK_ROUTES if not drops_get_model(getattr(api, route, None))]
+    if kept:
+        raise SystemExit(f"SkyRL's {kept} no longer drop get_model's row: skip_known_model_checks would hand them None")
 
     async def run(folder: str) -> tuple:
         engine = create_async_engine(f"sqlite+aiosqlite:///{folder}/db.sqlite")

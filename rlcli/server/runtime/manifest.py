@@ -146,7 +146,7 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
     (TA + "retrieve_future", "wake: waits by its module global", "", "calls", "wait_for_future"),
     (TA + "forward_backward", "wake: files by the module global; drops get_model's row", "", "calls", "create_future",
      "get_model"),
-    (TA + "optim_step", "wake: drops get_model's row", "", "by", "rlcli_wake.drops_get_model (bytecode)"),
+    (TA + "optim_step", "wake: drops get_model's row (server_checks reads its bytecode)", "", "calls", "get_model"),
     (TA + "TERMINAL_STATUSES", "wake: the poller's database read", ""),
     (TA + "ForwardBackwardInput._ALLOWED_KEYS_BY_LOSS_FN", "gspo: the API accepts it and its clip keys", ""),
     ("skyrl.tinker.proto_serialization:parse_forward_backward_request", "tenants: the gate reads protobuf bodies", ""),

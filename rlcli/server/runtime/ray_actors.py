@@ -117,7 +117,7 @@ def describe(cwd: Path | None = None) -> dict:
 
 def setup() -> None:
     """Ray's worker_process_setup_hook: wrap jax.distributed.initialize, which SkyRL's actor calls in setup() before
-    it builds its JaxBackendImpl (rlcli's changes compute as they install: they must come after the runtime)."""
+    it builds its JaxBackendImpl: the runtime comes up as on rlcli's own processes, then rlcli's changes install."""
     import jax
 
     original = jax.distributed.initialize
