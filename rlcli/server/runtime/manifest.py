@@ -1,4 +1,4 @@
-"""Every name in SkyRL, jax, tinker and tinker-cookbook that rlcli overrides or relies on, in one list (stdlib only).
+"""Every name in SkyRL, jax, tinker and tinker-cookbook that rlcli overrides or relies on, in one list (stdlib imports).
 
 Imported as `manifest` by the server's processes, which call `check(where)` at start (a version other than PINS or
 a moved target stops the process with one line), and as `rlcli.server.runtime.manifest` by the client (hooks.py's
@@ -7,10 +7,8 @@ PINS and PATCHES; `rlcli doctor --manifest`).
 
 from __future__ import annotations
 
-import fnmatch
 import importlib
 import inspect
-import re
 from importlib import metadata
 from typing import NamedTuple
 
@@ -207,16 +205,10 @@ def overridden() -> list[str]:
 
 
 def satisfies(version: str, spec: str) -> bool:
-    """`version` meets a specifier of ==X (a glob: ==0.12.*), >=X and <X clauses, comma-separated."""
-    def number(text: str) -> tuple[int, ...]:
-        return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+    """`version` meets the pip specifier `spec` (packaging is in both venvs: pip's and transformers' own)."""
+    from packaging.specifiers import SpecifierSet
 
-    for clause in spec.split(","):
-        op, want = re.fullmatch(r"\s*(==|>=|<)\s*(\S+)\s*", clause).groups()
-        if not (fnmatch.fnmatch(version, want) if op == "==" else
-                number(version) >= number(want) if op == ">=" else number(version) < number(want)):
-            return False
-    return True
+    return version in SpecifierSet(spec)
 
 
 def version_drift(packages=SERVER_PINS) -> list[str]:
