@@ -74,12 +74,10 @@ def check_manifest() -> str:
 
 def check_engine_command() -> str:
     """The API starts its engine through this venv's Python and rlcli's launcher, not `uv run`."""
-    import rlcli_api
-    import skyrl.tinker.api as api
+    import launcher
     from skyrl.tinker.config import EngineConfig
 
-    rlcli_api.install(api, set())
-    command = api._build_uv_run_cmd_engine(["anything"], EngineConfig(base_model="m", backend="jax"))
+    command = launcher._engine_command(None)(["anything"], EngineConfig(base_model="m", backend="jax"))
     assert command[0] == sys.executable and command[1].endswith("launcher.py") and command[2] == "engine", command
     assert "--base-model" in command and "uv" not in command, command
     return "the engine command runs rlcli's launcher with this venv's Python"
