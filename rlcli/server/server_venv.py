@@ -30,8 +30,8 @@ REQUIRED_PYTHON = (3, 12)
 MARKER = ".rlcli-complete"
 BYTECODE = "bytecode:1"  # the marker's line once every module of the venv has its bytecode written
 TOP_LEVEL = "top-level:1"  # ... once every distribution in it declares its import names (top_level_names.py)
-RECORD = PEFT_RECORD_FILE  # peft's LoraConfig recorded for the torch-free engine (runtime/rlcli_no_torch.py)
-PEFT_RECORD = "peft-record:1"  # ... once peft's LoraConfig is recorded for the torch-free engine (rlcli_no_torch.py)
+RECORD = PEFT_RECORD_FILE  # peft's LoraConfig recorded for the torch-free engine (peft_record.py)
+PEFT_RECORD = "peft-record:1"  # ... once peft's LoraConfig is recorded for the torch-free engine (peft_record.py)
 
 
 def pins_file(backend: str) -> Path:
@@ -268,9 +268,9 @@ def write_peft_record(venv: Path) -> None:
     sites = _site_packages(venv)
     if not sites or not _writable(venv, sites):
         return
-    script = Path(__file__).resolve().parent / "runtime" / "rlcli_no_torch.py"
+    script = Path(__file__).resolve().parent / "peft_record.py"
     _progress("recording peft's adapter config for the torch-free engine (once per install)")
-    proc = subprocess.run([str(venv / "bin" / "python"), str(script), "record", str(venv / RECORD)],
+    proc = subprocess.run([str(venv / "bin" / "python"), str(script), str(venv / RECORD)],
                           capture_output=True, text=True)
     if proc.returncode != 0:  # marked all the same: a venv whose peft cannot be recorded is not retried each start
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]

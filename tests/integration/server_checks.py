@@ -510,6 +510,7 @@ print(json.dumps({"config": type(config).__name__, "dtype": str(getattr(config, 
 def check_no_torch() -> str:
     """rlcli_no_torch against the real peft and SkyRL: the record's premises, SkyRL's uses of peft, and in a fresh
     process the prepared imports (no torch), the embedded model's configuration and tokenizer, peft's exact text."""
+    import importlib.util
     import json
     import os
     import subprocess
@@ -518,13 +519,16 @@ def check_no_torch() -> str:
 
     import rlcli_no_torch as lean
 
-    record = lean.make_record()
+    spec = importlib.util.spec_from_file_location("peft_record", RUNTIME.parent / "peft_record.py")
+    recorder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recorder)  # the install's recorder: its imports find the runtime folder, first here
+    record = recorder.make_record()
     peft_uses_fit()
     with tempfile.TemporaryDirectory() as scratch:
         record_file, expected = Path(scratch) / lean.RECORD_NAME, Path(scratch) / "expected.json"
         record_file.write_text(json.dumps(record))
         values = {"base_model_name_or_path": "org/model-\u00e9", "r": 16, "lora_alpha": 32.0}
-        expected.write_text(lean._peft_text(values))
+        expected.write_text(recorder.peft_text(values))
         model = str(RUNTIME.parents[1] / "assets" / "rlcli-tiny-qwen3-v1")
         proc = subprocess.run([sys.executable, "-c", PREPARED_CHECK, str(RUNTIME), str(record_file), model,
                                json.dumps(values), str(expected)], capture_output=True, text=True, env=dict(os.environ))

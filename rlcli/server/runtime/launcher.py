@@ -222,8 +222,9 @@ def supervise(log: Path, max_log_bytes: int, api_argv: list[str], local_workers:
 
     out = _RotatingLog(log, max_log_bytes)
     env = dict(os.environ)
-    workers = _start_workers(api_argv, local_workers)
-    if distributed.settings_from_engine_argv(api_argv):  # every process runs rlcli's changes: the API may say so
+    several = distributed.settings_from_engine_argv(api_argv)  # (coordinator, number of jax processes)
+    workers = [_spawn("worker", several[0], str(several[1]), str(i)) for i in range(1, local_workers + 1)]
+    if several:  # every process runs rlcli's changes: the API may say so
         env[DISTRIBUTED_ENV] = "launcher"
     elif ray_actors.on_ray(api_argv):  # so does every Ray actor (ray_actors.py)
         env[DISTRIBUTED_ENV] = "ray"
@@ -257,16 +258,6 @@ def supervise(log: Path, max_log_bytes: int, api_argv: list[str], local_workers:
         thread.join(timeout=5)
     out.write(f"[rlcli launcher] SkyRL API exited with code {code}; server stopped\n".encode())
     return code
-
-
-def _start_workers(api_argv: list[str], count: int) -> list[subprocess.Popen]:
-    """jax processes 1..count on this machine, for the coordinator named in the API's --backend-config."""
-    if not count:
-        return []
-    import distributed
-
-    coordinator, num_processes = distributed.settings_from_engine_argv(api_argv)
-    return [_spawn("worker", coordinator, str(num_processes), str(i)) for i in range(1, count + 1)]
 
 
 def _end_group_except_self() -> None:

@@ -2,8 +2,8 @@
 
 `prepare()`, before a process imports SkyRL's jax backend: a one-shot import hook makes transformers'
 `is_torch_available` answer False, torch gets rlcli_lazy_torch's stand-in, and `peft` a stand-in whose LoraConfig
-writes the adapter config from a record the real peft made at install (`python rlcli_no_torch.py record`, checked
-there to reproduce peft's text byte for byte). Without a fitting record the engine imports as stock SkyRL does.
+writes the adapter config from a record the real peft made at install (rlcli/server/peft_record.py, checked there to
+reproduce peft's text byte for byte). Without a fitting record the engine imports as stock SkyRL does.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import types
 from pathlib import Path
 
@@ -24,10 +23,6 @@ NAME = "rlcli_no_torch"
 IMPORT_UTILS = "transformers.utils.import_utils"
 CONFIG_FILE = "adapter_config.json"  # what peft's save_pretrained writes
 INPUTS = ("base_model_name_or_path", "r", "lora_alpha")  # the keywords SkyRL passes
-# Two sets of inputs for the record's checks: different in every input, with a quote, a non-ASCII letter and a
-# float alpha (SkyRL passes its LoraConfig.alpha as given).
-SAMPLES = ({"base_model_name_or_path": "Qwen/Qwen3-0.6B", "r": 8, "lora_alpha": 16},
-           {"base_model_name_or_path": 'models/"d\u00e9j\u00e0"/m', "r": 32, "lora_alpha": 64.5})
 
 _state: dict = {"mode": None}
 
@@ -168,45 +163,3 @@ def describe() -> dict:
         return {"engine_imports": f"torch imported at start (stock): {why}"}
     return {"engine_imports": "without torch: transformers loads as if torch were absent, torch is imported on "
                               f"first use, peft's LoraConfig is written from the record of peft {record['peft']}"}
-
-
-# --- the record (made at install, in the server venv; never in a server process) ------------------------------
-
-
-def _peft_text(values: dict) -> str:
-    """What the real peft writes for these inputs (this process imports peft)."""
-    import peft
-
-    with tempfile.TemporaryDirectory() as folder:
-        peft.LoraConfig(**values).save_pretrained(folder)
-        return (Path(folder) / CONFIG_FILE).read_text()
-
-
-def make_record() -> dict:
-    """The record, from the real peft; SystemExit with one line where its premises do not hold."""
-    texts = [_peft_text(values) for values in SAMPLES]
-    first, second = (json.loads(text) for text in texts)
-    varying = {key for key in first.keys() | second.keys() if first.get(key) != second.get(key)}
-    if varying != set(INPUTS):
-        raise SystemExit(f"{NAME}: peft's adapter config varies in {sorted(varying)}, not just {list(INPUTS)}: "
-                         "the record would not reproduce it")
-    record = {"peft": _version("peft"), "transformers": _version("transformers"), "config": first,
-              "made_by": NAME}
-    for values, text in zip(SAMPLES, texts, strict=True):
-        if render(record, values) != text:
-            raise SystemExit(f"{NAME}: the record does not reproduce peft's text for {values}")
-    return record
-
-
-def main(argv: list[str]) -> None:
-    """`python rlcli_no_torch.py record [PATH]`: write the record (SystemExit with one line where it cannot)."""
-    path = Path(argv[1]) if len(argv) > 1 else record_path()
-    record = make_record()
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    os.replace(partial, path)
-    print(f"{NAME}: recorded peft {record['peft']}'s LoraConfig in {path}")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

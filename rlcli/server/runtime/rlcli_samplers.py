@@ -60,8 +60,9 @@ class Snapshots:
     def saving(self, model_id: str, path, persist: bool):
         """Around a save: an unnamed one first deletes the oldest beyond keep - 1 (a full disk gets room first);
         one that fails leaves nothing behind (what it wrote is no snapshot)."""
-        if not persist:
-            self.make_room(model_id)
+        kept = self.kept.get(model_id, [])
+        while not persist and len(kept) >= self.keep:
+            self.delete(model_id, *kept.pop(0))
         try:
             yield
         except BaseException:
@@ -69,11 +70,6 @@ class Snapshots:
                 self.delete(model_id, checkpoint_name(path), path)
             raise
         self.saved(model_id, checkpoint_name(path), path, persist)
-
-    def make_room(self, model_id: str) -> None:
-        kept = self.kept.get(model_id, [])
-        while len(kept) >= self.keep:
-            self.delete(model_id, *kept.pop(0))
 
     def saved(self, model_id: str, name: str, path, persist: bool) -> None:
         kept = self.kept.setdefault(model_id, [])

@@ -104,12 +104,10 @@ class TenantGate:
             return await _answer(send, 401, {"detail": "a valid API key is required (X-API-Key or TINKER_API_KEY; "
                                                        "`rlcli tenant add NAME` makes one)"})
         tenant, quota = found
-        raw = b""
-        more = True
-        while more:
+        raw, message = b"", {"more_body": True}
+        while message.get("more_body"):
             message = await receive()
             raw += message.get("body", b"")
-            more = message.get("more_body", False)
         body = _parse_body(path, headers, raw)
         if body is _UNREADABLE:  # fail closed: a body the gate cannot read could name anyone's ids
             return await _answer(send, 422, {"detail": "request body is neither JSON nor a forward_backward proto"})

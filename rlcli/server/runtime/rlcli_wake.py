@@ -381,10 +381,8 @@ def settle(waiters: dict, request_id: int, outcome) -> bool:
 
 
 def describe() -> dict:
-    """What the capabilities route says about the request path (API process)."""
+    """What the capabilities route says about the request path (API process, after install_api)."""
     results = _state["results"]
-    if results is None:
-        return {"wake": "timer (stock SkyRL)"}
     return {"wake": "notify", "engine_joined": _state["engine_joined"], "log": "plain", "submit": "one statement",
             "engine_look": "pending types first", "results": "in the ring", "ring_results_max_bytes": RING_RESULTS_MAX,
             "results_by_ring": results.by_ring, "database_reads": results.db_reads, "look_rings": results.look_rings,
