@@ -47,12 +47,11 @@ def settings_from_engine_argv(argv: list[str]) -> tuple[str, int] | None:
 
 def wait_for_port(address: str, timeout_s: float) -> float | None:
     """Seconds until HOST:PORT took a TCP connection (closed at once), or None if it did not within timeout_s."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")  # [::1]:PORT
+    host, _, port = address.rpartition(":")  # [::1]:PORT too
     start = time.monotonic()
     while True:
         try:
-            socket.create_connection((host, int(port)), timeout=1.0).close()
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
             return time.monotonic() - start
         except OSError:
             if time.monotonic() - start >= timeout_s:

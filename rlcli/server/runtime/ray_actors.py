@@ -104,10 +104,10 @@ def check_actors(ray, workers: list) -> None:
     log(f"all {len(theirs)} Ray actors loaded the same extensions as the engine: {mine}")
 
 
-def describe(cwd: Path | None = None) -> dict:
-    """What the capabilities route says about the actors (API process)."""
+def describe() -> dict:
+    """What the capabilities route says about the actors (API process, in the server's folder)."""
     try:
-        return json.loads(((cwd or Path.cwd()) / RAY_REPORT).read_text())
+        return json.loads(Path(RAY_REPORT).read_text())
     except (OSError, ValueError):
         return {"actors": 0, "runtime": None, "state": "the engine has not set its Ray actors up yet"}
 

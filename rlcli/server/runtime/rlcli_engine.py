@@ -156,9 +156,8 @@ class TenantsEngine(FairEngine, RlcliEngine):
 
 
 def engine_class(rlcli: bool, tenants: bool) -> type:
-    if rlcli:
-        return TenantsEngine if tenants else RlcliEngine
-    return FairEngine if tenants else stock.TinkerEngine
+    return {(True, True): TenantsEngine, (True, False): RlcliEngine, (False, True): FairEngine}.get(
+        (rlcli, tenants), stock.TinkerEngine)
 
 
 def use_rlcli_backends(rlcli: bool) -> None:
