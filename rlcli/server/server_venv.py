@@ -30,8 +30,8 @@ REQUIRED_PYTHON = (3, 12)
 MARKER = ".rlcli-complete"
 BYTECODE = "bytecode:1"  # the marker's line once every module of the venv has its bytecode written
 TOP_LEVEL = "top-level:1"  # ... once every distribution in it declares its import names (top_level_names.py)
-RECORD = PEFT_RECORD_FILE  # peft's LoraConfig recorded for the torch-free engine (runtime/rlcli_no_torch.py)
-PEFT_RECORD = "peft-record:1"  # ... once peft's LoraConfig is recorded for the torch-free engine (rlcli_no_torch.py)
+RECORD = PEFT_RECORD_FILE  # peft's LoraConfig recorded for the torch-free engine (peft_record.py)
+PEFT_RECORD = "peft-record:1"  # ... once peft's LoraConfig is recorded for the torch-free engine (peft_record.py)
 
 
 def pins_file(backend: str) -> Path:
@@ -247,11 +247,11 @@ def write_top_level_names(venv: Path) -> None:
     """Give each distribution in the venv a top_level.txt with the names Python would infer, so that
     importlib.metadata.packages_distributions() (transformers calls it in every engine and worker) reads one
     file each instead of stat-ing every installed file: 0.9-1.4 s of each engine start on 2 cores, 0.13 s after
-    (runtime/top_level_names.py says why and how; docs/decisions.md)."""
+    (top_level_names.py, run in the venv, says why and how; docs/decisions.md)."""
     sites = _site_packages(venv)
     if not sites or not _writable(venv, sites):
         return  # nothing of its own, or read-only (compile_bytecode has said so): starts are slower, no more
-    script = Path(__file__).resolve().parent / "runtime" / "top_level_names.py"
+    script = Path(__file__).resolve().parent / "top_level_names.py"
     proc = subprocess.run([str(venv / "bin" / "python"), str(script), *map(str, sites)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -268,9 +268,9 @@ def write_peft_record(venv: Path) -> None:
     sites = _site_packages(venv)
     if not sites or not _writable(venv, sites):
         return
-    script = Path(__file__).resolve().parent / "runtime" / "rlcli_no_torch.py"
+    script = Path(__file__).resolve().parent / "peft_record.py"
     _progress("recording peft's adapter config for the torch-free engine (once per install)")
-    proc = subprocess.run([str(venv / "bin" / "python"), str(script), "record", str(venv / RECORD)],
+    proc = subprocess.run([str(venv / "bin" / "python"), str(script), str(venv / RECORD)],
                           capture_output=True, text=True)
     if proc.returncode != 0:  # marked all the same: a venv whose peft cannot be recorded is not retried each start
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]

@@ -74,12 +74,10 @@ def check_manifest() -> str:
 
 def check_engine_command() -> str:
     """The API starts its engine through this venv's Python and rlcli's launcher, not `uv run`."""
-    import rlcli_api
-    import skyrl.tinker.api as api
+    import launcher
     from skyrl.tinker.config import EngineConfig
 
-    rlcli_api.install(api, set())
-    command = api._build_uv_run_cmd_engine(["anything"], EngineConfig(base_model="m", backend="jax"))
+    command = launcher._engine_command(None)(["anything"], EngineConfig(base_model="m", backend="jax"))
     assert command[0] == sys.executable and command[1].endswith("launcher.py") and command[2] == "engine", command
     assert "--base-model" in command and "uv" not in command, command
     return "the engine command runs rlcli's launcher with this venv's Python"
@@ -149,6 +147,8 @@ def check_look() -> str:
     """RlcliEngine's looks against SkyRL's finders on scratch sqlite databases: for queues holding nothing, one type,
     passes behind a barrier, samples, single requests and a mix, every finder must find inside a look what stock
     does, and the one query must name exactly the pending types; with --tenants (one tenant) the same again."""
+    import os
+    import secrets
     import tempfile
     import types as pytypes
 
@@ -179,6 +179,8 @@ def check_look() -> str:
               [kind.FORWARD, kind.OPTIM_STEP, kind.FORWARD, kind.SAMPLE, kind.SAVE_WEIGHTS, kind.FORWARD_BACKWARD],
               [kind.FORWARD, kind.LOAD_WEIGHTS, kind.FORWARD, kind.FORWARD_BACKWARD, kind.FORWARD],
               [kind.SAVE_WEIGHTS, kind.FORWARD_BACKWARD, kind.SAVE_WEIGHTS, kind.OPTIM_STEP, kind.FORWARD_BACKWARD]]
+
+    os.environ[wake.ENV_ID] = secrets.token_hex(8)  # RlcliEngine's bell: the API's wake id, here one of no API
 
     class Collect(TinkerEngine):  # the finders' own code on a scratch database, without a backend
         def __init__(self, db_engine):
@@ -303,9 +305,24 @@ def check_results() -> str:
     return "results rows match SkyRL's _complete_futures and read back from a ring (3 kinds, a failure)"
 
 
+def drops_get_model(route) -> bool:
+    """Whether `route` awaits the module global get_model and drops its result (END_SEND then POP_TOP, 3.12)."""
+    import dis
+    import inspect
+
+    if route is None:
+        return False
+    ins = list(dis.get_instructions(inspect.unwrap(route).__code__))
+    calls = [i for i, x in enumerate(ins) if x.opname == "LOAD_GLOBAL" and x.argval == "get_model"]
+    ends = [next((k for k in range(at, len(ins)) if ins[k].opname == "END_SEND"), None) for at in calls]
+    return bool(calls) and all(end is not None and end + 1 < len(ins) and ins[end + 1].opname == "POP_TOP"
+                               for end in ends)
+
+
 def check_model_checks() -> str:
-    """skip_known_model_checks through SkyRL's own optim_step route on a scratch sqlite database: an unknown model is
-    404 every time, a known one is read once and then not, and any other caller of get_model still gets the row."""
+    """skip_known_model_checks: the routes it serves drop get_model's row (their bytecode), and through SkyRL's own
+    optim_step route on a scratch sqlite database an unknown model is 404 every time, a known one is read once and
+    then not, and any other caller of get_model still gets the row."""
     import asyncio
     import tempfile
 
@@ -314,6 +331,9 @@ def check_model_checks() -> str:
     from sqlalchemy.ext.asyncio import create_async_engine
 
     stock = api.get_model
+    kept = [route for route in wake.MODEL_CHECK_ROUTES if not drops_get_model(getattr(api, route, None))]
+    if kept:
+        raise SystemExit(f"SkyRL's {kept} no longer drop get_model's row: skip_known_model_checks would hand them None")
 
     async def run(folder: str) -> tuple:
         engine = create_async_engine(f"sqlite+aiosqlite:///{folder}/db.sqlite")
@@ -426,6 +446,43 @@ def check_lora() -> str:
             f"float64 {found['float64']:.1e}, float32 {found['float32']:.1e})")
 
 
+# SkyRL's module that imports peft, and the only one among the jax engine's imports allowed to.
+PEFT_USER = "skyrl.tx.utils.models"
+
+
+def peft_uses_fit(user: str = PEFT_USER) -> None:
+    """SkyRL's jax engine meets peft only in `user`, as `peft.LoraConfig(<INPUTS as keywords>)` whose result only
+    calls save_pretrained(folder): what rlcli_no_torch's stand-in does (AssertionError where it does not)."""
+    import ast
+    import importlib.util
+
+    from rlcli_no_torch import INPUTS
+
+    source = Path(importlib.util.find_spec(user).origin).read_text()
+    tree = ast.parse(source)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "peft":
+            attribute = parents.get(node)
+            assert isinstance(attribute, ast.Attribute) and attribute.attr == "LoraConfig", \
+                f"{user} line {node.lineno} uses peft other than as peft.LoraConfig"
+            call = parents.get(attribute)
+            assert isinstance(call, ast.Call) and not call.args and {k.arg for k in call.keywords} <= set(INPUTS), \
+                f"{user} line {node.lineno}: LoraConfig takes other inputs than {INPUTS}"
+            target = parents.get(call)
+            assert isinstance(target, ast.Assign) and len(target.targets) == 1, \
+                f"{user} line {node.lineno}: the LoraConfig is not kept in one name"
+            kept = target.targets[0]
+            uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == kept.id and n is not kept]
+            assert uses and all(isinstance(parents.get(n), ast.Attribute) and parents[n].attr == "save_pretrained"
+                                for n in uses), f"{user}: the LoraConfig is used other than by save_pretrained"
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [alias.name for alias in node.names] + [getattr(node, "module", None) or ""]
+            assert not any(n.startswith("peft.") for n in names) and not (
+                isinstance(node, ast.ImportFrom) and (node.module or "").startswith("peft")), \
+                f"{user} line {node.lineno} imports from inside peft"
+
+
 # Run in a fresh process of the venv by the check: the prepared imports, then what the engine does with them.
 PREPARED_CHECK = """
 import json, sys, tempfile
@@ -438,7 +495,7 @@ import skyrl.tinker.engine, skyrl.backends.jax
 from skyrl.tx.utils import models
 assert not rlcli_lazy_torch.loaded("torch"), "importing SkyRL's jax engine loaded torch"
 holders = sorted(n for n, m in sys.modules.items() if n.startswith("skyrl") and "peft" in vars(m))
-assert holders == [lean.PEFT_USER], f"SkyRL modules holding peft: {holders}"
+assert holders == ["skyrl.tx.utils.models"], f"SkyRL modules holding peft: {holders}"
 from transformers import AutoConfig, AutoTokenizer
 config, tokenizer = AutoConfig.from_pretrained(model), AutoTokenizer.from_pretrained(model)
 ids = tokenizer.encode("What is 3 + 4?")
@@ -453,6 +510,7 @@ print(json.dumps({"config": type(config).__name__, "dtype": str(getattr(config, 
 def check_no_torch() -> str:
     """rlcli_no_torch against the real peft and SkyRL: the record's premises, SkyRL's uses of peft, and in a fresh
     process the prepared imports (no torch), the embedded model's configuration and tokenizer, peft's exact text."""
+    import importlib.util
     import json
     import os
     import subprocess
@@ -461,13 +519,16 @@ def check_no_torch() -> str:
 
     import rlcli_no_torch as lean
 
-    record = lean.make_record()
-    lean.check_peft_uses()
+    spec = importlib.util.spec_from_file_location("peft_record", RUNTIME.parent / "peft_record.py")
+    recorder = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recorder)  # the install's recorder: its imports find the runtime folder, first here
+    record = recorder.make_record()
+    peft_uses_fit()
     with tempfile.TemporaryDirectory() as scratch:
         record_file, expected = Path(scratch) / lean.RECORD_NAME, Path(scratch) / "expected.json"
         record_file.write_text(json.dumps(record))
         values = {"base_model_name_or_path": "org/model-\u00e9", "r": 16, "lora_alpha": 32.0}
-        expected.write_text(lean._peft_text(values))
+        expected.write_text(recorder.peft_text(values))
         model = str(RUNTIME.parents[1] / "assets" / "rlcli-tiny-qwen3-v1")
         proc = subprocess.run([sys.executable, "-c", PREPARED_CHECK, str(RUNTIME), str(record_file), model,
                                json.dumps(values), str(expected)], capture_output=True, text=True, env=dict(os.environ))

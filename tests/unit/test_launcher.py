@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -50,6 +53,7 @@ def _stub_skyrl(root):
         (root / pkg).mkdir(parents=True)
         (root / pkg / "__init__.py").write_text("")
     (root / "skyrl/backends/jax.py").write_text("")
+    (root / "skyrl/tinker/config.py").write_text("def config_to_argv(config):\n    return list(config)\n")
     (root / "skyrl/tinker/engine.py").write_text(
         "import json, os, sys\n"
         "def main():\n"
@@ -58,23 +62,16 @@ def _stub_skyrl(root):
 
 
 @pytest.fixture
-def preload():
-    """Start `launcher.py preload` with a given PYTHONPATH; whatever a test asserts, none outlives it (a
-    preload nobody attaches to waits for its engine command as long as its parent lives)."""
-    import os
-    import secrets
-    import subprocess
-    import sys
-
+def preload(monkeypatch):
+    """Start `launcher.py preload` as the API does, on a given PYTHONPATH; none outlives the test."""
     started = []
+    monkeypatch.setenv("RLCLI_SERVER_EXTENSIONS", "")  # stock SkyRL's engine.main(): the stub's
 
-    def start(pythonpath: str):
-        address = f"rlcli-test-{secrets.token_hex(6)}"
-        env = dict(os.environ, PYTHONPATH=pythonpath, RLCLI_SERVER_EXTENSIONS="")
-        proc = subprocess.Popen([sys.executable, str(RUNTIME / "launcher.py"), "preload", address, str(os.getpid())],
-                                env=env)
+    def start(pythonpath: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, str(RUNTIME / "launcher.py"), "preload"], stdin=subprocess.PIPE,
+                                env=dict(os.environ, PYTHONPATH=pythonpath))
         started.append(proc)
-        return address, proc
+        return proc
 
     yield start
     for proc in started:
@@ -83,80 +80,44 @@ def preload():
         proc.wait(timeout=30)
 
 
-def _attach(launcher, address, argv):
-    import signal
-
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return launcher._attach(address, argv)
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
-
 def test_the_preloaded_engine_runs_with_the_apis_flags_and_environment(tmp_path, monkeypatch, preload):
-    import json
-
     launcher = _load("launcher")
     _stub_skyrl(tmp_path / "stub")
-    address, proc = preload(str(tmp_path / "stub"))
+    monkeypatch.syspath_prepend(str(tmp_path / "stub"))  # the API's config_to_argv: the stub's
+    proc = preload(str(tmp_path / "stub"))
     monkeypatch.setenv("RLCLI_WAKE_ID", "made-by-the-api")
     monkeypatch.setenv("STUB_OUT", str(tmp_path / "engine.json"))
-    # A process outside the server's process group that found the socket's name gets no engine.
-    intruder = ("import json, socket, time, sys\n"
-                "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
-                "for _ in range(600):\n"  # up to 30 s: the preload imports its stub first, slow on a busy machine
-                "    try: s.connect('\\0' + sys.argv[1]); break\n"
-                "    except ConnectionRefusedError: time.sleep(0.05)\n"
-                "try:\n"  # the preload may hang up before the request is even written: refused too
-                "    s.sendall(json.dumps({'argv': ['--evil'], 'env': {}}).encode() + b'\\n')\n"
-                "    reply = s.makefile('rb').readline()\n"
-                "except OSError: reply = b''\n"
-                "print('refused' if not reply else reply)\n")
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", intruder, address], capture_output=True, text=True, timeout=60,
-                         start_new_session=True)
-    assert out.stdout.strip() == "refused", out
-    # The engine ended by itself (nobody asked it to stop): the stand-in reports a failure, as a crash would be.
-    assert _attach(launcher, address, ["--base-model", "m", "--backend", "jax"]) == 1
+    monkeypatch.delenv(launcher.PRELOADED_ENV, raising=False)
+    command = launcher._engine_command(proc)(["uv", "run"], ["--base-model", "m", "--backend", "jax"])
+    assert command[1:] == [str(RUNTIME / "launcher.py"), "engine", "--base-model", "m", "--backend", "jax"]
+    assert os.environ[launcher.PRELOADED_ENV] == str(proc.pid)
+    # The engine command stands in for the preload; the engine ended by itself (nobody asked it to stop): the
+    # stand-in reports a failure, as a crash would be.
+    assert subprocess.run(command, timeout=120).returncode == 1
     assert proc.wait(timeout=30) == 0
     ran = json.loads((tmp_path / "engine.json").read_text())
     assert ran["argv"][1:] == ["--base-model", "m", "--backend", "jax"] and ran["wake"] == "made-by-the-api"
     assert ran["pid"] == proc.pid  # the preloaded process itself, not a new one
 
 
-def test_without_a_preloaded_engine_the_engine_command_runs_it_itself(tmp_path, preload):
+def test_without_a_live_preload_the_engine_command_runs_the_engine_itself(tmp_path, monkeypatch, preload):
     launcher = _load("launcher")
-    launcher.PRELOAD_PATIENCE_S = 0.2
-    address, proc = preload(str(tmp_path / "nothing-here"))  # its imports fail
-    assert proc.wait(timeout=30) != 0
-    assert _attach(launcher, address, ["--backend", "jax"]) is None
-    assert _attach(launcher, "rlcli-test-nobody-listens", ["--backend", "jax"]) is None
-
-
-def test_a_preload_whose_supervisor_is_gone_does_not_linger(tmp_path):
-    import os
-    import subprocess
-    import sys
-    import time
-
     _stub_skyrl(tmp_path / "stub")
-    env = dict(os.environ, PYTHONPATH=str(tmp_path / "stub"), RLCLI_SERVER_EXTENSIONS="")
-    # A parent that starts the preload and exits at once, as a supervisor killed with -9 would.
-    command = f'"{sys.executable}" "{RUNTIME / "launcher.py"}" preload rlcli-test-orphan-{os.getpid()} $$'
-    out = subprocess.run(["sh", "-c", command + " >/dev/null 2>&1 & echo $!"], env=env, capture_output=True,
-                         text=True, timeout=30)
-    pid = int(out.stdout.strip())
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}") and \
-            open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
-        time.sleep(0.2)
-    alive = os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    if alive:
-        os.kill(pid, 9)
-    assert not alive, "the orphaned preload kept waiting for an engine command nobody will send"
+    monkeypatch.syspath_prepend(str(tmp_path / "stub"))
+    monkeypatch.delenv(launcher.PRELOADED_ENV, raising=False)
+    proc = preload(str(tmp_path / "nothing-here"))  # its imports fail
+    assert proc.wait(timeout=60) != 0
+    for dead_or_none in (proc, None):
+        command = launcher._engine_command(dead_or_none)(["uv", "run"], ["--backend", "jax"])
+        assert command[2:] == ["engine", "--backend", "jax"]
+        assert launcher.PRELOADED_ENV not in os.environ
+
+
+def test_a_preload_whose_api_is_gone_does_not_linger(tmp_path, preload):
+    _stub_skyrl(tmp_path / "stub")
+    proc = preload(str(tmp_path / "stub"))
+    proc.stdin.close()  # the API's end of the pipe, as when the API is killed with -9
+    assert proc.wait(timeout=60) == 1
 
 
 def test_a_worker_joins_as_soon_as_the_coordinators_port_opens_and_gives_up_after_its_timeout():

@@ -122,6 +122,8 @@ def test_without_a_fitting_record_the_imports_stay_stock(tmp_path):
 
 
 def test_check_refuses_a_skyrl_that_uses_peft_otherwise(lean, tmp_path, monkeypatch):
+    from tests.integration import server_checks  # its imports: the runtime folder (on sys.path: `lean`), stdlib
+
     good = textwrap.dedent("""
         import peft
         def save(path, name, cfg):
@@ -135,10 +137,9 @@ def test_check_refuses_a_skyrl_that_uses_peft_otherwise(lean, tmp_path, monkeypa
     package.mkdir()
     (package / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(lean, "PEFT_USER", "fakeskyrl.models")
     (package / "models.py").write_text(good)
-    lean.check_peft_uses()
+    server_checks.peft_uses_fit("fakeskyrl.models")
     for source in (bad, other):
         (package / "models.py").write_text(source)
         with pytest.raises(AssertionError):
-            lean.check_peft_uses()
+            server_checks.peft_uses_fit("fakeskyrl.models")

@@ -91,15 +91,12 @@ def test_plain_log_swaps_rich_handlers_for_plain_ones_on_the_same_stream_and_for
     assert wake.plain_log(logger.name) == 0  # nothing rich left: a second call changes nothing
 
 
-def test_the_engines_bell_numbers_its_rings_and_owes_one_the_api_could_not_take(monkeypatch):
-    """rlcli_engine.RlcliEngine's doorbell: no wake id from the API means SkyRL's timer; results ride a numbered
-    ring; a ring that did not fit in the API's socket is owed until one goes."""
+def test_the_engines_bell_numbers_its_rings_and_owes_one_the_api_could_not_take():
+    """rlcli_engine.RlcliEngine's doorbell: results ride a numbered ring; a ring that did not fit in the API's
+    socket is owed until one goes."""
     wake = _wake_module()
-    monkeypatch.delenv(wake.ENV_ID, raising=False)
-    assert wake.EngineBell.from_env() is None
     wake_id = secrets.token_hex(8)
-    monkeypatch.setenv(wake.ENV_ID, wake_id)
-    engine = wake.EngineBell.from_env()
+    engine = wake.EngineBell(wake_id)
     engine.look_ring()  # no API yet: refused, so owed
     assert engine.owed
     api = wake.Doorbell(wake_id, own="api", peer="engine")
@@ -165,8 +162,7 @@ def test_a_filed_future_is_resolved_by_its_ring_with_or_without_a_waiter():
         assert waiter.result() == (status.COMPLETED, kind.FORWARD, '{"a": 1}') and waiters == {}
         assert results.need_db is False and results.filed == {} and results.by_ring == 2
         # Nobody waited for 2 yet: kept until its retrieve_future comes, once.
-        assert results.take(2) == (status.FAILED, kind.OPTIM_STEP, '{"e": 2}')
-        assert results.take(2) is None and results.ready_bytes == 0
+        assert results.ready.pop(2) == (status.FAILED, kind.OPTIM_STEP, '{"e": 2}') and results.ready == {}
     finally:
         loop.close()
 
@@ -192,15 +188,12 @@ def test_anything_a_ring_cannot_settle_sends_the_poller_to_the_database():
 
 def test_results_nobody_asks_for_are_kept_within_bounds(monkeypatch):
     wake = _wake_module()
+    assert wake.READY_MAX * wake.RING_RESULTS_MAX <= 64 * 2**20  # each kept result fit in a ring
     monkeypatch.setattr(wake, "READY_MAX", 3)
-    monkeypatch.setattr(wake, "READY_MAX_BYTES", 10)
     results, kind, _ = _results_side(wake)
     for request_id in range(1, 6):
         results.file(request_id, kind.FORWARD)
         results.heard(wake.results_message(request_id, [_row(request_id, "completed", "abc")]), {})
-    assert list(results.ready) == [3, 4, 5] and results.ready_bytes == 9  # the oldest went first
-    results.file(6, kind.FORWARD)
-    results.heard(wake.results_message(6, [_row(6, "completed", "x" * 8)]), {})
-    assert list(results.ready) == [6] and results.ready_bytes == 8
+    assert list(results.ready) == [3, 4, 5]  # the oldest went first
     results.read_from_db({6: None})
     assert results.db_reads == 1

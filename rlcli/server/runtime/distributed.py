@@ -1,7 +1,7 @@
 """Several processes behind one jax server: JAX's distributed runtime, brought up by rlcli's launcher first in every
-process (jax refuses to after any computation, and rlcli's gspo check computes), bound where the user said; a worker
-joins once the coordinator listens and writes its own compilation cache entries; every process compares what it runs
-with the others through the runtime's key-value store (docs/decisions.md, "Several jax processes").
+process (jax refuses to after any computation), bound where the user said; a worker joins once the coordinator
+listens and writes its own compilation cache entries; every process compares what it runs with the others through
+the runtime's key-value store (docs/decisions.md, "Several jax processes").
 """
 
 from __future__ import annotations
@@ -25,14 +25,21 @@ def log(message: str) -> None:
     print(f"[rlcli distributed] {message}", file=sys.stderr, flush=True)
 
 
+def backend_of(argv: list[str]) -> tuple[str, dict]:
+    """SkyRL's --backend (its default: jax) and --backend-config ({} where absent or unreadable) in argv."""
+    def flag(name: str, default: str) -> str:
+        return argv[argv.index(name) + 1] if name in argv[:-1] else default
+
+    try:
+        config = json.loads(flag("--backend-config", "{}"))
+    except ValueError:
+        config = None
+    return flag("--backend", "jax"), config if isinstance(config, dict) else {}
+
+
 def settings_from_engine_argv(argv: list[str]) -> tuple[str, int] | None:
     """(coordinator_address, num_processes) from the engine's --backend-config, or None for one process."""
-    if "--backend-config" not in argv:
-        return None
-    try:
-        config = json.loads(argv[argv.index("--backend-config") + 1])
-    except (IndexError, ValueError):
-        return None
+    config = backend_of(argv)[1]
     if config.get("use_ray") or not config.get("coordinator_address"):
         return None  # on Ray the actors bring the runtime up themselves
     return config["coordinator_address"], int(config.get("num_processes") or 1)
@@ -40,12 +47,11 @@ def settings_from_engine_argv(argv: list[str]) -> tuple[str, int] | None:
 
 def wait_for_port(address: str, timeout_s: float) -> float | None:
     """Seconds until HOST:PORT took a TCP connection (closed at once), or None if it did not within timeout_s."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")  # [::1]:PORT
+    host, _, port = address.rpartition(":")  # [::1]:PORT too
     start = time.monotonic()
     while True:
         try:
-            socket.create_connection((host, int(port)), timeout=1.0).close()
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
             return time.monotonic() - start
         except OSError:
             if time.monotonic() - start >= timeout_s:
@@ -107,15 +113,6 @@ def cache_worker_programs() -> None:
     compiler._cache_write = cache_write
 
 
-def _client():
-    from jax._src import distributed
-
-    client = distributed.global_state.client
-    if client is None or not callable(getattr(client, "key_value_set", None)):
-        raise RuntimeError("rlcli distributed: this jax has no key-value store on its distributed client")
-    return client
-
-
 def identity(features: set[str]) -> str:
     """What every process of one server must run alike: the runtime, rlcli's changes or not, the kept snapshots."""
     import manifest
@@ -128,7 +125,9 @@ def identity(features: set[str]) -> str:
 
 def agree(process_id: int, num_processes: int, mine: str) -> None:
     """Fail unless every process runs the same (identity above)."""
-    client = _client()
+    from jax._src import distributed
+
+    client = distributed.global_state.client  # jax's own, up since initialize()
     client.key_value_set(f"rlcli/runtime/{process_id}", mine)
     for other in range(1, num_processes) if process_id == 0 else [0]:
         theirs = client.blocking_key_value_get(f"rlcli/runtime/{other}", AGREE_TIMEOUT_MS)

@@ -1,12 +1,13 @@
 """rlcli's launcher for SkyRL's Tinker API server (runs INSIDE the server venv: standard library and skyrl only).
 
 `rlcli serve start` runs `launcher.py supervise --log FILE --max-log-bytes N -- <SkyRL API flags>` in a new session;
-every process of the server shares its process group. Roles: supervise (starts the API, the preload and local jax
-workers; copies their output into FILE, rotated at N bytes), api (SkyRL's app with rlcli_api's changes), engine
-(started by the API's engine command: rlcli_engine's class, or stock SkyRL's main() when no rlcli change applies),
-worker (jax process K: distributed.py), preload (imports the jax engine's modules while the API starts, then runs
-the engine the API asks for; the engine role stands in for it). Which changes apply comes from EXTENSIONS_ENV
-(shared.py); each role applies them in one place, in the order written there, after manifest.check.
+every process of the server shares its process group. Roles: supervise (starts the API and local jax workers; copies
+their output into FILE, rotated at N bytes), api (SkyRL's app with rlcli_api's changes; for the jax backend it first
+starts the preload), preload (the API's child: imports the jax engine's modules while the API starts, then runs the
+engine with the flags and environment the API writes to its stdin), engine (the API's engine command: rlcli_engine's
+class, or stock SkyRL's main() when no rlcli change applies; where the preload took the job, a stand-in for it),
+worker (jax process K: distributed.py). Which changes apply comes from EXTENSIONS_ENV (shared.py); each role applies
+them in one place, in the order written there, after manifest.check.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import argparse
 import contextlib
 import json
 import os
-import secrets
+import select
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 from shared import DISTRIBUTED_ENV, EXTENSIONS_ENV, PRELOAD_MODULES, RLCLI, TENANTS
+
+PRELOADED_ENV = "RLCLI_PRELOADED_ENGINE"  # the API's engine command stands in for this pid (the preload)
 
 
 def _features() -> set[str]:
@@ -40,7 +42,12 @@ def _prepare_jax_imports() -> None:
 
 
 def run_api(argv: list[str]) -> None:
+    import distributed
+
     features = _features()
+    preload = None
+    if distributed.backend_of(argv)[0] == "jax":  # the others import other modules, in Ray workers
+        preload = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "preload"], stdin=subprocess.PIPE)
     if RLCLI in features:  # before anything imports SkyRL's API, which imports torch at its top
         import rlcli_lazy_torch
 
@@ -51,40 +58,51 @@ def run_api(argv: list[str]) -> None:
     import rlcli_api
     import uvicorn
     from skyrl.tinker import api
-    from skyrl.tinker.config import EngineConfig, add_model
     from skyrl.utils.log import get_uvicorn_log_config
 
+    api._build_uv_run_cmd_engine = _engine_command(preload)
     rlcli_api.install(api, features)
-    parser = argparse.ArgumentParser(prog="rlcli-skyrl-api")
-    add_model(parser, EngineConfig)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    args = parser.parse_args(argv)
-    fields = {k: v for k, v in vars(args).items() if k in EngineConfig.model_fields}
-    api.app.state.engine_config = EngineConfig.model_validate(fields)
+    api.app.state.engine_config, args = _engine_config(argv, api=True)
     uvicorn.run(
         api.app,
-        host=args.host,
-        port=args.port,
+        host=args["host"],
+        port=args["port"],
         log_config=get_uvicorn_log_config(),
         backlog=getattr(api, "SKYRL_HTTP_CONNECTION_LIMIT", 2048),
         timeout_keep_alive=getattr(api, "HTTP_KEEP_ALIVE_TIMEOUT_SECONDS", 30),
     )
 
 
-PRELOAD_ENV = "RLCLI_ENGINE_PRELOAD"  # the preloaded engine's socket name, set for the API by the supervisor
-PRELOAD_PATIENCE_S = 5.0  # how long the engine command waits for the preload's socket to appear
+def _engine_command(preload: subprocess.Popen | None):
+    """SkyRL's API rebuilds `uv run ...` from its parent's command line, which fails outside a uv project
+    (docs/upstream/engine-command.md): its engine runs through this venv's Python and this launcher. A preload still
+    running gets the engine's flags and the API's environment (the wake id made for the engine) on its stdin, and the
+    command stands in for it."""
+    from skyrl.tinker.config import config_to_argv
+
+    def build(_parent_cmd, config) -> list[str]:
+        argv = config_to_argv(config)
+        if preload is not None and preload.poll() is None:
+            with contextlib.suppress(OSError):  # it ended meanwhile: the command runs the engine itself
+                preload.stdin.write(json.dumps({"argv": argv, "env": dict(os.environ)}).encode() + b"\n")
+                preload.stdin.close()
+                os.environ[PRELOADED_ENV] = str(preload.pid)
+        return [sys.executable, str(Path(__file__).resolve()), "engine", *argv]
+
+    return build
 
 
 def run_engine(argv: list[str]) -> int:
-    address = os.environ.get(PRELOAD_ENV)
-    if address:
-        code = _attach(address, argv)
-        if code is not None:
-            return code
-        print("[rlcli launcher] no preloaded engine answered; starting the engine here", file=sys.stderr, flush=True)
-    _start_engine(argv)
-    return 0
+    pid = os.environ.get(PRELOADED_ENV)
+    if not pid:
+        _start_engine(argv)
+        return 0
+    # The preload (the API's child) runs the engine with these flags: stand in for it, for the API, until it ends.
+    ended = os.pidfd_open(int(pid))
+    stopping = _pass_stops_on(lambda signum: os.kill(int(pid), signum))
+    select.select([ended], [], [])
+    # Not our child, so no exit status: an end nobody asked for is a crash to the API, which then stops.
+    return 0 if stopping else 1
 
 
 def _start_engine(argv: list[str]) -> None:
@@ -92,25 +110,24 @@ def _start_engine(argv: list[str]) -> None:
     import ray_actors
 
     features, several, on_ray = _features(), distributed.settings_from_engine_argv(argv), ray_actors.on_ray(argv)
-    rlcli, jax_backend = RLCLI in features, _preloads(argv) or "--backend" not in argv  # SkyRL defaults to jax
+    rlcli, jax_backend = RLCLI in features, distributed.backend_of(argv)[0] == "jax"
     if jax_backend:
         _prepare_jax_imports()
-    if several:  # jax's runtime before anything computes (rlcli's gspo check does)
+    if several:  # jax's runtime before anything computes
         distributed.initialize(*several, process_id=0)
     if on_ray and rlcli:  # the actors must run rlcli's changes: the driver joins Ray first
         ray_actors.connect()
-    from skyrl.tinker import engine
+    if not (features or several):  # stock SkyRL, as SkyRL starts its engine
+        from skyrl.tinker import engine
 
-    if not (features or several):
         sys.argv = ["skyrl.tinker.engine", *argv]
-        engine.main()
-        return
+        return engine.main()
     import manifest
     import rlcli_engine
 
     manifest.check({manifest.ENGINE} | ({manifest.JAX} if jax_backend else set())
                    | ({manifest.RAY} if on_ray and rlcli else set()))
-    config = _engine_config(argv)
+    config = _engine_config(argv)[0]
     if rlcli:
         import rlcli_samplers
         import rlcli_wake
@@ -129,107 +146,51 @@ def _start_engine(argv: list[str]) -> None:
     rlcli_engine.engine_class(rlcli, TENANTS in features)(config).run()
 
 
-def _engine_config(argv: list[str]):
-    """The engine's EngineConfig from its flags, as SkyRL's engine.main() parses them."""
+def _engine_config(argv: list[str], api: bool = False):
+    """The EngineConfig from SkyRL's flags, as its engine's and API's main() parse them; and every flag's value (the
+    API's host and port too)."""
     from skyrl.tinker.config import EngineConfig, add_model
 
-    parser = argparse.ArgumentParser(prog="rlcli-skyrl-engine")
+    parser = argparse.ArgumentParser(prog=f"rlcli-skyrl-{'api' if api else 'engine'}")
     add_model(parser, EngineConfig)
-    return EngineConfig.model_validate(vars(parser.parse_args(argv)))
+    if api:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+    flags = vars(parser.parse_args(argv))
+    return EngineConfig.model_validate({k: v for k, v in flags.items() if k in EngineConfig.model_fields}), flags
 
 
-def _attach(address: str, argv: list[str]) -> int | None:
-    """Hand argv and this environment to the preloaded engine and stand in for it until it ends.
-
-    None: no preloaded engine took the job (the caller runs the engine itself)."""
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        _connect(conn, address)
-        if not _same_server(conn):
-            return None  # not our preload: it gets neither our flags nor our environment
-        conn.sendall(json.dumps({"argv": argv, "env": dict(os.environ)}).encode() + b"\n")
-        reply = conn.makefile("rb").readline()  # the engine's pid, once it has its imports and the job
-    except OSError:
-        return None
-    if not reply:
-        return None  # it died before taking the job (its imports failed; the log says why)
-    pid = json.loads(reply)["pid"]
+def _pass_stops_on(send) -> list[int]:
+    """SIGTERM and SIGINT passed on through send(signum) (a process already gone aside); the list of those that
+    came, for the caller to tell a stop it was asked for from a crash."""
     stopping = []
 
     def forward(signum, _frame):
         stopping.append(signum)
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
+            send(signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    with contextlib.suppress(OSError):
-        while conn.recv(4096):  # the engine never writes again: EOF means it has ended
-            pass
-    # Not our child, so no exit status: an end nobody asked for is a crash to the API, which then stops.
-    return 0 if stopping else 1
+    return stopping
 
 
-def _same_server(conn: socket.socket) -> bool:
-    """The other end is a process of this server: same user, same process group (the abstract socket's
-    name is visible to every local user in /proc/net/unix)."""
-    import struct
-
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", creds)
-    try:
-        return uid == os.getuid() and os.getpgid(pid) == os.getpgid(0)
-    except ProcessLookupError:
-        return False
-
-
-def _connect(conn: socket.socket, address: str) -> None:
-    """Connect to the preload; the supervisor starts it before the API, but a loaded machine may run the
-    API's engine command before the preload has bound its socket. A preload that died is never there."""
-    deadline = time.monotonic() + PRELOAD_PATIENCE_S
-    while True:
-        try:
-            conn.connect("\0" + address)
-            return
-        except ConnectionRefusedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
-def run_preload(address: str, supervisor: int) -> int:
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind("\0" + address)
-    listener.listen(1)
+def run_preload() -> int:
+    """The jax engine's imports, while the API starts; then the engine, with the flags and environment (the wake id
+    the API made for it) that the API writes to stdin as it starts its engine. EOF: the API is gone."""
     import importlib
 
     _prepare_jax_imports()
     for name in PRELOAD_MODULES:
         importlib.import_module(name)
-    listener.settimeout(1.0)
-    while True:
-        try:
-            conn, _ = listener.accept()  # the API's engine command, when the API starts its engine
-        except TimeoutError:
-            if os.getppid() != supervisor:
-                return 1  # the supervisor is gone and nobody will ask for this engine: do not linger
-            continue
-        conn.settimeout(None)
-        if _same_server(conn):
-            break
-        conn.close()  # anyone else who found the name: it must not choose what this engine runs
-    listener.close()
-    job = json.loads(conn.makefile("rb").readline())
+    job = sys.stdin.buffer.readline()
+    if not job:
+        return 1
+    job = json.loads(job)
     os.environ.clear()
-    os.environ.update(job["env"])  # e.g. the wake id the API made for its engine
-    os.environ.pop(PRELOAD_ENV, None)
-    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
-    _keep_open.append(conn)  # closed by the kernel when this process ends: that ends the stand-in
+    os.environ.update(job["env"])
     _start_engine(job["argv"])
     return 0
-
-
-_keep_open: list[socket.socket] = []
 
 
 class _RotatingLog:
@@ -238,7 +199,7 @@ class _RotatingLog:
     def __init__(self, path: Path, max_bytes: int):
         self.path, self.max_bytes = path, max_bytes
         self.file = path.open("ab", buffering=0)
-        self.lock = threading.Lock()  # the API's and the preloaded engine's output arrive on two threads
+        self.lock = threading.Lock()  # the API's and the workers' output arrive on several threads
 
     def write(self, data: bytes) -> None:
         with self.lock:
@@ -249,44 +210,27 @@ class _RotatingLog:
             self.file.write(data)
 
 
-def _preloads(api_argv: list[str]) -> bool:
-    """Preload the engine for the jax backend only: the others import other modules, in Ray workers."""
-    return "--backend" in api_argv and api_argv[api_argv.index("--backend") + 1] == "jax"
+def _spawn(*args: str, env: dict | None = None) -> subprocess.Popen:
+    """This launcher in another role, its output (both streams) to a pipe the supervisor copies into the log."""
+    return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 def supervise(log: Path, max_log_bytes: int, api_argv: list[str], local_workers: int = 0) -> int:
+    import distributed
+    import ray_actors
+
     out = _RotatingLog(log, max_log_bytes)
     env = dict(os.environ)
-    pipes = []
-    if _preloads(api_argv):
-        env[PRELOAD_ENV] = f"rlcli-engine-{secrets.token_hex(8)}"
-        preload = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "preload", env[PRELOAD_ENV], str(os.getpid())],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-        pipes.append(preload.stdout)
-    workers = _start_workers(api_argv, local_workers)
-    import distributed
-
-    if distributed.settings_from_engine_argv(api_argv):  # every process runs rlcli's changes: the API may say so
+    several = distributed.settings_from_engine_argv(api_argv)  # (coordinator, number of jax processes)
+    workers = [_spawn("worker", several[0], str(several[1]), str(i)) for i in range(1, local_workers + 1)]
+    if several:  # every process runs rlcli's changes: the API may say so
         env[DISTRIBUTED_ENV] = "launcher"
-    elif _on_ray(api_argv):  # so does every Ray actor (ray_actors.py)
+    elif ray_actors.on_ray(api_argv):  # so does every Ray actor (ray_actors.py)
         env[DISTRIBUTED_ENV] = "ray"
-    pipes += [worker.stdout for worker in workers]
-    child = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "api", *api_argv],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-    )
-    pipes.append(child.stdout)
-    stopping = []
-
-    def forward(signum, _frame):
-        # Pass a polite stop on to the API, which stops its engine itself.
-        stopping.append(signum)
-        child.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    child = _spawn("api", *api_argv, env=env)
+    pipes = [child.stdout] + [worker.stdout for worker in workers]
+    stopping = _pass_stops_on(child.send_signal)  # a polite stop goes to the API, which stops its engine itself
 
     def pump(pipe) -> None:
         # read1 returns whatever is there, so lines reach the log as they are printed.
@@ -314,26 +258,6 @@ def supervise(log: Path, max_log_bytes: int, api_argv: list[str], local_workers:
         thread.join(timeout=5)
     out.write(f"[rlcli launcher] SkyRL API exited with code {code}; server stopped\n".encode())
     return code
-
-
-def _on_ray(argv: list[str]) -> bool:
-    import ray_actors
-
-    return ray_actors.on_ray(argv)
-
-
-def _start_workers(api_argv: list[str], count: int) -> list[subprocess.Popen]:
-    """jax processes 1..count on this machine, for the coordinator named in the API's --backend-config."""
-    if not count:
-        return []
-    import distributed
-
-    coordinator, num_processes = distributed.settings_from_engine_argv(api_argv)
-    env = {k: v for k, v in os.environ.items() if k != PRELOAD_ENV}
-    return [subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "worker", coordinator, str(num_processes), str(i)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-    ) for i in range(1, count + 1)]
 
 
 def _end_group_except_self() -> None:
@@ -380,8 +304,8 @@ def main() -> int:
         _prepare_jax_imports()
         distributed.run_worker(rest[0], int(rest[1]), int(rest[2]), _features())
         return 0
-    if role == "preload":  # preload ADDRESS SUPERVISOR_PID
-        return run_preload(rest[0], int(rest[1]))
+    if role == "preload":
+        return run_preload()
     if role == "supervise":
         parser = argparse.ArgumentParser(prog="rlcli-launcher supervise")
         parser.add_argument("--log", type=Path, required=True)

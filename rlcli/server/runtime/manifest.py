@@ -1,4 +1,4 @@
-"""Every name in SkyRL, jax, tinker and tinker-cookbook that rlcli overrides or relies on, in one list (stdlib only).
+"""Every name in SkyRL, jax, tinker and tinker-cookbook that rlcli overrides or relies on, in one list (stdlib imports).
 
 Imported as `manifest` by the server's processes, which call `check(where)` at start (a version other than PINS or
 a moved target stops the process with one line), and as `rlcli.server.runtime.manifest` by the client (hooks.py's
@@ -7,10 +7,8 @@ PINS and PATCHES; `rlcli doctor --manifest`).
 
 from __future__ import annotations
 
-import fnmatch
 import importlib
 import inspect
-import re
 from importlib import metadata
 from typing import NamedTuple
 
@@ -86,7 +84,7 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
 )) + _entries(REBINDING, JAX, (
     ("skyrl.tx.layers.lora:LoRAMixin.apply_lora", "lora: each sequence its own adapter", UP + "lora-per-sequence.md"),
     ("skyrl.tinker.loss_fns:LOSS_FUNCTIONS", "gspo appended to the jax loss registry", UP + "jax-gspo.md",
-     "by", "rlcli_losses: identities, index and a run through lax.switch"),
+     "by", "rlcli_losses: the stock registry, the backend's own objects"),
     ("skyrl.tinker.types:LOSS_TYPES", "gspo's index in the jax loss registry", UP + "jax-gspo.md", "by",
      "rlcli_losses"),
     ("transformers.utils.import_utils:is_torch_available", "no-torch: the jax engine imports without torch",
@@ -135,6 +133,7 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
     ("skyrl.tx.utils.models:round_up_seq_len", "warmup: the padded length", ""),
     ("skyrl.tx.layers.lora:LoRAMixin._apply_lora_weight", "lora: the contraction it steps aside from", ""),
     ("skyrl.tx.layers.lora:LoRAEmbed._apply_lora_weight", "lora: the embedding's contraction", ""),
+    ("jax._src.distributed:global_state", "mesh: the processes compare what they run in its key-value store", ""),
 )) + _entries(RELIED, WORKER, (
     ("skyrl.backends.jax:run_worker", "workers: the module global above", "", "calls", "JaxBackendImpl"),
     ("jax._src.compilation_cache:put_executable_and_time", "mesh: the worker's cache write", ""),
@@ -145,7 +144,7 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
     (TA + "retrieve_future", "wake: waits by its module global", "", "calls", "wait_for_future"),
     (TA + "forward_backward", "wake: files by the module global; drops get_model's row", "", "calls", "create_future",
      "get_model"),
-    (TA + "optim_step", "wake: drops get_model's row", "", "by", "rlcli_wake.drops_get_model (bytecode)"),
+    (TA + "optim_step", "wake: drops get_model's row (server_checks reads its bytecode)", "", "calls", "get_model"),
     (TA + "TERMINAL_STATUSES", "wake: the poller's database read", ""),
     (TA + "ForwardBackwardInput._ALLOWED_KEYS_BY_LOSS_FN", "gspo: the API accepts it and its clip keys", ""),
     ("skyrl.tinker.proto_serialization:parse_forward_backward_request", "tenants: the gate reads protobuf bodies", ""),
@@ -206,16 +205,10 @@ def overridden() -> list[str]:
 
 
 def satisfies(version: str, spec: str) -> bool:
-    """`version` meets a specifier of ==X (a glob: ==0.12.*), >=X and <X clauses, comma-separated."""
-    def number(text: str) -> tuple[int, ...]:
-        return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+    """`version` meets the pip specifier `spec` (packaging is in both venvs: pip's and transformers' own)."""
+    from packaging.specifiers import SpecifierSet
 
-    for clause in spec.split(","):
-        op, want = re.fullmatch(r"\s*(==|>=|<)\s*(\S+)\s*", clause).groups()
-        if not (fnmatch.fnmatch(version, want) if op == "==" else
-                number(version) >= number(want) if op == ">=" else number(version) < number(want)):
-            return False
-    return True
+    return version in SpecifierSet(spec)
 
 
 def version_drift(packages=SERVER_PINS) -> list[str]:

@@ -32,12 +32,10 @@ def log(message: str) -> None:
 
 def on_ray(argv: list[str]) -> bool:
     """The engine's flags ask for the jax backend in Ray actors."""
-    if "--backend-config" not in argv or ("--backend" in argv and argv[argv.index("--backend") + 1] != "jax"):
-        return False
-    try:
-        return bool(json.loads(argv[argv.index("--backend-config") + 1]).get("use_ray"))
-    except (IndexError, ValueError, AttributeError):
-        return False
+    import distributed
+
+    backend, config = distributed.backend_of(argv)
+    return backend == "jax" and bool(config.get("use_ray"))
 
 
 # --- driver (the engine process) ------------------------------------------------------------------
@@ -106,10 +104,10 @@ def check_actors(ray, workers: list) -> None:
     log(f"all {len(theirs)} Ray actors loaded the same extensions as the engine: {mine}")
 
 
-def describe(cwd: Path | None = None) -> dict:
-    """What the capabilities route says about the actors (API process)."""
+def describe() -> dict:
+    """What the capabilities route says about the actors (API process, in the server's folder)."""
     try:
-        return json.loads(((cwd or Path.cwd()) / RAY_REPORT).read_text())
+        return json.loads(Path(RAY_REPORT).read_text())
     except (OSError, ValueError):
         return {"actors": 0, "runtime": None, "state": "the engine has not set its Ray actors up yet"}
 
@@ -119,7 +117,7 @@ def describe(cwd: Path | None = None) -> dict:
 
 def setup() -> None:
     """Ray's worker_process_setup_hook: wrap jax.distributed.initialize, which SkyRL's actor calls in setup() before
-    it builds its JaxBackendImpl (rlcli's changes compute as they install: they must come after the runtime)."""
+    it builds its JaxBackendImpl: the runtime comes up as on rlcli's own processes, then rlcli's changes install."""
     import jax
 
     original = jax.distributed.initialize

@@ -1,14 +1,12 @@
-"""SkyRL's API process as rlcli runs it (a module of functions and a FastAPI app: no class to subclass): the engine
-command, the request path's and the tenant gate's rebindings, and rlcli's routes: GET CAPABILITIES_ROUTE (the losses
-served in one forward_backward, what each change does) and POST FORGET_ROUTE (docs/decisions.md, "`serve start`'s
-readiness probe leaves no training run behind").
+"""SkyRL's API process as rlcli runs it (a module of functions and a FastAPI app: no class to subclass): the request
+path's and the tenant gate's rebindings (the engine command is the launcher's), and rlcli's routes: GET
+CAPABILITIES_ROUTE (the losses served in one forward_backward, what each change does) and POST FORGET_ROUTE
+(docs/decisions.md, "`serve start`'s readiness probe leaves no training run behind").
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import manifest
 import rlcli_lazy_torch
@@ -21,17 +19,9 @@ import rlcli_wake
 import rlcli_warmup
 from shared import CAPABILITIES_ROUTE, EXTENSIONS_ENV, FORGET_ROUTE, READINESS_TAG, RLCLI, TENANTS
 
-LAUNCHER = Path(__file__).with_name("launcher.py")
-
 
 def install(api, features: set[str]) -> None:
-    """In this order: the engine command (always), the request path and routes (rlcli), the tenant gate."""
-    from skyrl.tinker.config import config_to_argv
-
-    # SkyRL rebuilds `uv run ...` from its parent's command line, which fails outside a uv project
-    # (docs/upstream/engine-command.md): the engine runs through this venv's Python and rlcli's launcher.
-    api._build_uv_run_cmd_engine = lambda _parent, config: [sys.executable, str(LAUNCHER), "engine",
-                                                             *config_to_argv(config)]
+    """In this order: the request path and routes (rlcli), the tenant gate."""
     if RLCLI in features:
         rlcli_wake.install_api(api)
 

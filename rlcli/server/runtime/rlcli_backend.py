@@ -98,13 +98,8 @@ class RlcliJaxImpl(MeshJaxImpl):
     def sample(self, prepared_batch: types.PreparedSampleBatch):
         """Sampling batches padded to a few sizes; an older checkpoint is sampled on a borrowed slot."""
         prepared_batch = warmup.padded(prepared_batch, self.mesh.shape["fsdp"], self.config.sample_max_num_sequences)
-        aside = samplers.borrow_slots(self, prepared_batch)
-        try:
-            result = super().sample(prepared_batch)
-            samplers.keep_read(self, aside)
-            return result
-        finally:
-            samplers.put_back(self, aside)
+        with samplers.borrowed_slots(self, prepared_batch):
+            return super().sample(prepared_batch)
 
     def save_sampler_checkpoint(self, output_path: AnyPath, model_id: str, persist: bool = True) -> None:
         with self.snapshots.saving(model_id, output_path, persist):

@@ -3,6 +3,7 @@ apply in), and the backend table that hands out rlcli's backend classes. Every o
 docs/upstream/ and docs/decisions.md.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -28,7 +29,7 @@ class RlcliEngine(stock.TinkerEngine):
     """The engine of `rlcli serve start` (without --no-extensions)."""
 
     def __init__(self, config):
-        self.bell, self.pending = wake.EngineBell.from_env(), None  # pending: the types one look found
+        self.bell, self.pending = wake.EngineBell(os.environ[wake.ENV_ID]), None  # pending: the types one look found
         super().__init__(config)
         if hasattr(self.backend, "snapshots"):
             try:
@@ -44,9 +45,6 @@ class RlcliEngine(stock.TinkerEngine):
 
     def process_pending_requests(self):
         """Wait for the API's ring instead of sleeping 100 ms between looks (docs/upstream/polling-sleeps.md)."""
-        if self.bell is None:
-            wake.log("no wake id from the API (it runs no rlcli changes): the engine keeps SkyRL's timer")
-            return super().process_pending_requests()
         wake.log("the engine waits for the API's ring instead of sleeping 100 ms between looks; each look asks for "
                  "the pending request types first")
         self.bell.ring(wake.ENGINE_HELLO)
@@ -66,8 +64,6 @@ class RlcliEngine(stock.TinkerEngine):
 
     def _complete_futures(self, results):
         """Ring the API with small results before committing them: the commit is off the request's path."""
-        if self.bell is None:
-            return super()._complete_futures(results)
         rows = wake.result_rows(results)
         rung = bool(rows) and self.bell.results(rows)
         if rows:
@@ -160,9 +156,8 @@ class TenantsEngine(FairEngine, RlcliEngine):
 
 
 def engine_class(rlcli: bool, tenants: bool) -> type:
-    if rlcli:
-        return TenantsEngine if tenants else RlcliEngine
-    return FairEngine if tenants else stock.TinkerEngine
+    return {(True, True): TenantsEngine, (True, False): RlcliEngine, (False, True): FairEngine}.get(
+        (rlcli, tenants), stock.TinkerEngine)
 
 
 def use_rlcli_backends(rlcli: bool) -> None:

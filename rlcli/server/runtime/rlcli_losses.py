@@ -1,7 +1,8 @@
 """GSPO served fused by SkyRL's jax backend: gspo appended to the same LOSS_FUNCTIONS list and LOSS_TYPES dict
 backends/jax.py imported (a module-level registry: no class seam). lax.switch CLAMPS an out-of-range index, so a
-registration that did not take would run cispo: identities, index and a run through the switch are checked, and the
-process refuses to start otherwise. docs/upstream/jax-gspo.md.
+registration that did not take would run cispo: the registry and the backend's hold on it are checked, and the process
+refuses to start otherwise; gspo's values through the backend's switch are tests/integration/test_fused_gspo.py's.
+docs/upstream/jax-gspo.md.
 """
 
 import os
@@ -33,76 +34,23 @@ def gspo_loss(target_logprobs, loss_mask, sampling_logprobs, advantages, loss_fn
     return -jnp.where(in_response, loss_mask * surrogate, 0.0)
 
 
-def check_stock_registry() -> None:
-    """Raise unless SkyRL's jax loss registry is the one this extension extends (skyrl 0.4.0)."""
-    from skyrl.tinker import loss_fns, types
-
-    found = dict(types.LOSS_TYPES)
-    if found != STOCK_JAX or not isinstance(loss_fns.LOSS_FUNCTIONS, list) or len(loss_fns.LOSS_FUNCTIONS) != 4:
-        raise RuntimeError(f"SkyRL's jax loss registry changed: LOSS_TYPES={found}, "
-                           f"{len(loss_fns.LOSS_FUNCTIONS)} LOSS_FUNCTIONS; expected {STOCK_JAX} (skyrl 0.4.0)")
-    names = [fn.__name__ for fn in loss_fns.LOSS_FUNCTIONS]
-    if names != ["cross_entropy_loss", "importance_sampling_loss", "ppo_loss", "cispo_loss"]:
-        raise RuntimeError(f"SkyRL's jax LOSS_FUNCTIONS changed order or names: {names}")
-
-
 def install_jax_losses() -> int:
-    """Append gspo to the jax backend's registry in this process, verify it, return its index."""
+    """Append gspo to the registry the jax backend dispatches on, in this process; its index. The registry must be
+    SkyRL 0.4.0's, and the backend's own: else the switch would clamp gspo's index (RuntimeError)."""
+    import skyrl.backends.jax as backend
     from skyrl.tinker import loss_fns, types
 
     if "gspo" in types.LOSS_TYPES:
         return types.LOSS_TYPES["gspo"]  # already installed here (or SkyRL serves it natively)
-    check_stock_registry()
-    index = len(loss_fns.LOSS_FUNCTIONS)
-    loss_fns.LOSS_FUNCTIONS.append(gspo_loss)
-    types.LOSS_TYPES["gspo"] = index
-    verify_registration(index)
-    return index
-
-
-def verify_registration(index: int) -> None:
-    """Check that what backends/jax.py dispatches on is what was extended, then run the switch."""
-    import skyrl.backends.jax as backend
-    from skyrl.tinker import loss_fns, types
-
+    names = [fn.__name__ for fn in loss_fns.LOSS_FUNCTIONS]
+    if dict(types.LOSS_TYPES) != STOCK_JAX or names != [f"{name}_loss" for name in STOCK_JAX]:
+        raise RuntimeError(f"SkyRL's jax loss registry changed: LOSS_TYPES={dict(types.LOSS_TYPES)}, "
+                           f"LOSS_FUNCTIONS={names}; expected {STOCK_JAX} (skyrl 0.4.0)")
     if backend.LOSS_FUNCTIONS is not loss_fns.LOSS_FUNCTIONS or backend.LOSS_TYPES is not types.LOSS_TYPES:
         raise RuntimeError("skyrl.backends.jax no longer dispatches on loss_fns.LOSS_FUNCTIONS/types.LOSS_TYPES")
-    if backend.LOSS_TYPES.get("gspo") != index or index != len(backend.LOSS_FUNCTIONS) - 1:
-        raise RuntimeError(f"gspo index {backend.LOSS_TYPES.get('gspo')} is not the last of "
-                           f"{len(backend.LOSS_FUNCTIONS)} jax losses")
-    if backend.LOSS_FUNCTIONS[index] is not gspo_loss:
-        raise RuntimeError(f"jax loss {index} is {backend.LOSS_FUNCTIONS[index]}, not rlcli's gspo")
-    self_test(backend.LOSS_FUNCTIONS, index)
-
-
-def self_test(functions: list, index: int) -> None:
-    """gspo through vmap + lax.switch as the backend runs it, against values worked out by hand: row 0 unclipped,
-    row 1 clipped. cispo, what a clamped index would run, gives other numbers for both."""
-    import math
-
-    import jax
-    import jax.numpy as jnp
-    from skyrl.tinker.loss_fns import LossFnConfig
-
-    logp = jnp.array([[-1.0, -2.0, -0.5, -3.0], [-1.0, -2.0, -0.5, -3.0]])
-    old = jnp.array([[-1.2, -1.9, -0.7, 0.0], [-1.2, -1.9, -0.7, 0.0]])
-    mask = jnp.array([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
-    adv = jnp.full((2, 4), 0.5)
-    config = LossFnConfig(clip_low_threshold=jnp.array([0.5, 0.8]), clip_high_threshold=jnp.array([2.0, 1.05]))
-    kinds = jnp.array([index, index], dtype=jnp.int32)
-
-    def total(lp):
-        per_token = jax.vmap(lambda k, a, m, o, v, c: jax.lax.switch(k, functions, a, m, o, v, c))(
-            kinds, lp, mask, old, adv, config)
-        return per_token.sum(), per_token
-
-    (_, per_token), grad = jax.value_and_grad(total, has_aux=True)(logp)
-    s = math.exp((0.2 - 0.1 + 0.2) / 3)  # exp(mean of logp - old over the three response tokens)
-    want_loss = [[-s * 0.5] * 3 + [0.0], [-1.05 * 0.5] * 3 + [0.0]]
-    want_grad = [[-s * 0.5] * 3 + [0.0], [0.0] * 4]
-    for got, want, what in ((per_token, want_loss, "loss"), (grad, want_grad, "gradient")):
-        if float(jnp.max(jnp.abs(got - jnp.array(want)))) > 1e-5:
-            raise RuntimeError(f"gspo self-test through lax.switch: {what} {got.tolist()} != {want}")
+    loss_fns.LOSS_FUNCTIONS.append(gspo_loss)
+    types.LOSS_TYPES["gspo"] = len(loss_fns.LOSS_FUNCTIONS) - 1
+    return types.LOSS_TYPES["gspo"]
 
 
 def jax_fused_blocker(backend_config: dict) -> str | None:
@@ -131,4 +79,4 @@ def register(backend_config: dict) -> None:
         log(f"FAILED to register gspo with SkyRL's jax backend: {e}. The engine refuses to start; "
             "start with `rlcli serve start --no-extensions` for stock SkyRL")
         raise
-    log(f"registered gspo as jax loss {index}; dispatch checked through lax.switch")
+    log(f"registered gspo as jax loss {index}")

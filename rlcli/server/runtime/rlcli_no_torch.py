@@ -2,18 +2,18 @@
 
 `prepare()`, before a process imports SkyRL's jax backend: a one-shot import hook makes transformers'
 `is_torch_available` answer False, torch gets rlcli_lazy_torch's stand-in, and `peft` a stand-in whose LoraConfig
-writes the adapter config from a record the real peft made at install (`python rlcli_no_torch.py record`, checked
-there to reproduce peft's text byte for byte). Without a fitting record the engine imports as stock SkyRL does.
+writes the adapter config from a record the real peft made at install (rlcli/server/peft_record.py, checked there to
+reproduce peft's text byte for byte). Without a fitting record the engine imports as stock SkyRL does.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import json
 import logging
 import os
 import sys
-import tempfile
 import types
 from pathlib import Path
 
@@ -23,12 +23,6 @@ NAME = "rlcli_no_torch"
 IMPORT_UTILS = "transformers.utils.import_utils"
 CONFIG_FILE = "adapter_config.json"  # what peft's save_pretrained writes
 INPUTS = ("base_model_name_or_path", "r", "lora_alpha")  # the keywords SkyRL passes
-# Two sets of inputs for the record's checks: different in every input, with a quote, a non-ASCII letter and a
-# float alpha (SkyRL passes its LoraConfig.alpha as given).
-SAMPLES = ({"base_model_name_or_path": "Qwen/Qwen3-0.6B", "r": 8, "lora_alpha": 16},
-           {"base_model_name_or_path": 'models/"d\u00e9j\u00e0"/m', "r": 32, "lora_alpha": 64.5})
-# SkyRL's module that imports peft, and the only one among the jax engine's imports allowed to.
-PEFT_USER = "skyrl.tx.utils.models"
 
 _state: dict = {"mode": None}
 
@@ -70,9 +64,7 @@ def load_record(path: Path | None = None) -> tuple[dict | None, str]:
 
 def render(record: dict, values: dict) -> str:
     """The text of adapter_config.json for these inputs: the recorded fields with the inputs set."""
-    config = dict(record["config"])
-    config.update(values)
-    return json.dumps(config, indent=2, sort_keys=True)
+    return json.dumps({**record["config"], **values}, indent=2, sort_keys=True)
 
 
 class _TorchAbsentForTransformers:
@@ -163,90 +155,11 @@ def prepare(record_file: Path | None = None) -> bool:
     return True
 
 
+@functools.cache
 def describe() -> dict:
     """What the capabilities route says (API process: the venv's record decides the engine's case). Read once."""
-    if "described" not in _state:
-        _state["described"] = _describe()
-    return _state["described"]
-
-
-def _describe() -> dict:
     record, why = load_record()
     if record is None:
         return {"engine_imports": f"torch imported at start (stock): {why}"}
     return {"engine_imports": "without torch: transformers loads as if torch were absent, torch is imported on "
                               f"first use, peft's LoraConfig is written from the record of peft {record['peft']}"}
-
-
-# --- the record (made at install, in the server venv; never in a server process) ------------------------------
-
-
-def _peft_text(values: dict) -> str:
-    """What the real peft writes for these inputs (this process imports peft)."""
-    import peft
-
-    with tempfile.TemporaryDirectory() as folder:
-        peft.LoraConfig(**values).save_pretrained(folder)
-        return (Path(folder) / CONFIG_FILE).read_text()
-
-
-def make_record() -> dict:
-    """The record, from the real peft; SystemExit with one line where its premises do not hold."""
-    texts = [_peft_text(values) for values in SAMPLES]
-    first, second = (json.loads(text) for text in texts)
-    varying = {key for key in first.keys() | second.keys() if first.get(key) != second.get(key)}
-    if varying != set(INPUTS):
-        raise SystemExit(f"{NAME}: peft's adapter config varies in {sorted(varying)}, not just {list(INPUTS)}: "
-                         "the record would not reproduce it")
-    record = {"peft": _version("peft"), "transformers": _version("transformers"), "config": first,
-              "made_by": NAME}
-    for values, text in zip(SAMPLES, texts, strict=True):
-        if render(record, values) != text:
-            raise SystemExit(f"{NAME}: the record does not reproduce peft's text for {values}")
-    return record
-
-
-def check_peft_uses() -> None:
-    """SkyRL's jax engine meets peft only in PEFT_USER, as `peft.LoraConfig(<INPUTS as keywords>)` whose result
-    only calls save_pretrained(folder)."""
-    import ast
-    import importlib.util
-
-    source = Path(importlib.util.find_spec(PEFT_USER).origin).read_text()
-    tree = ast.parse(source)
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id == "peft":
-            attribute = parents.get(node)
-            assert isinstance(attribute, ast.Attribute) and attribute.attr == "LoraConfig", \
-                f"{PEFT_USER} line {node.lineno} uses peft other than as peft.LoraConfig"
-            call = parents.get(attribute)
-            assert isinstance(call, ast.Call) and not call.args and {k.arg for k in call.keywords} <= set(INPUTS), \
-                f"{PEFT_USER} line {node.lineno}: LoraConfig takes other inputs than {INPUTS}"
-            target = parents.get(call)
-            assert isinstance(target, ast.Assign) and len(target.targets) == 1, \
-                f"{PEFT_USER} line {node.lineno}: the LoraConfig is not kept in one name"
-            kept = target.targets[0]
-            uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == kept.id and n is not kept]
-            assert uses and all(isinstance(parents.get(n), ast.Attribute) and parents[n].attr == "save_pretrained"
-                                for n in uses), f"{PEFT_USER}: the LoraConfig is used other than by save_pretrained"
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = [alias.name for alias in node.names] + [getattr(node, "module", None) or ""]
-            assert not any(n.startswith("peft.") for n in names) and not (
-                isinstance(node, ast.ImportFrom) and (node.module or "").startswith("peft")), \
-                f"{PEFT_USER} line {node.lineno} imports from inside peft"
-
-
-def main(argv: list[str]) -> None:
-    """`python rlcli_no_torch.py record [PATH]`: write the record (SystemExit with one line where it cannot)."""
-    path = Path(argv[1]) if len(argv) > 1 else record_path()
-    record = make_record()
-    check_peft_uses()
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    os.replace(partial, path)
-    print(f"{NAME}: recorded peft {record['peft']}'s LoraConfig in {path}")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

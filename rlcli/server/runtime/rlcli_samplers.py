@@ -60,8 +60,9 @@ class Snapshots:
     def saving(self, model_id: str, path, persist: bool):
         """Around a save: an unnamed one first deletes the oldest beyond keep - 1 (a full disk gets room first);
         one that fails leaves nothing behind (what it wrote is no snapshot)."""
-        if not persist:
-            self.make_room(model_id)
+        kept = self.kept.get(model_id, [])
+        while not persist and len(kept) >= self.keep:
+            self.delete(model_id, *kept.pop(0))
         try:
             yield
         except BaseException:
@@ -69,11 +70,6 @@ class Snapshots:
                 self.delete(model_id, checkpoint_name(path), path)
             raise
         self.saved(model_id, checkpoint_name(path), path, persist)
-
-    def make_room(self, model_id: str) -> None:
-        kept = self.kept.get(model_id, [])
-        while len(kept) >= self.keep:
-            self.delete(model_id, *kept.pop(0))
 
     def saved(self, model_id: str, name: str, path, persist: bool) -> None:
         kept = self.kept.setdefault(model_id, [])
@@ -151,55 +147,46 @@ class Sampled:
             del self.entries[key]
 
 
-def borrow_slots(backend, prepared_batch) -> dict:
-    """Before a sample: each model asked for a checkpoint its slot does not hold gets it on a borrowed slot: the live
-    adapter is set aside (the engine runs one batch at a time, so no training request sees the borrowed weights),
-    and kept weights go in where there are some. Returns model_id -> (live, mark, checkpoint, path, from memory)."""
+@contextlib.contextmanager
+def borrowed_slots(backend, prepared_batch):
+    """Around a sample: each model asked for a checkpoint its slot does not hold gets it on a borrowed slot. The live
+    adapter is set aside (the engine runs one batch at a time, so no training request sees the borrowed weights) and
+    kept weights go in where there are some (marked, so SkyRL's load_sampler_weights skips the file); after the sample
+    the weights read from a file stay in memory; whatever happens, every slot gets its live adapter and mark back."""
     import jax
     from skyrl.tx.utils import models
 
-    aside = {}
+    def weights(meta):
+        with jax.set_mesh(backend.mesh):
+            return models.extract_adapter_state(meta.adapter_index, backend.lora_params, meta.lora_config.rank)
+
+    def put(meta, state) -> None:
+        with jax.set_mesh(backend.mesh):
+            models.insert_adapter_state(meta.adapter_index, backend.lora_params, state, meta.lora_config.rank)
+
+    aside = {}  # model_id -> (live adapter, mark, checkpoint, path, from memory)
     wanted = zip(prepared_batch.all_model_ids, prepared_batch.all_checkpoint_ids,
                  prepared_batch.all_checkpoint_paths, strict=True)
-    for model_id, checkpoint_id, path in wanted:
-        meta = backend.models.get(model_id) if model_id else None
-        if meta is None or model_id in aside or meta.loaded_checkpoint_id == checkpoint_id:
-            continue
-        mark, weights = meta.loaded_checkpoint_id, backend.sampled.get(model_id, checkpoint_id, path)
-        with jax.set_mesh(backend.mesh):
-            live = models.extract_adapter_state(meta.adapter_index, backend.lora_params, meta.lora_config.rank)
-            if weights is not None:
-                models.insert_adapter_state(meta.adapter_index, backend.lora_params, weights, meta.lora_config.rank)
-                meta.loaded_checkpoint_id = checkpoint_id  # SkyRL's load_sampler_weights then skips the file
-        aside[model_id] = (live, mark, checkpoint_id, path, weights is not None)
-    return aside
-
-
-def keep_read(backend, aside: dict) -> None:
-    """After a sample: the weights read from a file just now stay in memory for the next time."""
-    import jax
-    from skyrl.tx.utils import models
-
-    for model_id, (_, _, checkpoint_id, path, from_memory) in aside.items():
-        meta = backend.models.get(model_id)
-        if not from_memory and meta is not None and meta.loaded_checkpoint_id == checkpoint_id:
-            with jax.set_mesh(backend.mesh):
-                state = models.extract_adapter_state(meta.adapter_index, backend.lora_params, meta.lora_config.rank)
-            backend.sampled.put(model_id, checkpoint_id, path, state)
-
-
-def put_back(backend, aside: dict) -> None:
-    """Whatever happened: every borrowed slot gets its live adapter and its mark back."""
-    import jax
-    from skyrl.tx.utils import models
-
-    for model_id, (live, mark, *_) in aside.items():
-        meta = backend.models.get(model_id)
-        if meta is None:
-            continue
-        with jax.set_mesh(backend.mesh):
-            models.insert_adapter_state(meta.adapter_index, backend.lora_params, live, meta.lora_config.rank)
-        meta.loaded_checkpoint_id = mark
+    try:
+        for model_id, checkpoint_id, path in wanted:
+            meta = backend.models.get(model_id) if model_id else None
+            if meta is None or model_id in aside or meta.loaded_checkpoint_id == checkpoint_id:
+                continue
+            kept = backend.sampled.get(model_id, checkpoint_id, path)
+            aside[model_id] = (weights(meta), meta.loaded_checkpoint_id, checkpoint_id, path, kept is not None)
+            if kept is not None:
+                put(meta, kept)
+                meta.loaded_checkpoint_id = checkpoint_id
+        yield
+        for model_id, (_, _, checkpoint_id, path, from_memory) in aside.items():
+            meta = backend.models.get(model_id)
+            if not from_memory and meta is not None and meta.loaded_checkpoint_id == checkpoint_id:
+                backend.sampled.put(model_id, checkpoint_id, path, weights(meta))
+    finally:
+        for model_id, (live, mark, *_) in aside.items():
+            if (meta := backend.models.get(model_id)) is not None:
+                put(meta, live)
+                meta.loaded_checkpoint_id = mark
 
 
 def refuse_deleted(backend, errors: dict, valid: dict) -> None:

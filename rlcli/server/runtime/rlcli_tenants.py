@@ -19,8 +19,8 @@ from shared import FORGET_ROUTE, INTERNAL_TENANT, OWNERS_FILE, TENANTS_FILE_ENV,
 from tenant_owners import Owners
 
 PUBLIC = {("GET", "/api/v1/healthz")}  # the only requests answered without a key
-# Server-wide controls (SkyRL's torch profiler): no tenant's business; they answer 404 as unknown paths do.
-# Answered 404 to every key but the internal one: SkyRL's profiler, and rlcli's clean-up of its readiness probes.
+# Server-wide controls, no tenant's business: 404 (as unknown paths) to every key but the internal one: SkyRL's
+# torch profiler, and rlcli's clean-up of its readiness probes.
 ADMIN = {"/start_profiling", "/stop_profiling", "/profiling_status", FORGET_ROUTE}
 ID_FIELDS = ("session_id", "model_id", "sampling_session_id", "request_id", "sampler_id")
 RETRY_AFTER_S = 2
@@ -34,10 +34,6 @@ def log(message: str) -> None:
     print(f"[rlcli tenants] {message}", file=sys.stderr, flush=True)
 
 
-def _hash(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
 class Keys:
     """The tenants file, reread when its mtime or size changes (one stat per request)."""
 
@@ -49,7 +45,7 @@ class Keys:
     def tenant(self, key: str | None) -> tuple[str, dict] | None:
         if not key:
             return None
-        digest = _hash(key)
+        digest = hashlib.sha256(key.encode()).hexdigest()
         if self.internal and hmac.compare_digest(digest, self.internal):
             return INTERNAL_TENANT, {}
         try:
@@ -69,15 +65,8 @@ class Keys:
         return self.by_hash.get(digest)
 
 
-def _tinker_primary(path: str) -> str | None:
-    """The model id of a tinker://MODEL_ID/... path."""
-    if not path.startswith("tinker://"):
-        return None
-    return path[len("tinker://"):].split("/", 1)[0] or None
-
-
-def _named_ids(method: str, path: str, body: dict | None) -> list[str]:
-    """Every id and tinker:// model a request names, in its path or its JSON body."""
+def _named_ids(path: str, body: dict | None) -> list[str]:
+    """Every id and tinker://MODEL_ID/... model a request names, in its path or its JSON body."""
     found = []
     parts = path.strip("/").split("/")
     if len(parts) >= 4 and parts[:2] == ["api", "v1"] and parts[2] in ("training_runs", "models", "samplers"):
@@ -87,8 +76,8 @@ def _named_ids(method: str, path: str, body: dict | None) -> list[str]:
             if isinstance(body.get(field), (str, int)):
                 found.append(str(body[field]))
         for value in body.values():
-            if isinstance(value, str) and (primary := _tinker_primary(value)):
-                found.append(primary)
+            if isinstance(value, str) and value.startswith("tinker://") and (model := value[9:].split("/", 1)[0]):
+                found.append(model)
     return found
 
 
@@ -115,31 +104,25 @@ class TenantGate:
             return await _answer(send, 401, {"detail": "a valid API key is required (X-API-Key or TINKER_API_KEY; "
                                                        "`rlcli tenant add NAME` makes one)"})
         tenant, quota = found
-        raw = b""
-        more = True
-        while more:
+        raw, message = b"", {"more_body": True}
+        while message.get("more_body"):
             message = await receive()
             raw += message.get("body", b"")
-            more = message.get("more_body", False)
         body = _parse_body(path, headers, raw)
         if body is _UNREADABLE:  # fail closed: a body the gate cannot read could name anyone's ids
             return await _answer(send, 422, {"detail": "request body is neither JSON nor a forward_backward proto"})
         if path == "/api/v1/create_model" and quota.get("max_models") and "app" in scope:
             await self._forget_unloaded(scope["app"], tenant)
-        refusal = self._refusal(tenant, quota, method, path, body)
+        refusal = self._refusal(tenant, quota, path, body)
         if refusal is not None:
             status, detail, extra = refusal
             return await _answer(send, status, {"detail": detail}, extra)
         if method == "GET" and path == "/api/v1/training_runs":
             return await self._listing(scope, send, tenant)
-        replayed = False
+        read = [{"type": "http.request", "body": raw, "more_body": False}]
 
-        async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": raw, "more_body": False}
+        async def replay():  # the body the gate read, then whatever comes (a disconnect)
+            return read.pop() if read else await receive()
 
         status_box, chunks = [0], []
 
@@ -175,12 +158,12 @@ class TenantGate:
         for model_id in set(held) - live:
             self.owners.record("unload", model_id, tenant)
 
-    def _refusal(self, tenant: str, quota: dict, method: str, path: str, body) -> tuple | None:
+    def _refusal(self, tenant: str, quota: dict, path: str, body) -> tuple | None:
         if tenant == INTERNAL_TENANT:
             return None
         if path in ADMIN:
             return 404, "Not Found", None
-        for ident in _named_ids(method, path, body):
+        for ident in _named_ids(path, body):
             if self.owners.owner.get(ident) != tenant:
                 _state["hidden"] += 1
                 return 404, _not_found(path), None
@@ -217,10 +200,8 @@ class TenantGate:
                     if made and str(made) not in owners.owner:
                         owners.record("sampling", str(made), tenant)
             return
-        if status != 200:
-            return
         try:
-            answer = json.loads(raw)
+            answer = json.loads(raw) if status == 200 else None
         except ValueError:
             return
         if not isinstance(answer, dict):

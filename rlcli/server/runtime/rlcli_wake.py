@@ -10,6 +10,7 @@ docs/upstream/polling-sleeps.md, request-path-queries.md, rich-log-on-request-pa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import json
@@ -24,7 +25,7 @@ MODEL_CHECK_ROUTES = ("forward_backward", "optim_step")  # routes that read a mo
 RING_RESULTS_MAX = 32 * 1024  # results up to this many bytes of JSON (one completion together) ride the ring
 RECV_MAX = RING_RESULTS_MAX + 64 * 1024  # a results ring's header names each result: room for thousands
 OWED_RETRY_S = 0.01  # the engine rings again this soon when its ring did not fit in the API's socket
-READY_MAX, READY_MAX_BYTES = 4096, 64 * 1024 * 1024  # results rung before anybody asked (a client that never asks)
+READY_MAX = 2048  # results rung before anybody asked (a client that never asks): each fit a ring, so <= 64 MiB
 FILED_MAX = 1 << 16
 # How often each side looks without a ring: not latency (a ring wakes a waiting side) but the bound on a lost
 # ring's cost; the engine's look also runs SkyRL's periodic session cleanup.
@@ -73,17 +74,11 @@ class Doorbell:
 class EngineBell(Doorbell):
     """The engine's side: numbered rings to the API, and a ring still owed when the API's socket was full."""
 
-    def __init__(self, wake_id: str):
+    def __init__(self, wake_id: str):  # the API's (ENV_ID): rlcli's API always makes one
         super().__init__(wake_id, own="engine", peer="api")
         self.sequence = itertools.count(1)
         self.completed = 0  # completions so far: the loop looks again at once after one
         self.owed = False
-
-    @classmethod
-    def from_env(cls) -> EngineBell | None:
-        """None where the API made no doorbell: the engine keeps SkyRL's timer."""
-        wake_id = os.environ.get(ENV_ID)
-        return cls(wake_id) if wake_id else None
 
     def look_ring(self) -> None:
         """After a commit: "read the database" (owed while the API's socket is full)."""
@@ -95,20 +90,6 @@ class EngineBell(Doorbell):
         rung = message is not None and self.ring(message)
         self.owed = self.owed and not rung
         return rung
-
-
-def drops_get_model(route) -> bool:
-    """Whether `route` awaits the module global get_model and drops its result (END_SEND then POP_TOP, 3.12)."""
-    import dis
-    import inspect
-
-    if route is None:
-        return False
-    ins = list(dis.get_instructions(inspect.unwrap(route).__code__))
-    calls = [i for i, x in enumerate(ins) if x.opname == "LOAD_GLOBAL" and x.argval == "get_model"]
-    ends = [next((k for k in range(at, len(ins)) if ins[k].opname == "END_SEND"), None) for at in calls]
-    return bool(calls) and all(end is not None and end + 1 < len(ins) and ins[end + 1].opname == "POP_TOP"
-                               for end in ends)
 
 
 def relax_sqlite_sync() -> None:
@@ -200,7 +181,7 @@ class Results:
         self.api = api
         self.filed: dict[int, object] = {}
         self.ready: dict[int, tuple] = {}
-        self.ready_bytes = self.seq = self.by_ring = self.look_rings = self.db_reads = 0
+        self.seq = self.by_ring = self.look_rings = self.db_reads = 0
         self.need_db = True
 
     def file(self, request_id: int, request_type) -> None:
@@ -236,29 +217,10 @@ class Results:
                 continue
             outcome = (self.api.RequestStatus(status), request_type, text)
             self.by_ring += 1
-            if not self.hand(waiters, request_id, outcome):
-                self.keep(request_id, outcome)
-
-    @staticmethod
-    def hand(waiters: dict, request_id: int, outcome) -> bool:
-        handed = False
-        for waiter in waiters.pop(request_id, ()):
-            if not waiter.done():
-                waiter.set_result(outcome)
-                handed = True
-        return handed
-
-    def keep(self, request_id: int, outcome) -> None:
-        self.ready[request_id] = outcome
-        self.ready_bytes += len(outcome[2] or "")
-        while len(self.ready) > READY_MAX or self.ready_bytes > READY_MAX_BYTES:  # the oldest unasked goes
-            self.ready_bytes -= len(self.ready.pop(next(iter(self.ready)))[2] or "")
-
-    def take(self, request_id: int):
-        outcome = self.ready.pop(request_id, None)
-        if outcome is not None:
-            self.ready_bytes -= len(outcome[2] or "")
-        return outcome
+            if not settle(waiters, request_id, outcome):
+                self.ready[request_id] = outcome
+                if len(self.ready) > READY_MAX:  # the oldest unasked goes
+                    self.ready.pop(next(iter(self.ready)))
 
     def read_from_db(self, outcomes: dict) -> None:
         """After a database read: those futures are settled, no ring will bring them."""
@@ -304,14 +266,10 @@ def install_api(api) -> str:
                     results.need_db, last_read = False, time.monotonic()
                     try:
                         results.read_from_db(await resolve_finished(api, db_engine, waiters))
-                    except asyncio.CancelledError:
-                        raise
                     except Exception as e:  # keep serving: each waiter also has its own timeout
                         log(f"future poller iteration failed: {e!r}")
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake["event"].wait(), API_SAFETY_S if waiters else None)
-                except TimeoutError:
-                    pass
         finally:
             loop.remove_reader(bell.sock.fileno())
 
@@ -319,7 +277,7 @@ def install_api(api) -> str:
 
     @functools.wraps(stock_wait)
     async def wait_for_future(waiters, request_id, timeout):
-        outcome = results.take(request_id)
+        outcome = results.ready.pop(request_id, None)
         if outcome is not None:  # its ring came before its retrieve_future
             return outcome
         if request_id not in results.filed:
@@ -338,10 +296,11 @@ def install_api(api) -> str:
 
 
 def skip_known_model_checks(api) -> dict:
-    """get_model without the read of a model already read, for MODEL_CHECK_ROUTES (rows are never deleted); every
-    other caller reads as stock. Returns its counters."""
+    """get_model without the read of a model already read, when a MODEL_CHECK_ROUTE awaits it: SkyRL 0.4.0's drop
+    the row (tests/integration/server_checks.py reads it in their bytecode), and rows are never deleted. Every other
+    caller reads as stock. Returns its counters."""
     stock = api.get_model
-    checking = {getattr(api, route).__code__ for route in MODEL_CHECK_ROUTES if drops_get_model(getattr(api, route))}
+    checking = {getattr(api, route).__code__ for route in MODEL_CHECK_ROUTES}
     known: set[str] = set()
     counts = {"skipped": 0}
 
@@ -404,25 +363,26 @@ async def resolve_finished(api, db_engine, waiters: dict) -> dict:
         table.request_id.in_(ids))
     async with api.AsyncSession(db_engine) as session:
         rows = (await session.exec(query)).all()
-    found = {row[0] for row in rows}
     outcomes = {rid: (status, kind, data) for rid, status, kind, data in rows if status in api.TERMINAL_STATUSES}
-    outcomes.update({rid: KeyError(rid) for rid in ids if rid not in found})
+    outcomes.update({rid: KeyError(rid) for rid in set(ids) - {row[0] for row in rows}})
     for rid, outcome in outcomes.items():
-        for waiter in waiters.pop(rid, ()):
-            if waiter.done():
-                continue
-            if isinstance(outcome, KeyError):
-                waiter.set_exception(outcome)
-            else:
-                waiter.set_result(outcome)
+        settle(waiters, rid, outcome)
     return outcomes
 
 
+def settle(waiters: dict, request_id: int, outcome) -> bool:
+    """Give the waiters of request_id its outcome (a KeyError is raised in them); whether one was still waiting."""
+    handed = False
+    for waiter in waiters.pop(request_id, ()):
+        if not waiter.done():
+            waiter.set_exception(outcome) if isinstance(outcome, KeyError) else waiter.set_result(outcome)
+            handed = True
+    return handed
+
+
 def describe() -> dict:
-    """What the capabilities route says about the request path (API process)."""
+    """What the capabilities route says about the request path (API process, after install_api)."""
     results = _state["results"]
-    if results is None:
-        return {"wake": "timer (stock SkyRL)"}
     return {"wake": "notify", "engine_joined": _state["engine_joined"], "log": "plain", "submit": "one statement",
             "engine_look": "pending types first", "results": "in the ring", "ring_results_max_bytes": RING_RESULTS_MAX,
             "results_by_ring": results.by_ring, "database_reads": results.db_reads, "look_rings": results.look_rings,

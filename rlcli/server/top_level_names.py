@@ -1,7 +1,7 @@
-"""After each install into the server venv: every distribution gets a top_level.txt holding the import names Python
-would otherwise work out from its file list at every start (transformers' packages_distributions() stats every
-file of a distribution without one: 0.9-1.4 s of each engine start). `--check` writes nothing and reports.
-docs/decisions.md, "The server venv's packages declare their import names".
+"""Run by the server venv's Python after each install into it (stdlib only): every distribution gets a top_level.txt
+holding the import names Python would otherwise work out from its file list at every start (transformers'
+packages_distributions() stats every file of a distribution without one: 0.9-1.4 s of each engine start). `--check`
+writes nothing and reports. docs/decisions.md, "The server venv's packages declare their import names".
 """
 
 from __future__ import annotations
