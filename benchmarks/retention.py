@@ -4,9 +4,10 @@
     .venv/bin/python -m benchmarks.retention --prune    # delete it (`make bench` does, after the table)
 
 The rule: keep
-1. the newest receipt of each series (benchmarks/report.py's Series: the benchmark, its --label, the model size
-   or log format, a notebook's apart, the machine; one that names no machine only while no newer receipt of its
-   series names one), and
+1. the newest receipt of each series (benchmarks/report.py's Series without its --label: the benchmark, the
+   model size or log format, a notebook's apart, the machine; one that names no machine only while no newer
+   receipt of its series names one): a label names a run, not a series, and a labelled run that a decision rests
+   on (an A/B, a before and after) is kept by the citation below, and
 2. every receipt a document cites: README.md, the markdown under docs/, benchmarks/ and notebooks/, and the
    notebooks. A citation may shorten a name to its tail after "..." (`...-ab2-20261203T070818Z.json`).
 Delete the rest. Every receipt ever committed stays in git: `git log --stat -- benchmarks/receipts/`
@@ -46,7 +47,7 @@ class Citations:
 def kept(receipts: list[dict], text: str) -> set[str]:
     """The file names of the receipts the rule keeps (receipts as report.load_receipts reads them)."""
     cited = Citations(text)
-    return {r["_file"] for r in newest(receipts)} | {r["_file"] for r in receipts if r["_file"] in cited}
+    return {r["_file"] for r in newest(receipts, by_label=False)} | {r["_file"] for r in receipts if r["_file"] in cited}
 
 
 def surplus(folder: Path = RECEIPTS, root: Path = ROOT) -> list[Path]:

@@ -42,7 +42,7 @@ def tree(tmp_path, receipts: dict[str, dict], doc: str = "") -> tuple:
     return folder, tmp_path
 
 
-def test_the_rule_keeps_the_newest_per_label_model_and_machine_and_what_is_cited(tmp_path):
+def test_the_rule_keeps_the_newest_per_model_and_machine_whatever_the_label_and_what_is_cited(tmp_path):
     folder, root = tree(tmp_path, {
         "a-old.json": receipt("20261201T000000Z", "a", "25/17/1"),
         "a-new.json": receipt("20261202T000000Z", "a", "25/17/1"),
@@ -56,7 +56,9 @@ def test_the_rule_keeps_the_newest_per_label_model_and_machine_and_what_is_cited
         "c-tail-20261129T121212Z.json": receipt("20261129T121212Z", "c"),
     }, doc="Measured (`c-cited-old-20261129T101010Z.json`, `c-broken-\n  20261129T111111Z.json`, `...-tail-"
            "20261129T121212Z.json`).")
-    assert sorted(p.name for p in retention.surplus(folder, root)) == ["a-old.json", "a-unnamed-cpu.json"]
+    # b is the same benchmark, model and machine as a-new under another label: a-new, the newer, supersedes it
+    assert sorted(p.name for p in retention.surplus(folder, root)) == ["a-old.json", "a-unnamed-cpu.json", "b.json",
+                                                                      "c-unnamed-cpu.json"]
 
 
 def test_prune_deletes_what_the_rule_does_not_keep_and_says_so(tmp_path, capsys):
