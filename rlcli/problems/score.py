@@ -3,8 +3,8 @@
 A problem is a tinker-cookbook env group (a problem set's held-out split, or logged conversations as replay envs);
 the model answers through a token completer, and the env's step says what the answer earned. `rlcli eval` takes
 the means (`means`: the cookbook's trajectory metrics, as its RL test-set evaluator reports them, under `test/`);
-the loop's gate compares two models problem by problem (`Scored`). The caller opens the sampler and chooses the
-renderer: nothing here imports a trainer.
+the loop's gate compares two models problem by problem (`Scored`: with k answers, the share right). The caller
+opens the sampler and chooses the renderer: nothing here imports a trainer.
 """
 
 from __future__ import annotations
@@ -41,8 +41,10 @@ def problems_of(dataset: RLDataset) -> list[EnvGroupBuilder]:
 def answer(problems: Sequence[EnvGroupBuilder], policy: Any,
            one_at_a_time: bool = False) -> list[TrajectoryGroup | None]:
     """Each problem answered by `policy` (a token completer) and graded by its env; None where every answer
-    failed. one_at_a_time: the server compiles a sampling batch's shape once, and one request at a time keeps
-    that shape the same however many problems there are."""
+    failed. Every problem's requests are sent at once: the server samples the sequences of all pending requests in
+    one batch (padded to a few sizes, so a new count compiles nothing new), and a group of k answers is k requests
+    in that batch. one_at_a_time: each problem waits for the one before (how the loop scored before batching; the
+    baseline of benchmarks/loop_scoring.py)."""
 
     async def one(problem: EnvGroupBuilder) -> TrajectoryGroup | None:
         try:
@@ -57,6 +59,13 @@ def answer(problems: Sequence[EnvGroupBuilder], policy: Any,
         return list(await asyncio.gather(*(one(p) for p in problems)))
 
     return asyncio.run(every())
+
+
+def rounds(problems: Sequence[EnvGroupBuilder], policy: Any, count: int) -> list[list[TrajectoryGroup | None]]:
+    """`count` rounds of every problem (each round answers each problem once), all sent at once: `rlcli eval
+    --samples K` in one batch instead of K in turn."""
+    graded = answer([p for _ in range(count) for p in problems], policy)
+    return [graded[r * len(problems):(r + 1) * len(problems)] for r in range(count)]
 
 
 def means(problems: Sequence[EnvGroupBuilder], graded: Sequence[TrajectoryGroup | None]) -> dict[str, float]:
