@@ -123,10 +123,11 @@ def power_lines(found: dict[str, Any], s: LoopSettings) -> list[str]:
     return lines
 
 
-def answers(model: Champion, problems: list[Problem], s: LoopSettings, url: str) -> list[Any]:
+def answers(model: Champion, problems: list[Problem], s: LoopSettings, url: str,
+            one_at_a_time: bool = False) -> list[Any]:
     """One model's graded answers (`samples` each, at `temperature`), all requests sent at once
-    (rlcli.problems.score.answer), rendered and parsed by the renderer the trainers use: a model is asked as it
-    was trained."""
+    (rlcli.problems.score.answer; one_at_a_time: benchmarks/loop_scoring.py's baseline), rendered and parsed by the
+    renderer the trainers use: a model is asked as it was trained."""
     from tinker_cookbook import renderers as cookbook
     from tinker_cookbook.completers import TinkerTokenCompleter
     from tinker_cookbook.tokenizer_utils import get_tokenizer
@@ -143,7 +144,8 @@ def answers(model: Champion, problems: list[Problem], s: LoopSettings, url: str)
         sample.complete(smp, problems[0].prompt)  # serves an unloaded checkpoint again if need be
         renderer = cookbook.get_renderer(run.prepare_model(smp.base_model, None), get_tokenizer(smp.base_model))
         graded = score.answer(replay.one_each(problems, renderer, Spec("", match=s.match), samples=s.samples),
-                              TinkerTokenCompleter(smp.client, max_tokens=s.max_tokens, temperature=s.temperature))
+                              TinkerTokenCompleter(smp.client, max_tokens=s.max_tokens, temperature=s.temperature),
+                              one_at_a_time)
         return score.per_problem(graded, renderer)
     finally:
         sample.close(smp)
