@@ -151,6 +151,16 @@ def answers(model: Champion, problems: list[Problem], s: LoopSettings, url: str,
         sample.close(smp)
 
 
+def answers_of(models: dict[str, Champion], problems: list[Problem], s: LoopSettings, url: str) -> dict[str, list]:
+    """Every model's graded answers, the models asking at the same time (a thread each, each with its own sampler),
+    so that the server samples their pending requests in the same batches."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(models)) as pool:
+        asked = {who: pool.submit(answers, model, problems, s, url) for who, model in models.items()}
+        return {who: future.result() for who, future in asked.items()}
+
+
 def evaluate(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Champion, candidate: Champion,
              url: str) -> dict[str, Any]:
     """Both models answer iteration n's plan; the ledger records the pooled comparison of each set (the pooled
@@ -160,8 +170,8 @@ def evaluate(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Ch
     count = {name: sum(p.set == name for p in found.problems) for name in SETS}
     say(f"iteration {n}: evaluating {champion.label()} and the candidate on {count['heldout']} held-out and "
         f"{count['regression']} regression problems in {len(found.slices())} slices, {s.samples} answer"
-        f"{'s' * (s.samples > 1)} each, every request at once")
-    graded = {"champion": answers(champion, problems, s, url), "candidate": answers(candidate, problems, s, url)}
+        f"{'s' * (s.samples > 1)} each, both models' requests at once")
+    graded = answers_of({"champion": champion, "candidate": candidate}, problems, s, url)
     result: dict[str, Any] = {"champion_iteration": champion.iteration, "samples": s.samples}
     for name in SETS:
         at = [i for i, p in enumerate(found.problems) if p.set == name]
