@@ -60,6 +60,9 @@ class Slice(Comparison):
     def describe(self) -> str:
         return f"{self.name!r} {super().describe()} n={self.n}"
 
+    def brief(self) -> str:
+        return f"{self.name!r} {self.gain:+.2f} [{self.low:+.2f}, {self.high:+.2f}] n={self.n}"
+
     def gained(self) -> bool:
         """New, and its interval lies above 0 (the test at 0 rejects "no better")."""
         return self.new and self.low > 0
@@ -211,11 +214,12 @@ def decide_slices(slices: Sequence[Slice], margin: float, confidence: float = 0.
     if not new:
         failed.append("no slice is new since the champion: nothing can show a gain")
     elif not gained:
-        failed.append("no new slice gained beyond its interval: " + "; ".join(s.describe() for s in new))
-    failed += [f"slice {s.name!r} fell beyond the margin {margin:g}: {s.describe()}" for s in fell]
+        failed.append("no new slice gained beyond its interval (" + "; ".join(s.brief() for s in new) + ")")
+    failed += [f"slice {s.name!r} fell beyond the margin {margin:g}: {s.champion:.2f} -> {s.candidate:.2f}, "
+               f"{s.brief().removeprefix(repr(s.name) + ' ')}" for s in fell]
     if failed:
         return False, "; ".join(failed) + f" ({together})"
-    return True, ("gained: " + "; ".join(s.describe() for s in gained) +
+    return True, ("gained: " + "; ".join(s.brief() for s in gained) +
                   f"; no slice fell beyond the margin {margin:g} ({together})")
 
 

@@ -106,7 +106,7 @@ def test_per_slice_decisions_name_every_failed_rule():
     ok, why = gate.decide_slices([learned, forgot], 0.05)
     assert not ok and "slice 'sums' fell beyond the margin 0.05" in why and "gained" not in why
     ok, why = gate.decide_slices([flat, forgot], 0.05)  # both rules failed: both named
-    assert not ok and why.startswith("no new slice gained beyond its interval: 'chest'") and "'sums' fell" in why
+    assert not ok and why.startswith("no new slice gained beyond its interval ('chest'") and "'sums' fell" in why
     assert not gate.decide_slices([kept], 0.05)[0] and "no slice is new" in gate.decide_slices([kept], 0.05)[1]
     assert gate.decide_slices([learned, forgot], 1.0)[0]  # a drop within the margin passes
     assert gate.decide_slices([], 0.05) == (False, "no problems to compare on")
