@@ -113,8 +113,10 @@ def init(o: InitOptions) -> int:
     settings.write(folder, s)
     with opened(folder) as ledger:
         data.record_regression(ledger, rows)
+        named = sorted({name for name, _ in ledger.problem_slices("regression").values()})
+    kinds = f" (slices: {', '.join(repr(x) for x in named)})" if named else ""
     print(f"loop folder {folder}: settings in {folder / settings.FILE}; {len(rows)} regression conversations "
-          f"frozen; next: rlcli loop run {o.dir} --once")
+          f"frozen{kinds}; next: rlcli loop run {o.dir} --once")
     return 0
 
 
