@@ -145,7 +145,7 @@ def test_killed_iteration_resumes_and_a_second_run_is_refused(loop):
         assert ledger.open_iteration() == 3 and ledger.stage(3, "train:0:sft") is None
         files = len(ledger.files())
     proc = loop_run(folder, server)
-    assert "iteration 3: resuming after split" in proc.stderr and "resuming " in proc.stderr
+    assert "iteration 3: resuming after power" in proc.stderr and "resuming " in proc.stderr
     steps = [json.loads(line)["step"] for line in
              (folder / "iterations" / "0003" / "run-0-sft" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(8))  # each step once: the resume took up where the checkpoint left off
