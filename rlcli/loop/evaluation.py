@@ -123,8 +123,8 @@ def power_lines(found: dict[str, Any], s: LoopSettings) -> list[str]:
     return lines
 
 
-def answers(model: Champion, problems: list[Problem], s: LoopSettings, url: str,
-            one_at_a_time: bool = False) -> list[Any]:
+def answers(model: Champion, problems: list[Problem], s: LoopSettings, url: str, one_at_a_time: bool = False,
+            in_flight: int | None = None) -> list[Any]:
     """One model's graded answers (`samples` each, at `temperature`), all requests sent at once
     (rlcli.problems.score.answer; one_at_a_time: benchmarks/loop_scoring.py's baseline), rendered and parsed by the
     renderer the trainers use: a model is asked as it was trained."""
@@ -145,19 +145,23 @@ def answers(model: Champion, problems: list[Problem], s: LoopSettings, url: str,
         renderer = cookbook.get_renderer(run.prepare_model(smp.base_model, None), get_tokenizer(smp.base_model))
         graded = score.answer(replay.one_each(problems, renderer, Spec("", match=s.match), samples=s.samples),
                               TinkerTokenCompleter(smp.client, max_tokens=s.max_tokens, temperature=s.temperature),
-                              one_at_a_time)
+                              one_at_a_time, in_flight or score.IN_FLIGHT)
         return score.per_problem(graded, renderer)
     finally:
         sample.close(smp)
 
 
 def answers_of(models: dict[str, Champion], problems: list[Problem], s: LoopSettings, url: str) -> dict[str, list]:
-    """Every model's graded answers, the models asking at the same time (a thread each, each with its own sampler),
-    so that the server samples their pending requests in the same batches."""
+    """Every model's graded answers, the models asking at the same time (a thread each, each with its own sampler
+    and its share of the requests in flight), so that the server samples their pending requests in the same
+    batches."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from rlcli.problems.score import IN_FLIGHT
+
     with ThreadPoolExecutor(len(models)) as pool:
-        asked = {who: pool.submit(answers, model, problems, s, url) for who, model in models.items()}
+        share = max(IN_FLIGHT // len(models), 1)
+        asked = {who: pool.submit(answers, model, problems, s, url, in_flight=share) for who, model in models.items()}
         return {who: future.result() for who, future in asked.items()}
 
 

@@ -22,6 +22,10 @@ from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, TrajectoryGroup
 from tinker_cookbook.utils import logtree
 
 PREFIX = "test"  # the metrics' namespace: what the trainers log for held-out problems (rlcli.train.metrics)
+# Sampling requests one scoring keeps waiting at the server at once. SkyRL samples every pending sequence in one
+# batch (unless sample_max_num_sequences is set): uncapped, `eval --samples 8` on 1,319 GSM8K problems would be one
+# batch of 10,552 sequences. 64 keeps batches within the padded sizes up to 72, which a server compiles once.
+IN_FLIGHT = 64
 
 
 @dataclass(frozen=True)
@@ -38,22 +42,28 @@ def problems_of(dataset: RLDataset) -> list[EnvGroupBuilder]:
     return dataset_to_env_group_builders(dataset)
 
 
-def answer(problems: Sequence[EnvGroupBuilder], policy: Any,
-           one_at_a_time: bool = False) -> list[TrajectoryGroup | None]:
+def answer(problems: Sequence[EnvGroupBuilder], policy: Any, one_at_a_time: bool = False,
+           in_flight: int = IN_FLIGHT) -> list[TrajectoryGroup | None]:
     """Each problem answered by `policy` (a token completer) and graded by its env; None where every answer
-    failed. Every problem's requests are sent at once: the server samples the sequences of all pending requests in
-    one batch (padded to a few sizes, so a new count compiles nothing new), and a group of k answers is k requests
-    in that batch. one_at_a_time: each problem waits for the one before (how the loop scored before batching; the
-    baseline of benchmarks/loop_scoring.py)."""
-
-    async def one(problem: EnvGroupBuilder) -> TrajectoryGroup | None:
-        try:
-            with logtree.optional_enable_logging(enable=False):
-                return await do_group_rollout(problem, policy)
-        except AllTrajectoriesFailedError:
-            return None
+    failed. Every problem's requests are sent at once, at most `in_flight` waiting at a time: the server samples the
+    sequences of all pending requests in one batch, padded to a few sizes (IN_FLIGHT says why the cap), and a group
+    of k answers is k requests. one_at_a_time: each problem waits for the one before (how the loop scored before
+    batching; the baseline of benchmarks/loop_scoring.py)."""
 
     async def every() -> list[TrajectoryGroup | None]:
+        room = asyncio.Semaphore(1 if one_at_a_time else in_flight)
+
+        async def limited(*args: Any, **kwargs: Any) -> Any:
+            async with room:
+                return await policy(*args, **kwargs)
+
+        async def one(problem: EnvGroupBuilder) -> TrajectoryGroup | None:
+            try:
+                with logtree.optional_enable_logging(enable=False):
+                    return await do_group_rollout(problem, limited)
+            except AllTrajectoriesFailedError:
+                return None
+
         if one_at_a_time:
             return [await one(p) for p in problems]
         return list(await asyncio.gather(*(one(p) for p in problems)))

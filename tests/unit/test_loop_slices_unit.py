@@ -209,7 +209,7 @@ def loop(tmp_path, monkeypatch):
                        (n, f"tinker://r{n}/weights/final", f"tinker://r{n}/sampler_weights/final"))
             ledger.done(db, n, "train:0:sft", {})
 
-    def answers(model, problems, s, url):
+    def answers(model, problems, s, url, **how):
         skills = knows[model.iteration]
         return [Scored(float(p.last_user().split()[0] in skills), 0.0, "") for p in problems]
 

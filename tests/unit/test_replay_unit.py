@@ -258,8 +258,8 @@ def test_the_one_scorer_grades_each_answer_with_its_env(tokenized):
 
 
 def test_the_scorer_asks_every_problem_at_once_and_k_answers_each(tokenized):
-    """score.answer sends every problem's requests together (the server batches what is pending), a group of k
-    answers scores the share right, and score.rounds runs eval's K rounds in one go."""
+    """score.answer sends every problem's requests together (the server batches what is pending), at most
+    `in_flight` at a time; a group of k answers scores the share right; score.rounds runs eval's K rounds in one go."""
     import asyncio
 
     from tinker_cookbook.completers import TokensWithLogprobs
@@ -287,6 +287,8 @@ def test_the_scorer_asks_every_problem_at_once_and_k_answers_each(tokenized):
     assert most[0] == 0 and len(score.answer(one_each, policy, one_at_a_time=True)) == 4 and most[0] == 1
     rounds = score.rounds(one_each, policy, 3)
     assert [len(r) for r in rounds] == [4, 4, 4] and most[0] == 12  # 3 rounds of 4 problems, all at once
+    most[0] = 0
+    assert len(score.answer(one_each * 3, policy, in_flight=5)) == 12 and most[0] == 5  # never more than the cap
 
 
 # --- the command --------------------------------------------------------------------------------------
