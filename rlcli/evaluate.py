@@ -9,7 +9,8 @@ The problems are exactly the ones `rlcli train rl` holds out for the same --data
 --max-operand (rlcli.problems.heldout): never in a training batch of such a run, so a score before and a
 score after training compare the same unseen problems. They are graded by the same env code as in
 training (the cookbook's; rlcli's for plain files). --temperature 0 (the default) scores the greedy
-answer; --temperature 1 --samples K scores K sampled answers per problem, as training samples them.
+answer; --temperature 1 --samples K scores K sampled answers per problem, as training samples them. Every
+answer of every round is asked at once, and the server samples them in batches.
 The result is one line on stderr and a JSON object on stdout (and in --output).
 """
 
@@ -24,7 +25,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlcli.errors import UsageError
-from rlcli.options import CHECKPOINT, MAX_TOKENS, RENDERER, TEMPERATURE, ServerOptions, bound_problem, option
+from rlcli.options import (
+    CHECKPOINT,
+    MAX_TOKENS,
+    RENDERER,
+    SAMPLES,
+    TEMPERATURE,
+    ServerOptions,
+    bound_problem,
+    option,
+    sampled,
+)
 from rlcli.problems.heldout import ProblemSet
 from rlcli.problems.traces import ReplayOptions
 from rlcli.train.metrics import TEST_CORRECT as CORRECT
@@ -38,7 +49,7 @@ class EvalOptions(ServerOptions, ProblemSet, ReplayOptions):
     """`rlcli eval`'s options: train rl's problem set and replay options, and how to sample."""
 
     checkpoint: str | None = CHECKPOINT(None)
-    samples: int = option(1, "answers per problem (needs --temperature above 0)", low=1)
+    samples: int = SAMPLES(1)
     temperature: float = TEMPERATURE(0.0)
     max_tokens: int = MAX_TOKENS(256)
     renderer: str | None = RENDERER(None)
@@ -48,8 +59,7 @@ class EvalOptions(ServerOptions, ProblemSet, ReplayOptions):
                                          "server")
 
     def problems(self) -> Iterator[str]:
-        if self.samples > 1 and self.temperature == 0:
-            yield "--samples N needs --temperature above 0: greedy answers are the same every time"
+        yield from sampled(self.samples, self.temperature)
         if self.eval_size is not None and self.eval_size < 1:  # unlike train rl's, 0 would score nothing
             yield bound_problem("--eval-size", self.eval_size, "at least 1")
         if self.reward == "judge":
@@ -153,12 +163,10 @@ def _evaluate(name: str, path: str | None, grader: str, source: str | None, eval
             raise UsageError(f"{data.label}: too few distinct prompts to hold any out: pass --eval-size N")
         _, test = asyncio.run(envs.dataset_builder(data, model, renderer, 1, 1)())
         problems = score.problems_of(test)
-        rounds = []
-        for r in range(samples):
-            policy = TinkerTokenCompleter(s.client, max_tokens=max_tokens, temperature=temperature)
-            rounds.append(score.means(problems, score.answer(problems, policy)))
-            if samples > 1:
-                print(f"rlcli: eval round {r + 1}/{samples}: {rounds[-1][CORRECT]:.3f} correct", file=sys.stderr)
+        policy = TinkerTokenCompleter(s.client, max_tokens=max_tokens, temperature=temperature)
+        rounds = [score.means(problems, graded) for graded in score.rounds(problems, policy, samples)]
+        for r, found in enumerate(rounds if samples > 1 else []):
+            print(f"rlcli: eval round {r + 1}/{samples}: {found[CORRECT]:.3f} correct", file=sys.stderr)
     finally:
         sample.close(s)
     return {"source": source or model, "dataset": data.label, "problems": data.held_out, "samples": samples,

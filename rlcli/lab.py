@@ -295,17 +295,22 @@ def loop_rows(loop: Path) -> list[dict]:
         for it in ledger.iterations():
             found = ledger.stage(it["n"], "evaluate") or {}
             rows.append({"iteration": it["n"], "decision": it["decision"], "why": it["why"],
-                         "heldout": found.get("heldout"), "regression": found.get("regression")})
+                         "heldout": found.get("heldout"), "regression": found.get("regression"),
+                         "slices": found.get("slices", [])})
     return rows
 
 
 def loop_result(rows: list[dict], params: dict) -> dict:
-    """What the loop notebook records: each iteration's decision and paired scores."""
+    """What the loop notebook records: each iteration's decision, paired scores, and per slice champion ->
+    candidate with its interval and n."""
+    keep = ("name", "new", "champion", "candidate", "low", "high", "n")
     return {"iterations": len(rows), "promoted": sum(r["decision"] == "promoted" for r in rows),
             "decisions": [r["decision"] for r in rows],
             **{f"{name}_{who}": [round(r[name][who], 4) if r[name] else None for r in rows]
                for name in ("heldout", "regression") for who in ("champion", "candidate")},
             "heldout_low": [round(r["heldout"]["low"], 4) if r["heldout"] else None for r in rows],
+            "slices": [[{k: round(x[k], 4) if isinstance(x[k], float) else x[k] for k in keep} for x in r["slices"]]
+                       for r in rows],
             "params": params}
 
 

@@ -214,6 +214,14 @@ SEED = Opt("the seed of the command's random draws: the LoRA's (or model's) init
            "seed + i); a run folder keeps it for --resume", low=0)
 MAX_TOKENS = Opt("longest sampled answer (per turn) in tokens", low=1)
 TEMPERATURE = Opt("sampling temperature (0: greedy; training needs it above 0)", low=0)
+SAMPLES = Opt("answers per problem when scoring (above 1 needs --temperature above 0): a problem scores the share "
+              "right", low=1)
+
+
+def sampled(samples: int, temperature: float) -> Iterator[str]:
+    """SAMPLES' problem with TEMPERATURE: several greedy answers are one answer repeated."""
+    if samples > 1 and temperature == 0:
+        yield "--samples N needs --temperature above 0: greedy answers are the same every time"
 CHECKPOINT = Opt("sampler weights, tinker://RUN/sampler_weights/ID (eval also takes a run folder: its last ones); "
                  "without it, the base model")
 

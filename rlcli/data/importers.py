@@ -30,6 +30,8 @@ from rlcli.data.messages import (
     conversation,
     convert_message,
     read_texts,
+    tag_of,
+    tagged,
     to_json,
 )
 
@@ -241,7 +243,10 @@ def _openai(record: Any, parts: Counter[str]) -> Conversation | Link:
         reply = None if response is None else _reply(response, parts)
     if reply is not None:
         messages = _with_reply(messages, reply, prefill=False)
-    return conversation(messages, request.get("tools") or request.get("functions"), parts)
+    conv = conversation(messages, request.get("tools") or request.get("functions"), parts)
+    if (metadata := request.get("metadata")) is not None:  # most logs: this one lookup, no call
+        tagged(conv, tag_of(metadata))
+    return conv
 
 
 def from_anthropic(record: Any, parts: Counter[str]) -> Conversation | str:
@@ -269,7 +274,7 @@ def _messages(record: Any, parts: Counter[str]) -> Conversation:
         tools = record.get("tools")
     if not isinstance(raw, list):
         raise Skip("unrecognized")
-    return conversation(_convert_all(raw, parts), tools, parts)
+    return tagged(conversation(_convert_all(raw, parts), tools, parts), tag_of(record))  # the shape's own `slice`
 
 
 def from_gemini(record: Any, parts: Counter[str]) -> Conversation | str:
@@ -303,6 +308,7 @@ def _langsmith_run(record: Any, parts: Counter[str]) -> Conversation:
     params = params if isinstance(params, dict) else {}
     conv = conversation(messages, params.get("tools") or inputs.get("tools"), parts)
     conv["run_id"] = str(record.get("id") or "")
+    tagged(conv, tag_of(extra.get("metadata")) if isinstance(extra, dict) else None)
     if record.get("trace_id"):  # feedback usually scores the whole trace, i.e. its root run
         conv["trace_id"] = str(record["trace_id"])
     return conv

@@ -17,6 +17,9 @@ FromConversationFileBuilder loads:
   parameters}}] where `parameters` is a JSON *string*, like tool call arguments:
   FromConversationFileBuilder loads rows with datasets.Dataset.from_list, which needs one
   Arrow schema for every row and fails when two tools' schemas differ in a field's type.
+- a conversation may carry `slice`: the skill or kind of request it stands for, as the log tagged it
+  (`tag_of`: OpenAI request metadata, LangSmith run metadata, an OpenTelemetry span attribute);
+  `rlcli loop` scores held-out problems per slice.
 
 Text parts of one message are joined with a newline, except an assistant's, which are
 pieces of one generated stream (Anthropic splits cited text into blocks) and are
@@ -328,6 +331,26 @@ def conversation(messages: list[Message], tools: Any, parts: Counter[str]) -> Co
     conv: Conversation = {"messages": messages}
     if tools and (specs := tool_specs(tools, parts)):
         conv["tools"] = specs
+    return conv
+
+
+SLICE = "slice"  # the metadata key (and the conversation's field) that names a record's slice
+SLICE_ATTRIBUTE = "rlcli.slice"  # the OpenTelemetry span attribute that does
+
+
+def slice_tag(value: Any) -> str | None:
+    """A slice's name as a log gives it: a string that is not blank, its first 200 characters; else None."""
+    return value[:200] if type(value) is str and value.strip() else None
+
+
+def tag_of(metadata: Any) -> str | None:
+    """The slice a log's metadata names (its `slice` value), or None: one lookup."""
+    return slice_tag(metadata.get(SLICE)) if type(metadata) is dict else None
+
+
+def tagged(conv: Conversation, tag: str | None) -> Conversation:
+    if tag:
+        conv[SLICE] = tag
     return conv
 
 

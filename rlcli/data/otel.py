@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from rlcli.data.messages import (
+    SLICE_ATTRIBUTE,
     Conversation,
     Message,
     Skip,
@@ -39,6 +40,8 @@ from rlcli.data.messages import (
     convert_message,
     from_parts,
     role_of,
+    slice_tag,
+    tagged,
     to_json,
 )
 from rlcli.data.otel_flat import check_end, first_reply, flattened, maybe_parts
@@ -171,6 +174,14 @@ def _convert(span: Any, parts: Counter[str]) -> Conversation:
     for event in events:
         if type(event) is dict and event.get("name") == _DETAILS_EVENT:
             attrs = {**attributes(event.get("attributes")), **attrs}
+    conv = _by_convention(attrs, events, parts)
+    if (tag := attrs.get(SLICE_ATTRIBUTE)) is not None:
+        tagged(conv, slice_tag(tag))
+    return conv
+
+
+def _by_convention(attrs: dict[str, Any], events: list[Any], parts: Counter[str]) -> Conversation:
+    """The conversation as the span's instrumentation wrote it (the conventions below, newest first)."""
     if "gen_ai.input.messages" in attrs or "gen_ai.output.messages" in attrs:
         return _semconv(attrs, parts)
     if any(type(e) is dict and str(e.get("name", "")).startswith("gen_ai.") for e in events):

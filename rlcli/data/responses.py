@@ -29,7 +29,18 @@ from typing import Any
 
 import orjson
 
-from rlcli.data.messages import Conversation, Link, Message, Skip, conversation, convert_message, read_texts, to_json
+from rlcli.data.messages import (
+    Conversation,
+    Link,
+    Message,
+    Skip,
+    conversation,
+    convert_message,
+    read_texts,
+    tag_of,
+    tagged,
+    to_json,
+)
 
 _REQUEST_KEYS = ("request", "body", "request_body", "params", "inputBodyJson")
 _RESPONSE_KEYS = ("response", "response_body", "result", "outputBodyJson")
@@ -120,9 +131,10 @@ def convert(request: dict[str, Any], response: dict[str, Any] | None, parts: Cou
     tools = _function_tools(request.get("tools") or echo.get("tools"), parts)
     rid = str(echo.get("id") or "") if echo.get("object", "response") == "response" else ""
     previous = request.get("previous_response_id") or echo.get("previous_response_id")
+    tag = tag_of(request.get("metadata"))
     if not rid and not previous:
-        return conversation(system + messages, tools, parts)
-    return Link(conversation(messages, tools, parts), system, rid, str(previous or ""))
+        return tagged(conversation(system + messages, tools, parts), tag)
+    return Link(tagged(conversation(messages, tools, parts), tag), system, rid, str(previous or ""))
 
 
 def _check_status(response: dict[str, Any]) -> None:

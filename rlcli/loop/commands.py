@@ -6,9 +6,9 @@ Launch:  rlcli loop init DIR --traces 'logs/*.jsonl' -f openai --train sft,disti
          rlcli loop status DIR | rlcli loop history DIR
          rlcli loop promote DIR ITER | rlcli loop rollback DIR [ITER]
 
-One iteration: ingest -> split -> train -> evaluate -> gate -> promote -> record (rlcli.loop.data and
-rlcli.loop.stages). The folder's lock lets one command at a time change it; the ledger says what is done,
-so a killed `loop run` resumes the iteration it left.
+One iteration: ingest -> split -> power -> train -> evaluate -> gate -> promote -> record (rlcli.loop.data,
+rlcli.loop.evaluation and rlcli.loop.stages). The folder's lock lets one command at a time change it; the ledger
+says what is done, so a killed `loop run` resumes the iteration it left.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from rlcli.errors import UsageError
-from rlcli.loop import data, settings, stages
+from rlcli.loop import data, evaluation, gate, settings, stages
 from rlcli.loop.ledger import Champion, Ledger, now, opened
 from rlcli.loop.settings import LoopSettings
 from rlcli.loop.stages import say
@@ -111,10 +111,12 @@ def init(o: InitOptions) -> int:
     folder.chmod(0o700)  # traces and answers: the user's data
     data.write_jsonl(folder / data.REGRESSION, rows)
     settings.write(folder, s)
-    with opened(folder):
-        pass
+    with opened(folder) as ledger:
+        data.record_regression(ledger, rows)
+        named = sorted({name for name, _ in ledger.problem_slices("regression").values()})
+    kinds = f" (slices: {', '.join(repr(x) for x in named)})" if named else ""
     print(f"loop folder {folder}: settings in {folder / settings.FILE}; {len(rows)} regression conversations "
-          f"frozen; next: rlcli loop run {o.dir} --once")
+          f"frozen{kinds}; next: rlcli loop run {o.dir} --once")
     return 0
 
 
@@ -173,16 +175,24 @@ def _advance(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champ: Champ
             ledger.finish(db, n, "skipped", "no new conversations to train on")
         say(f"iteration {n}: no new conversations to train on; nothing trained")
         return
+    if ledger.stage(n, "power") is None:  # before any compute: what this evaluation can show at all
+        found = evaluation.power(folder, ledger, n, s, champ)
+        for line in evaluation.power_lines(found, s):
+            say(f"iteration {n}: {line}")
+        with ledger.transaction() as db:
+            ledger.done(db, n, "power", found)
     url = _url(s)
     stages.train(folder, ledger, n, s, champ, url)
     if ledger.stage(n, "evaluate") is None:
-        stages.evaluate(folder, ledger, n, s, champ, url)
-    heldout, regression = stages.comparisons(ledger, n)
+        cand = stages.candidate(ledger, n)
+        assert cand is not None
+        evaluation.evaluate(folder, ledger, n, s, champ, cand, url)
+    heldout, regression, slices = evaluation.recorded(ledger, n)
     say(f"iteration {n}: held-out {heldout.describe()}; regression {regression.describe()}")
+    for x in slices:
+        say(f"iteration {n}: {'new ' if x.new else ''}slice {x.describe()}")
     if ledger.stage(n, "gate") is None:
-        from rlcli.loop.gate import decide
-
-        promote, why = decide(heldout, regression, s.regression_margin)
+        promote, why = _decide(s, heldout, regression, slices)
         if s.gate == "manual":
             promote, why = False, f"waiting for `rlcli loop promote` (the auto gate would say: {why})"
         with ledger.transaction() as db:
@@ -199,6 +209,14 @@ def _advance(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champ: Champ
     with ledger.transaction() as db:
         ledger.finish(db, n, decision, verdict["why"])
     say(f"iteration {n}: {decision}: {verdict['why']}")
+
+
+def _decide(s: LoopSettings, heldout: gate.Comparison, regression: gate.Comparison,
+            slices: list[gate.Slice]) -> tuple[bool, str]:
+    """The pooled rule when asked for (or for an iteration evaluated before slices), else the per-slice one."""
+    if s.gate == "pooled" or not slices:
+        return gate.decide(heldout, regression, s.regression_margin)
+    return gate.decide_slices(slices, s.regression_margin, s.confidence)
 
 
 def parse_every(every: str) -> float:

@@ -3,7 +3,8 @@ split (new conversations into train and the growing held-out set, by a stable ha
 
 Files of the loop folder: iterations/N/new.jsonl (what iteration N ingested, after dropping conversations an
 earlier file already brought), iterations/N/train.jsonl and iterations/N/heldout.jsonl (its split), and
-regression.jsonl (the frozen set `loop init` copied).
+regression.jsonl (the frozen set `loop init` copied). The split also records each held-out problem's slice
+(rlcli.loop.slices) in the ledger.
 """
 
 from __future__ import annotations
@@ -121,31 +122,70 @@ def held_out(conv: dict[str, Any], share: float) -> bool:
 
 
 def split(folder: Path, ledger: Ledger, n: int, s: LoopSettings) -> dict[str, Any]:
-    """New conversations into train and held-out; a prompt held out before stays held out (same hash)."""
+    """New conversations into train and held-out; a prompt held out before stays held out (same hash). Each
+    held-out problem's slice is recorded with it."""
     convs = read_jsonl(iteration_dir(folder, n) / "new.jsonl")
-    test = [c for c in convs if held_out(c, s.heldout_share)]
-    train = [c for c in convs if not held_out(c, s.heldout_share)]
+    flags = [held_out(c, s.heldout_share) for c in convs]
+    test = [c for c, held in zip(convs, flags, strict=True) if held]
+    train = [c for c, held in zip(convs, flags, strict=True) if not held]
     write_jsonl(iteration_dir(folder, n) / "train.jsonl", train)
     write_jsonl(iteration_dir(folder, n) / "heldout.jsonl", test)
     info = {"train": len(train), "heldout": len(test)}
-    with ledger.transaction() as db:  # per file: its share of train and held-out (files in ingest order)
-        owners = _owners(ledger, n, convs)
-        for path, (tr, he) in owners.items():
+    owners = _owners(ledger, n)
+    counts: dict[str, list[int]] = {}  # per file: its share of train and held-out (files in ingest order)
+    for path, held in zip(owners, flags, strict=True):
+        counts.setdefault(path, [0, 0])[held] += 1
+    with ledger.transaction() as db:
+        for path, (tr, he) in counts.items():
             db.execute("UPDATE files SET train = ?, heldout = ? WHERE iteration = ? AND path = ?", (tr, he, n, path))
+        record_slices(ledger, db, n, convs, owners, flags)
         ledger.done(db, n, "split", info)
     return info
 
 
-def _owners(ledger: Ledger, n: int, convs: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
-    """Each file's (train, held-out) counts: conversations are kept in file order, so the file's count of kept
-    conversations (written - duplicate) says which ones are its."""
-    out, at = {}, 0
-    for f in ledger.files(n):
-        share = convs[at:at + f["written"] - f["duplicate"]]
-        at += len(share)
-        held = sum(held_out(c, ledger_share(ledger, n)) for c in share)
-        out[f["path"]] = (len(share) - held, held)
-    return out
+def _owners(ledger: Ledger, n: int) -> list[str]:
+    """The file each of iteration n's kept conversations came from: they are kept in file order, so a file's
+    count of kept conversations (written - duplicate) says which ones are its."""
+    return [f["path"] for f in ledger.files(n) for _ in range(f["written"] - f["duplicate"])]
+
+
+def record_slices(ledger: Ledger, db: Any, n: int, convs: list[dict[str, Any]], owners: list[str],
+                  flags: list[bool]) -> None:
+    """Record the slice of each held-out conversation of iteration n (rlcli.loop.slices: its tag, its template,
+    or its file at iteration n); templates are counted over all of the iteration's new conversations."""
+    from rlcli.loop import slices
+    from rlcli.problems.traces import prompt_key
+
+    known = {name for name, _ in ledger.problem_slices("heldout").values()}
+    known |= {name for name, _ in ledger.problem_slices("regression").values()}
+    names = slices.assign(convs, [slices.file_slice(path, n) for path in owners], known)
+    ledger.record_problems(db, "heldout", [(prompt_key(prompt_of(c)), name, n)
+                                           for c, name, held in zip(convs, names, flags, strict=True) if held])
+
+
+def slices_before(folder: Path, ledger: Ledger, upto: int) -> None:
+    """Record the slices of split iterations up to `upto` that have none (a loop folder made before slices)."""
+    recorded = {it for _, it in ledger.problem_slices("heldout").values()}
+    for it in ledger.iterations():
+        m = it["n"]
+        if m <= upto and m not in recorded and ledger.stage(m, "split") is not None:
+            convs = read_jsonl(iteration_dir(folder, m) / "new.jsonl")
+            share = ledger_share(ledger, m)
+            with ledger.transaction() as db:
+                record_slices(ledger, db, m, convs, _owners(ledger, m), [held_out(c, share) for c in convs])
+
+
+def record_regression(ledger: Ledger, rows: list[dict[str, Any]]) -> None:
+    """Record the regression set's slices (its tags or templates, else "regression"), once."""
+    from rlcli.loop import slices
+    from rlcli.problems.traces import prompt_key
+
+    if ledger.problem_slices("regression") or not rows:
+        return
+    names = slices.assign(rows, [slices.REGRESSION] * len(rows), set())
+    with ledger.transaction() as db:
+        ledger.record_problems(db, "regression", [(prompt_key(prompt_of(r)), name, 0)
+                                                  for r, name in zip(rows, names, strict=True)])
 
 
 def ledger_share(ledger: Ledger, n: int) -> float:

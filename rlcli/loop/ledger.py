@@ -3,7 +3,8 @@
 Tables: files (every trace file ingested, by content hash, with its per-line accounting), conversations
 (the hash of every conversation kept, so a later file cannot bring one in twice), iterations (state,
 decision, why), stages (each completed stage of an iteration, with what it found), runs (the training runs
-of an iteration and their final weights), scores (each model's score per problem set) and aliases (every
+of an iteration and their final weights), problems (each held-out and regression problem's slice, by prompt hash,
+and the iteration that brought it), scores (each model's score per problem set and per slice) and aliases (every
 move of the champion alias). Each stage commits in one transaction: a kill leaves a stage done or not done.
 """
 
@@ -32,6 +33,8 @@ CREATE TABLE IF NOT EXISTS runs (iteration INTEGER NOT NULL, idx INTEGER NOT NUL
     folder TEXT NOT NULL, state_path TEXT, sampler_path TEXT, PRIMARY KEY (iteration, idx));
 CREATE TABLE IF NOT EXISTS scores (iteration INTEGER NOT NULL, model TEXT NOT NULL, problems TEXT NOT NULL,
     score REAL NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (iteration, model, problems));
+CREATE TABLE IF NOT EXISTS problems (problems TEXT NOT NULL, key TEXT NOT NULL, slice TEXT NOT NULL,
+    iteration INTEGER NOT NULL, PRIMARY KEY (problems, key));
 CREATE TABLE IF NOT EXISTS aliases (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, iteration INTEGER,
     sampler_path TEXT, state_path TEXT, reason TEXT NOT NULL);
 """
@@ -130,6 +133,16 @@ class Ledger:
     def scores(self, n: int) -> dict[tuple[str, str], tuple[float, int]]:
         return {(r["model"], r["problems"]): (r["score"], r["n"])
                 for r in self.rows("SELECT * FROM scores WHERE iteration = ?", n)}
+
+    # --- problems and their slices -----------------------------------------------------------
+    def record_problems(self, db: sqlite3.Connection, problems: str, rows: list[tuple[str, str, int]]) -> None:
+        """(prompt hash, slice, iteration) of problems of a set; a prompt recorded before keeps its slice."""
+        db.executemany("INSERT OR IGNORE INTO problems VALUES (?, ?, ?, ?)", [(problems, *r) for r in rows])
+
+    def problem_slices(self, problems: str) -> dict[str, tuple[str, int]]:
+        """{prompt hash: (slice, the iteration that brought it)} of a set's recorded problems."""
+        return {r["key"]: (r["slice"], r["iteration"])
+                for r in self.rows("SELECT key, slice, iteration FROM problems WHERE problems = ?", problems)}
 
     # --- the champion alias -------------------------------------------------------------------
     def champion(self) -> Champion:

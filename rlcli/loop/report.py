@@ -1,13 +1,17 @@
-"""What `loop status` and `loop history` print, read from the ledger (no server, no model)."""
+"""What `loop status` and `loop history` print, read from the ledger (no server, no model): a row per iteration,
+and under it each slice's champion -> candidate, gain, interval and n (new: a slice whose gain could promote;
+gained / fell: what the auto gate read from it)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rlcli.loop import data
 from rlcli.loop.ledger import Ledger
 from rlcli.loop.settings import LoopSettings
 
+SLICE_COLUMNS = ("slice", "", "champ->cand", "gain [interval]", "n", "gate")
 COLUMNS = ("iter", "files", "lines", "dropped", "seen", "train", "held", "runs", "held-out champ->cand [CI]",
            "regression champ->cand", "decision", "why")
 
@@ -43,9 +47,29 @@ def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     return "\n".join([line(header), line(tuple("-" * w for w in widths)), *(line(r) for r in rows)])
 
 
+def slice_lines(ledger: Ledger, n: int, indent: str = "    ") -> list[str]:
+    """Iteration n's slices, one line each (none before its evaluation, or in a ledger written before slices)."""
+    from rlcli.loop.gate import Slice
+
+    found = [Slice(**x) for x in (ledger.stage(n, "evaluate") or {}).get("slices", [])]
+    if not found:
+        return []
+    margin = json.loads(ledger.iteration(n)["settings"])["regression_margin"]
+    rows = [(x.name, "new" if x.new else "", f"{x.champion:.2f}->{x.candidate:.2f}",
+             f"{x.gain:+.2f} [{x.low:+.2f},{x.high:+.2f}]", f"n={x.n}",
+             "gained" if x.gained() else "fell" if x.fell(margin) else "")
+            for x in found]
+    header = f"{indent}slices at {found[0].confidence:.2%} each:"
+    return [header, *(indent + "  " + line for line in table(SLICE_COLUMNS, rows).splitlines())]
+
+
 def history_table(ledger: Ledger) -> str:
     rows = history_rows(ledger)
     text = table(COLUMNS, rows) if rows else "no iterations yet: `rlcli loop run DIR --once`"
+    per_slice = [(r[0], slice_lines(ledger, int(r[0]))) for r in rows]
+    if any(lines for _, lines in per_slice):
+        text += "\n\nper slice:\n" + "\n".join(f"  iteration {n}\n" + "\n".join(lines)
+                                                for n, lines in per_slice if lines)
     moves = ledger.aliases()
     if moves:
         text += "\n\nchampion alias:\n" + "\n".join(
@@ -62,6 +86,7 @@ def status_text(folder: Path, ledger: Ledger, s: LoopSettings) -> str:
         it = last[0]
         lines.append(f"last iteration: {it['n']} ({it['decision'] or 'unfinished'}"
                      f"{': ' + it['why'] if it['why'] else ''})")
+        lines += slice_lines(ledger, it["n"], indent="  ")
     else:
         lines.append("last iteration: none yet")
     if (n := ledger.open_iteration()) is not None:

@@ -16,14 +16,14 @@ from typing import Any, Literal
 from rlcli.data.import_cmd import DEDUPE, FORMAT, REDACT, Format
 from rlcli.errors import UsageError
 from rlcli.export import Format as ExportFormat
-from rlcli.options import BASE_URL, MAX_TOKENS, SEED, Record, option, specs
+from rlcli.options import BASE_URL, MAX_TOKENS, SAMPLES, SEED, TEMPERATURE, Record, option, sampled, specs
 from rlcli.problems.rewards import check_match
 from rlcli.problems.traces import MATCH
 from rlcli.train.options import BATCH, GROUP, LORA, SAVE, group_of_two
 
 FILE = "loop.toml"
 STAGES = ("sft", "rl", "distill")
-Gate = Literal["auto", "manual"]
+Gate = Literal["auto", "pooled", "manual"]
 TrainOn = Literal["all", "new"]
 
 
@@ -39,17 +39,21 @@ class LoopSettings(Record):
                                "champion)")
     train_on: TrainOn = option("all", "sft and rl train on all data so far (new and a replay of earlier; less "
                                       "forgetting) or new")
-    gate: Gate = option("auto", "auto (promote when the held-out gain is above 0 beyond its interval and regression "
-                                "holds) or manual (wait for `rlcli loop promote`)")
+    gate: Gate = option("auto", "auto: per slice (promote when a slice new since the champion gains beyond its "
+                                "interval and no slice falls beyond the margin); pooled: all held-out problems as one "
+                                "(the rule before slices); manual: wait for `rlcli loop promote`")
     heldout_share: float = option(0.2, "share of new prompts held out (by a stable hash of the prompt)", low=0,
                                   high=1, above=True, below=True)
     match: str = MATCH("normalized")
-    eval_limit: int = option(64, "at most this many problems per set (held-out, regression) in each evaluation, "
-                                 "smallest prompt hash first", low=1)
-    regression_margin: float = option(0.05, "the largest regression drop the auto gate accepts (0.05: 5 points)",
-                                      low=0)
-    confidence: float = option(0.95, "of the paired bootstrap interval", low=0, high=1, above=True, below=True)
-    bootstrap: int = option(2000, "resamples of that interval", low=1)
+    eval_limit: int = option(64, "at most this many problems per slice of each set (held-out, regression) in each "
+                                 "evaluation, smallest prompt hash first", low=1)
+    samples: int = SAMPLES(1)
+    temperature: float = TEMPERATURE(0.0)
+    regression_margin: float = option(0.05, "the largest drop of a slice the auto gate lets pass (pooled: of the "
+                                            "regression set's mean; 0.05: 5 points)", low=0)
+    confidence: float = option(0.95, "that all slices' intervals hold together (each at 1 - (1 - this) / slices); "
+                                     "pooled: of its one interval", low=0, high=1, above=True, below=True)
+    bootstrap: int = option(2000, "resamples of the pooled gate's interval", low=1)
     export_format: ExportFormat = option("peft", "the champion's export in DIR/champion: peft or merged")
     hook: str = option("", "a shell command run after each promotion or rollback (RLCLI_LOOP_CHAMPION: the folder)")
     batch_size: int = BATCH(8)
@@ -76,6 +80,7 @@ class LoopSettings(Record):
             yield (f"--train {self.train!r}: give stages from {', '.join(STAGES)}, comma-separated "
                    "(e.g. sft,distill)")
         yield from group_of_two(self.group_size)
+        yield from sampled(self.samples, self.temperature)
         check_match(self.match)
 
 

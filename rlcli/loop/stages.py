@@ -1,4 +1,5 @@
-"""The loop's model stages: train the candidate from the champion, evaluate both paired, gate, promote.
+"""The loop's model stages: train the candidate from the champion, promote (export, alias, hook). Evaluating
+both models is rlcli.loop.evaluation; the gate's arithmetic rlcli.loop.gate.
 
 Each trainer is called as a library function (rlcli.train.sl/rl/distill) on a record of its options that
 `stage_options` makes from loop.toml's settings, in this process, with a run folder of its own under
@@ -20,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from rlcli.errors import RlcliError
-from rlcli.loop import data, gate
+from rlcli.loop import data
 from rlcli.loop.ledger import Champion, Ledger
 from rlcli.loop.settings import LoopSettings, stages
 from rlcli.options import Record
-from rlcli.problems.traces import Problem, first_problems
 from rlcli.train import folder as runs
 from rlcli.train.run import Weights
 
@@ -115,75 +115,6 @@ def candidate(ledger: Ledger, n: int) -> Champion | None:
     """The last trained stage's weights, once every train stage is done."""
     trained = ledger.runs(n)
     return Champion(n, trained[-1]["sampler_path"], trained[-1]["state_path"]) if trained else None
-
-
-def evaluate(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Champion, url: str) -> dict[str, Any]:
-    cand = candidate(ledger, n)
-    assert cand is not None
-    sets = {"heldout": first_problems(data.all_rows(folder, ledger, "heldout.jsonl", n), s.eval_limit, "held-out"),
-            "regression": first_problems(data.read_jsonl(folder / data.REGRESSION), s.eval_limit, "regression")}
-    say(f"iteration {n}: evaluating {champion.label()} and the candidate on {len(sets['heldout'])} held-out and "
-        f"{len(sets['regression'])} regression problems")
-    scores = score_sets(sets, {"champion": champion, "candidate": cand}, s, url,
-                        data.iteration_dir(folder, n) / "eval.jsonl")
-    result: dict[str, Any] = {"champion_iteration": champion.iteration}
-    with ledger.transaction() as db:
-        for name, by_model in scores.items():
-            cmp = gate.paired_bootstrap(by_model["champion"], by_model["candidate"], s.confidence, s.bootstrap, s.seed)
-            result[name] = cmp.__dict__
-            for who in ("champion", "candidate"):
-                db.execute("INSERT OR REPLACE INTO scores VALUES (?, ?, ?, ?, ?)",
-                           (n, who, name, getattr(cmp, who), cmp.n))
-        ledger.done(db, n, "evaluate", result)
-    return result
-
-
-def score_sets(sets: dict[str, list[Problem]], models: dict[str, Champion], s: LoopSettings, url: str,
-               out: Path) -> dict[str, dict[str, list[float]]]:
-    """{set: {model: per-problem scores}}: both models answer the same problems greedily, each answer scored 0
-    or 1 against the logged reply under --match (rlcli.problems.score); every answer goes to `out` (eval.jsonl)."""
-    scores: dict[str, dict[str, list[float]]] = {name: {} for name in sets}
-    lines = []
-    for who, model in models.items():
-        graded = iter(answers(model, [p for probs in sets.values() for p in probs], s, url))
-        for name, probs in sets.items():
-            got = [next(graded) for _ in probs]
-            scores[name][who] = [g.correct for g in got]
-            lines += [{"set": name, "model": who, "source": p.source, "prompt": p.last_user(), "logged": p.text,
-                       "reply": g.reply, "score": g.correct} for p, g in zip(probs, got, strict=True)]
-    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in lines))
-    return scores
-
-
-def answers(model: Champion, problems: list[Problem], s: LoopSettings, url: str) -> list[Any]:
-    """One model's graded answers, greedy, one request at a time (rlcli.problems.score.answer says why), rendered
-    and parsed by the renderer the trainers use: a model is asked as it was trained."""
-    from tinker_cookbook import renderers as cookbook
-    from tinker_cookbook.completers import TinkerTokenCompleter
-    from tinker_cookbook.tokenizer_utils import get_tokenizer
-
-    from rlcli import sample
-    from rlcli.problems import replay, score
-    from rlcli.problems.traces import Spec
-    from rlcli.train import run
-
-    if not problems:
-        return []
-    smp = sample.open_sampler(model.sampler_path, None, url, None, s.max_tokens, 0.0, s.seed)
-    try:
-        sample.complete(smp, problems[0].prompt)  # serves an unloaded checkpoint again if need be
-        renderer = cookbook.get_renderer(run.prepare_model(smp.base_model, None), get_tokenizer(smp.base_model))
-        graded = score.answer(replay.one_each(problems, renderer, Spec("", match=s.match)),
-                              TinkerTokenCompleter(smp.client, max_tokens=s.max_tokens, temperature=0.0),
-                              one_at_a_time=True)
-        return score.per_problem(graded, renderer)
-    finally:
-        sample.close(smp)
-
-
-def comparisons(ledger: Ledger, n: int) -> tuple[gate.Comparison, gate.Comparison]:
-    found = ledger.stage(n, "evaluate") or {}
-    return gate.Comparison(**found["heldout"]), gate.Comparison(**found["regression"])
 
 
 def export_champion(folder: Path, champ: Champion, s: LoopSettings, url: str) -> Path:

@@ -211,12 +211,12 @@ def datasets(spec: Spec, eval_size: int, batch_size: int, group_size: int, rende
 
 
 def one_each(problems: list[Problem], renderer: renderers.Renderer, spec: Spec,
-             rubric: rewards.Rubric | None = None) -> list[ReplayGroup]:
-    """One sample of each problem, scored alone: the judge ranks a group, so a judged problem is scored by match
-    instead (held-out problems, and the loop's evaluation through rlcli.problems.score)."""
+             rubric: rewards.Rubric | None = None, samples: int = 1) -> list[ReplayGroup]:
+    """`samples` answers of each problem, each scored alone: the judge ranks a group, so a judged problem is scored
+    by match instead (held-out problems, and the loop's evaluation through rlcli.problems.score)."""
     env_class = ToolsEnv if spec.env == "tools" else ReplayEnv
     alone = replace(spec, reward="match") if spec.reward == "judge" else spec
-    return [ReplayGroup(partial(env_class, p, renderer, alone, rubric), 1) for p in problems]
+    return [ReplayGroup(partial(env_class, p, renderer, alone, rubric), samples) for p in problems]
 
 
 @chz.chz

@@ -3,8 +3,8 @@
 A problem is a tinker-cookbook env group (a problem set's held-out split, or logged conversations as replay envs);
 the model answers through a token completer, and the env's step says what the answer earned. `rlcli eval` takes
 the means (`means`: the cookbook's trajectory metrics, as its RL test-set evaluator reports them, under `test/`);
-the loop's gate compares two models problem by problem (`Scored`). The caller opens the sampler and chooses the
-renderer: nothing here imports a trainer.
+the loop's gate compares two models problem by problem (`Scored`: with k answers, the share right). The caller
+opens the sampler and chooses the renderer: nothing here imports a trainer.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, TrajectoryGroup
 from tinker_cookbook.utils import logtree
 
 PREFIX = "test"  # the metrics' namespace: what the trainers log for held-out problems (rlcli.train.metrics)
+# Sampling requests one scoring keeps waiting at the server at once. SkyRL samples every pending sequence in one
+# batch (unless sample_max_num_sequences is set): uncapped, `eval --samples 8` on 1,319 GSM8K problems would be one
+# batch of 10,552 sequences. 64 keeps batches within the padded sizes up to 72, which a server compiles once.
+IN_FLIGHT = 64
 
 
 @dataclass(frozen=True)
@@ -38,25 +42,40 @@ def problems_of(dataset: RLDataset) -> list[EnvGroupBuilder]:
     return dataset_to_env_group_builders(dataset)
 
 
-def answer(problems: Sequence[EnvGroupBuilder], policy: Any,
-           one_at_a_time: bool = False) -> list[TrajectoryGroup | None]:
+def answer(problems: Sequence[EnvGroupBuilder], policy: Any, one_at_a_time: bool = False,
+           in_flight: int = IN_FLIGHT) -> list[TrajectoryGroup | None]:
     """Each problem answered by `policy` (a token completer) and graded by its env; None where every answer
-    failed. one_at_a_time: the server compiles a sampling batch's shape once, and one request at a time keeps
-    that shape the same however many problems there are."""
-
-    async def one(problem: EnvGroupBuilder) -> TrajectoryGroup | None:
-        try:
-            with logtree.optional_enable_logging(enable=False):
-                return await do_group_rollout(problem, policy)
-        except AllTrajectoriesFailedError:
-            return None
+    failed. Every problem's requests are sent at once, at most `in_flight` waiting at a time: the server samples the
+    sequences of all pending requests in one batch, padded to a few sizes (IN_FLIGHT says why the cap), and a group
+    of k answers is k requests. one_at_a_time: each problem waits for the one before (how the loop scored before
+    batching; the baseline of benchmarks/loop_scoring.py)."""
 
     async def every() -> list[TrajectoryGroup | None]:
+        room = asyncio.Semaphore(1 if one_at_a_time else in_flight)
+
+        async def limited(*args: Any, **kwargs: Any) -> Any:
+            async with room:
+                return await policy(*args, **kwargs)
+
+        async def one(problem: EnvGroupBuilder) -> TrajectoryGroup | None:
+            try:
+                with logtree.optional_enable_logging(enable=False):
+                    return await do_group_rollout(problem, limited)
+            except AllTrajectoriesFailedError:
+                return None
+
         if one_at_a_time:
             return [await one(p) for p in problems]
         return list(await asyncio.gather(*(one(p) for p in problems)))
 
     return asyncio.run(every())
+
+
+def rounds(problems: Sequence[EnvGroupBuilder], policy: Any, count: int) -> list[list[TrajectoryGroup | None]]:
+    """`count` rounds of every problem (each round answers each problem once), all sent at once: `rlcli eval
+    --samples K` in one batch instead of K in turn."""
+    graded = answer([p for _ in range(count) for p in problems], policy)
+    return [graded[r * len(problems):(r + 1) * len(problems)] for r in range(count)]
 
 
 def means(problems: Sequence[EnvGroupBuilder], graded: Sequence[TrajectoryGroup | None]) -> dict[str, float]:

@@ -1,16 +1,19 @@
 """`rlcli loop` against the real SkyRL server on CPU, one loop folder through three trace batches (kept small:
 48 chats a batch, 8 SFT steps, at most 16 problems a set, 8 answer tokens).
 
-In order: batch 1 is learned and promoted (exported, hook run); a rerun with nothing new is a no-op; batch 2
-trained on shuffled answers is rejected by the gate; batch 3's run (manual gate) is killed after its first
-checkpoint, a second `loop run` meanwhile refused, and the next run resumes it with the trainer's --resume
-and leaves it pending; `loop promote` makes it champion and `loop rollback` restores the earlier one, the
-export and the hook following; every trace line is accounted for.
+In order: batch 1 is learned and promoted by the per-slice gate (its door-code slice gained; exported, hook run);
+a rerun with nothing new is a no-op; batch 2 trained on shuffled answers is rejected by the gate, after the power
+check said its new chest slice (4 held-out problems) cannot show a gain; batch 3's run (manual gate) is killed after
+its first checkpoint, a second `loop run` meanwhile refused, and the next run resumes it with the trainer's
+--resume and leaves it pending; `loop promote` makes it champion and `loop rollback` restores the earlier one, the
+export and the hook following; every trace line is accounted for. And the scoring itself: one request at a time,
+then every request at once, which the engine samples in batches.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -28,6 +31,7 @@ pytestmark = pytest.mark.server
 # The embedded model learns a constant answer in 8 steps at lr 1e-2 but forgets its sums doing so (measured:
 # regression 0.75 -> 0.25), so these runs leave the regression rule off (margin 1); unit tests cover it.
 SETTINGS = dict(match="number", steps=8, lr=1e-2, save_every=2, max_tokens=8, eval_limit=16, regression_margin=1.0)
+DOORS, SUMS, CHESTS = "Door #: code please.", "What is # + #?", "Chest #: how many coins?"  # the batches' slices
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +72,18 @@ def test_first_iteration_learns_and_is_promoted(loop):
     proc = loop_run(folder, server)
     it = iteration(folder, 1)
     assert it["decision"] == "promoted", proc.stderr[-2000:]
+    assert it["why"].startswith(f"gained: '{DOORS}'") and "2 slices at 97.50% each, 95% together" in it["why"]
+    assert "power: 2 slices at 97.50% each" in proc.stderr
     with opened(folder) as ledger:
         result = ledger.stage(1, "evaluate")
         assert ledger.champion().iteration == 1
+        assert {name for name, _ in ledger.problem_slices("heldout").values()} == {DOORS, SUMS}
+    slices = {x["name"]: x for x in result["slices"]}
+    assert slices[DOORS]["new"] and slices[DOORS]["low"] > 0 and slices[DOORS]["n"] == 10
+    assert slices[SUMS]["n"] == 4 + 8  # held-out sums and the regression set's: one slice
     assert result["heldout"]["low"] > 0 and result["heldout"]["n"] >= 5
+    written = [json.loads(line) for line in (folder / "iterations" / "0001" / "eval.jsonl").read_text().splitlines()]
+    assert {r["name"] for r in written if r["kind"] == "slice"} == {DOORS, SUMS}
     assert champion(folder)["iteration"] == 1 and (folder / "champion" / "adapter_config.json").is_file()
     assert (tmp / "hook.log").read_text().split() == ["1"]
 
@@ -95,7 +107,10 @@ def test_candidate_trained_on_shuffled_answers_is_rejected(loop):
     finally:
         settings.write(folder, good)
     it = iteration(folder, 2)
-    assert it["decision"] == "rejected" and "held-out gain" in it["why"], proc.stderr[-2000:]
+    assert it["decision"] == "rejected" and "no new slice gained beyond its interval" in it["why"], proc.stderr[-2000:]
+    assert f"slice '{CHESTS}' (new, 4 problems): cannot show a gain: it needs 7 problems to improve" in proc.stderr
+    assert "fix: more held-out problems of those slices (heldout_share = 0.2 now" in proc.stderr
+    assert proc.stderr.index("power:") < proc.stderr.index("iteration 2: sft from")  # before any training
     assert champion(folder)["iteration"] == 1
     with opened(folder) as ledger:
         assert ledger.champion().iteration == 1 and ledger.stage(2, "promote") is None
@@ -130,7 +145,7 @@ def test_killed_iteration_resumes_and_a_second_run_is_refused(loop):
         assert ledger.open_iteration() == 3 and ledger.stage(3, "train:0:sft") is None
         files = len(ledger.files())
     proc = loop_run(folder, server)
-    assert "iteration 3: resuming after split" in proc.stderr and "resuming " in proc.stderr
+    assert "iteration 3: resuming after power" in proc.stderr and "resuming " in proc.stderr
     steps = [json.loads(line)["step"] for line in
              (folder / "iterations" / "0003" / "run-0-sft" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(8))  # each step once: the resume took up where the checkpoint left off
@@ -168,3 +183,32 @@ def test_history_accounts_for_every_line(loop):
             assert f["written"] == f["duplicate"] + f["train"] + f["heldout"]
             assert f["dropped"].pop("no_assistant_reply") == f["dropped"].pop("truncated") == 1
             assert set(f["dropped"]) <= {"duplicate"}  # import's --dedupe: sums repeat within a batch
+
+
+def test_scoring_sends_every_request_at_once(loop, monkeypatch):
+    """One model answers 16 loop problems one request at a time, then all at once: the engine's log shows only
+    single-request sample batches for the first and batches of several for the second, and the greedy replies
+    agree (batched numerics may move a near tie, so nearly all)."""
+    from rlcli.loop import evaluation
+    from rlcli.loop.ledger import Champion
+    from rlcli.problems.traces import first_problems
+
+    tmp, folder, server = loop
+    for key in ("RLCLI_HOME", "TINKER_API_KEY"):
+        if key in server.env:
+            monkeypatch.setenv(key, server.env[key])
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+            for q, a in batches.chats(3, 32, seed=5)]
+    problems, s = first_problems(rows, 16, "scoring"), settings.read(folder)
+
+    def score(one_at_a_time: bool) -> tuple[list[int], list[str]]:
+        """The sample batches the engine logged (requests in each) while one model answered, and its replies."""
+        start = server.log.stat().st_size
+        replies = [g.reply for g in evaluation.answers(Champion(0), problems, s, server.url, one_at_a_time)]
+        with open(server.log, "rb") as f:
+            f.seek(start)
+            return [int(n) for n in re.findall(rb"process_batch_requests\(sample, n=(\d+)\)", f.read())], replies
+
+    (one, first), (together, second) = score(True), score(False)
+    assert len(problems) == 16 and set(one) == {1} and max(together) > 1 and len(together) < len(one), (one, together)
+    assert sum(a == b for a, b in zip(first, second, strict=True)) >= 14

@@ -5,8 +5,10 @@ asked about other doors, so a later candidate that forgets it fails the rule (ma
 skill: the coins in a chest, 77) then arrives, and iteration 2 runs in three copies of the folder, each from
 the same champion: `sft` alone (train_on new: it learns 77 and forgets 42, and the gate rejects it for the
 regression), `sft,distill` (then distill from the champion on batch 1's prompts: the door code comes back),
-and `rl` (a run on the replay env, scored and gated). Kept small: 48 and 96 chats, 8 sft steps, at most 32
-problems a set, 8 answer tokens, distill as many steps as batch 1's prompts fill, rl 2 steps of 4 x 2.
+and `rl` (a run on the replay env, scored and gated). The gate decides per slice: the doors asked in the regression
+set and held out of batch 1 are one slice, which sft alone makes fall. Kept small: 48 and 96 chats, 8 sft steps, at
+most 32 problems a slice of each set, 8 answer tokens, distill as many steps as batch 1's prompts fill, rl 2 steps
+of 4 x 2.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 MARGIN = 0.1
 SETTINGS = dict(match="number", steps=8, lr=1e-2, save_every=0, max_tokens=8, eval_limit=32, train_on="new",
                 regression_margin=MARGIN)
+DOORS, CHESTS = "Door #: code please.", "Chest #: how many coins?"  # batch 1's and batch 2's slices
 
 
 def loop_run(folder: Path, server) -> str:
@@ -87,9 +90,13 @@ def regression(result: dict) -> float:
 
 
 def test_sft_alone_forgets_and_the_regression_rule_rejects_it(sft_alone):
+    """The per-slice gate rejects the candidate for one slice, the door code (held-out and regression doors),
+    and names it."""
     it = sft_alone["iteration"]
     assert it["decision"] == "rejected", sft_alone["stderr"][-2000:]
-    assert "regression score fell" in it["why"] and f"more than the margin {MARGIN:g}" in it["why"]
+    assert f"slice '{DOORS}' fell beyond the margin {MARGIN:g}" in it["why"]
+    doors = next(x for x in sft_alone["evaluate"]["slices"] if x["name"] == DOORS)
+    assert not doors["new"] and doors["high"] < 0 and doors["gain"] < -MARGIN and doors["n"] >= 16
     assert regression(sft_alone) < sft_alone["evaluate"]["regression"]["champion"] - MARGIN
     assert [r["kind"] for r in sft_alone["runs"]] == ["sft"] and sft_alone["champion"].iteration == 1
 
@@ -106,7 +113,7 @@ def test_sft_then_distill_from_the_champion_recovers_what_sft_forgot(sft_distill
     assert prompts == (where / "0001" / "train.jsonl").read_text()  # on the earlier iteration's data
     # what the regression rule watches came back, and the gate recorded it as kept (or a drop within the margin)
     assert regression(sft_distill) > regression(sft_alone) + MARGIN
-    assert "regression score fell" not in sft_distill["iteration"]["why"]
+    assert f"'{DOORS}' fell" not in sft_distill["iteration"]["why"]
     assert sft_distill["iteration"]["decision"] in ("promoted", "rejected")
 
 
@@ -119,9 +126,11 @@ def test_rl_iteration_records_its_run_scores_and_decision(champion_loop, server)
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1]
     heldout, reg = (gate.Comparison(**done["evaluate"][k]) for k in ("heldout", "regression"))
-    assert heldout.n >= 10 and reg.n == 16
+    slices = [gate.Slice(**x) for x in done["evaluate"]["slices"]]
+    assert heldout.n >= 10 and reg.n == 16 and {x.name for x in slices} >= {DOORS, CHESTS}
     assert done["scores"][("candidate", "heldout")] == (heldout.candidate, heldout.n)  # the scores table agrees
-    promote, why = gate.decide(heldout, reg, MARGIN)  # the recorded decision is the gate's on the recorded scores
+    assert all(done["scores"][("candidate", f"slice:{x.name}")] == (x.candidate, x.n) for x in slices)
+    promote, why = gate.decide_slices(slices, MARGIN)  # the recorded decision is the gate's on the recorded scores
     assert done["gate"] == {"promote": promote, "why": why, "manual": False}
     assert done["iteration"]["decision"] == ("promoted" if promote else "rejected")
     assert (done["champion"].iteration == 2) == promote

@@ -113,3 +113,6 @@ def test_continual_loop_notebook_records_three_iterations(server, tmp_path):
     scores = [v for k in ("heldout_champion", "heldout_candidate", "regression_champion", "regression_candidate")
               for v in result[k] if v is not None]
     assert scores and all(0 <= v <= 1 for v in scores)
+    per_slice = [x for iteration in result["slices"] for x in iteration]  # champion -> candidate per slice
+    assert per_slice and all(x["low"] - 1e-3 <= x["candidate"] - x["champion"] <= x["high"] + 1e-3 and x["n"]
+                             for x in per_slice)  # rounded to 4 places in the result

@@ -257,6 +257,40 @@ def test_the_one_scorer_grades_each_answer_with_its_env(tokenized):
     assert score.per_problem([None], tokenized[0]) == [score.Scored(0.0, 0.0, "")]
 
 
+def test_the_scorer_asks_every_problem_at_once_and_k_answers_each(tokenized):
+    """score.answer sends every problem's requests together (the server batches what is pending), at most
+    `in_flight` at a time; a group of k answers scores the share right; score.rounds runs eval's K rounds in one go."""
+    import asyncio
+
+    from tinker_cookbook.completers import TokensWithLogprobs
+
+    from rlcli.problems import replay, score
+
+    problems = traces.read_traces(str(DEMO)).problems[:4]
+    waiting, most, calls = [0], [0], [0]
+
+    async def policy(prompt, stop, max_tokens=None):  # every other answer is the logged one
+        waiting[0] += 1
+        most[0] = max(most[0], waiting[0])
+        await asyncio.sleep(0.01)
+        waiting[0] -= 1
+        calls[0] += 1
+        reply = problems[0].text if calls[0] % 2 else "no idea"
+        return TokensWithLogprobs(tokens=tokenized[1].encode(reply + "<|im_end|>", add_special_tokens=False),
+                                  maybe_logprobs=None)
+
+    groups = replay.one_each(problems[:1], tokenized[0], traces.Spec("", match="normalized"), samples=4)
+    assert [g.correct for g in score.per_problem(score.answer(groups, policy), tokenized[0])] == [0.5]
+    assert most[0] == 4  # the group's 4 answers asked together
+    most[0] = 0
+    one_each = replay.one_each(problems, tokenized[0], traces.Spec("", match="normalized"))
+    assert most[0] == 0 and len(score.answer(one_each, policy, one_at_a_time=True)) == 4 and most[0] == 1
+    rounds = score.rounds(one_each, policy, 3)
+    assert [len(r) for r in rounds] == [4, 4, 4] and most[0] == 12  # 3 rounds of 4 problems, all at once
+    most[0] = 0
+    assert len(score.answer(one_each * 3, policy, in_flight=5)) == 12 and most[0] == 5  # never more than the cap
+
+
 # --- the command --------------------------------------------------------------------------------------
 
 
