@@ -51,7 +51,8 @@ def test_a_missing_lock_is_caught(tmp_path: Path) -> None:
     assert locks.problems(root) == ["env/torch-cpu.lock is missing: run `make lock`"]
 
 
-@pytest.mark.parametrize("path", ["env/client.lock", "env/torch-cpu.lock", "rlcli/server/env/server-jax.lock"])
+@pytest.mark.parametrize("path", ["env/client.lock", "env/torch-cpu.lock", "rlcli/server/env/server-jax.lock",
+                                  "env/compat.lock"])
 def test_every_locked_package_has_hashes(path: str) -> None:
     text = (REPO / path).read_text()
     entries = re.split(r"^(?=[A-Za-z0-9])", text, flags=re.M)[1:]
