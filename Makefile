@@ -62,6 +62,12 @@ server-venv: venv
 server-venv-ray: server-venv
 	$(RLCLI) serve install --ray
 
+# The newest supported tinker SDK in a venv of its own (env/compat.lock, ~/.rlcli/compat-venv-<digest>), for the
+# compatibility test (tests/integration/test_sdk_compat.py, which builds it too when the package index is reachable).
+.PHONY: compat-venv
+compat-venv: venv
+	PYTHONPATH=. $(BIN)/python -m tests.sdk_clients build
+
 # The embedded model's shipped bytes (rlcli/assets/), copied to RLCLI_HOME and checked; nothing is built.
 model: venv
 	$(RLCLI) model install

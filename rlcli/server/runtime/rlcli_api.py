@@ -1,5 +1,6 @@
-"""SkyRL's API process as rlcli runs it (a module of functions and a FastAPI app: no class to subclass): the request
-path's and the tenant gate's rebindings (the engine command is the launcher's), and rlcli's routes: GET
+"""SkyRL's API process as rlcli runs it (a module of functions and a FastAPI app: no class to subclass): the asample
+route today's tinker SDKs need (rlcli_sdk), the request path's and the tenant gate's rebindings (the engine command is
+the launcher's), and rlcli's routes: GET
 CAPABILITIES_ROUTE (the losses served in one forward_backward, what each change does) and POST FORGET_ROUTE
 (docs/decisions.md, "`serve start`'s readiness probe leaves no training run behind").
 """
@@ -14,6 +15,7 @@ import rlcli_lora
 import rlcli_losses
 import rlcli_no_torch
 import rlcli_samplers
+import rlcli_sdk
 import rlcli_tenants
 import rlcli_wake
 import rlcli_warmup
@@ -21,7 +23,9 @@ from shared import CAPABILITIES_ROUTE, EXTENSIONS_ENV, FORGET_ROUTE, READINESS_T
 
 
 def install(api, features: set[str]) -> None:
-    """In this order: the request path and routes (rlcli), the tenant gate."""
+    """In this order: what today's tinker SDKs expect (always), the request path and routes (rlcli), the tenant
+    gate."""
+    rlcli_sdk.install(api)
     if RLCLI in features:
         rlcli_wake.install_api(api)
 
@@ -54,6 +58,7 @@ def capabilities(engine_config) -> dict:
     else:  # fsdp and megatron (SkyRL-Train) serve every Tinker loss; megatron has no critic model
         losses = set(types.SUPPORTED_LOSS_FNS) - ({"ppo_critic"} if backend == "megatron" else set())
     answer["losses"] = sorted(losses)
+    answer["rlcli_sdk"] = rlcli_sdk.describe()  # with --no-extensions too
     if backend == "jax" and engine_config.backend_config.get("use_ray"):
         import ray_actors
 

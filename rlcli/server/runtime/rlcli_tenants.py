@@ -174,7 +174,7 @@ class TenantGate:
                              "LoRA slot on any model's step, so it would shrink other tenants' models; use "
                              "weight_decay 0"), None
         held = len(self.owners.models.get(tenant, ()))
-        if path == "/api/v1/create_model" and quota.get("max_models") and held >= quota["max_models"]:
+        if _creates_model(path, body) and quota.get("max_models") and held >= quota["max_models"]:
             _state["throttled"] += 1
             return 429, (f"tenant {tenant!r} holds {held} models, its limit; unload one first "
                          "(`rlcli tenant add` sets --max-models)"), [(b"retry-after", str(RETRY_AFTER_S).encode())]
@@ -211,7 +211,7 @@ class TenantGate:
         for field, kind in (("session_id", "session"), ("model_id", "model"),
                             ("sampling_session_id", "sampling"), ("request_id", "future")):
             ident = answer.get(field)
-            if ident is None or (kind == "model" and path != "/api/v1/create_model"):
+            if ident is None or (kind == "model" and not _creates_model(path, body)):
                 continue
             if kind in ("session", "sampling") and not path.startswith("/api/v1/create_"):
                 continue
@@ -270,6 +270,12 @@ def _parse_body(path: str, headers: dict, raw: bytes):
         return json.loads(raw)
     except ValueError:
         return _UNREADABLE
+
+
+def _creates_model(path: str, body) -> bool:
+    """create_model, or tinker 0.38's load that names a session instead of a model (rlcli_sdk.create_by_load)."""
+    return path == "/api/v1/create_model" or (path == "/api/v1/load_weights" and isinstance(body, dict)
+                                               and body.get("model_id") is None and body.get("session_id") is not None)
 
 
 def _not_found(path: str) -> str:
