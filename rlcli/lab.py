@@ -99,16 +99,53 @@ def train_rl(url: str, folder: Path, dataset: str, loss: str, steps: int, max_op
     return read_metrics(folder)
 
 
-def demo_chats(path: Path) -> Path:
-    """`rlcli demo`'s four chats as SFT JSONL at `path`: a few steps on them move the embedded model away from
-    its arithmetic (the "recover" demonstration)."""
-    from rlcli.demo import DEMO_CHATS
+# The skill SFT on the demo traces teaches: a reply in the logged calculator's form "a + b = c." (the sums
+# themselves are beyond the model). `--match regex:` compares what group 1 captures in the reply and the log.
+CALCULATOR_FORM = r"regex:^\d+ (\+) \d+ = \d+\.$"
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": prompt},
-                                                     {"role": "assistant", "content": reply}]}) + "\n"
-                            for prompt, reply in DEMO_CHATS))
-    return path
+
+def demo_traces(folder: Path) -> Path:
+    """`make demo`'s logged OpenAI traffic through `rlcli import`, at folder/traces.jsonl."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "traces.jsonl"
+    rlcli("import", str(ROOT / "rlcli" / "data" / "demo" / "demo-traces.openai.jsonl"), "-f", "openai", "-o", str(out))
+    return out
+
+
+def evaluate_form(url: str, traces: Path, checkpoint: str | Path | None = None, eval_size: int = 16,
+                  max_tokens: int = 16) -> dict:
+    """`rlcli eval --env replay` on the traces' held-out prompts, greedy: the share of replies in the calculator's
+    form (CALCULATOR_FORM)."""
+    args = ["eval", "--env", "replay", "--dataset", str(traces), "--match", CALCULATOR_FORM, "--eval-size",
+            str(eval_size), "--temperature", "0", "--max-tokens", str(max_tokens), "--base-url", url]
+    if checkpoint:
+        args += ["--checkpoint", str(checkpoint)]
+    return json.loads(rlcli(*args).strip().splitlines()[-1])
+
+
+def difference(after: dict, before: dict, z: float = 1.96) -> dict:
+    """after - before in correct share, with a ~95% interval from each evaluation's rounds (`rlcli eval
+    --samples K`: K independent answers to every problem): the sampling noise of the two scores on these problems."""
+    def spread(score: dict) -> float:
+        rounds = score["correct_per_round"]
+        mean = sum(rounds) / len(rounds)
+        return sum((r - mean) ** 2 for r in rounds) / max(1, len(rounds) - 1) / len(rounds)
+
+    gain = after["correct"] - before["correct"]
+    half = z * math.sqrt(spread(after) + spread(before))
+    return {"gain": gain, "low": gain - half, "high": gain + half}
+
+
+def recover_result(rows: list[dict], sums: dict[str, dict], greedy: dict[str, dict], form: dict[str, dict],
+                   params: dict) -> dict:
+    """What the recover demonstration records: the teacher KL's ends, each model's held-out sums (sampled, with
+    rounds, and greedy) and calculator form, and the distilled - SFT gain on the sums with its interval."""
+    return {**distill_result(rows, sums, params),
+            **{f"heldout_greedy_{name}": score["correct"] for name, score in greedy.items()},
+            **{f"form_{name}": score["correct"] for name, score in form.items()},
+            "form_prompts": next(iter(form.values()))["problems"],
+            "eval_samples": next(iter(sums.values()))["samples"],
+            "retained_gain": difference(sums["distilled"], sums["sft"])}
 
 
 def train_distill(url: str, folder: Path, teacher: str, steps: int, max_operand: int | None = None,

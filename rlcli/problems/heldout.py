@@ -54,6 +54,22 @@ class ProblemSet(Record):
     eval_size: int | None = HELD_OUT(None)
 
 
+def held_out_for(eval_every: int, eval_size: int | None) -> int | None:
+    """The held-out count a trainer asks for: --eval-size when given, even with --eval-every 0 (kept out of training
+    and scored afterwards by `rlcli eval`, as `make demo` does); without it, none at --eval-every 0, else the
+    default (None)."""
+    return eval_size if eval_size is not None or eval_every else 0
+
+
+def kept_out(held_out: int, eval_every: int, what: str = "problems", scored: str = "scored") -> str:
+    """How a trainer's plan names its held-out set."""
+    if not held_out:
+        return "no held-out evaluation"
+    if not eval_every:
+        return f"{held_out} held-out {what} kept out of training, not scored during the run (rlcli eval scores them)"
+    return f"{held_out} held-out {what} {scored} every {eval_every} steps"
+
+
 def question_key(question: str) -> str:
     return " ".join(question.split())
 

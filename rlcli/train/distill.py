@@ -85,8 +85,7 @@ class DistillOptions(SamplingOptions):
 
 def describe(plan: Any, data: Data, s: DistillOptions, steps: int, teacher: Any) -> str:
     size = "synthetic" if data.size is None else f"{data.size} prompts"
-    held_out = (f"{data.held_out} held-out prompts: teacher KL and correctness every {s.eval_every} steps"
-                if data.held_out and s.eval_every else "no held-out evaluation")
+    held_out = heldout.kept_out(data.held_out, s.eval_every, "prompts", "(teacher KL and correctness) scored")
     reward = f" + {s.reward_coef:g} x reward ({data.grader})" if s.reward_coef else ""
     context = ("; its prompt also shows the logged answer (teacher_prompts.jsonl)"
                if s.teacher_context == "answer" else "")
@@ -117,7 +116,7 @@ def train_distill(o: DistillOptions) -> run.Weights | None:
 
     Returns the final weights (None for a dry run)."""
     teacher_context_check(o.teacher_context, str(o.prompts))
-    held = 0 if o.eval_every == 0 else o.eval_size
+    held = heldout.held_out_for(o.eval_every, o.eval_size)
     try:  # train rl's flag check, its messages in this command's words
         name, path, grader = heldout.choose_dataset(o.prompts, o.dataset_path, o.grader, o.max_operand, held)
     except UsageError as e:

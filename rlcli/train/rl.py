@@ -87,8 +87,7 @@ def checkpoint_state(load_checkpoint: str | None) -> str | None:
 
 def describe(plan: Any, data: Data, s: RlOptions, steps: int) -> str:
     size = "synthetic" if data.size is None else f"{data.size} problems"
-    held_out = (f"{data.held_out} held-out problems scored every {s.eval_every} steps" if data.held_out
-                else "no held-out evaluation")
+    held_out = heldout.kept_out(data.held_out, s.eval_every)
     return "\n".join([
         rl_loop.describe_loss(plan),
         f"data: {data.label}: {size}, {data.batches} batches of {s.batch_size}; grader {data.grader}; {held_out}",
@@ -121,7 +120,7 @@ def train_rl(o: RlOptions) -> run.Weights | None:
     Returns the final weights (None for a dry run)."""
     spec = spec_from_flags(o.env, o.dataset, o.dataset_path, o.grader, o.max_operand, o.reward, o.match, o.turn,
                            o.rubric, judge_settings(o.judge, o.judge_url, o.judge_openai, o.judge_model))
-    held = 0 if o.eval_every == 0 else o.eval_size
+    held = heldout.held_out_for(o.eval_every, o.eval_size)
     name, path, grader = ("replay", None, "auto") if spec else choose_dataset(o.dataset, o.dataset_path, o.grader,
                                                                               o.max_operand, held)
     state = checkpoint_state(o.load_checkpoint)

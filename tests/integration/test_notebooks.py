@@ -92,15 +92,20 @@ def test_gsm8k_notebook_evaluates_before_and_after_training(server, tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_distill_notebook_records_the_teacher_kl(server, tmp_path):
-    result = execute("distill", tmp_path, dict(sl_epochs=2, steps=2, batch_size=2, group_size=2, max_tokens=4,
-                                               eval_size=2, eval_every=1, eval_samples=1, base_url=server.url,
-                                               run_dir=str(tmp_path / "run"), rl_steps=1, rl_batch_size=2,
-                                               rl_group_size=2, compress_steps=1, compress_batch_size=2,
-                                               compress_group_size=2))
+def test_distill_notebook_records_both_skills_and_the_retained_gain(server, tmp_path):
+    result = execute("distill", tmp_path, dict(sft_epochs=1, steps=2, batch_size=2, group_size=2, max_tokens=4,
+                                               eval_size=2, eval_every=1, eval_samples=2, form_prompts=2,
+                                               base_url=server.url, run_dir=str(tmp_path / "run"), rl_steps=1,
+                                               rl_batch_size=2, rl_group_size=2, compress_steps=1,
+                                               compress_batch_size=2, compress_group_size=2))
     assert_finite(result, ("teacher_kl_first_fifth", "teacher_kl_last_fifth", "heldout_kl_first", "heldout_kl_last"))
-    assert result["steps"] == 2 and result["heldout_problems"] == 2
-    assert all(0 <= result[f"heldout_correct_{k}"] <= 1 for k in ("base", "sft", "distilled"))
+    assert result["steps"] == 2 and result["heldout_problems"] == 2 and result["form_prompts"] == 2
+    scores = [result[f"{kind}_{model}"] for kind in ("heldout_correct", "heldout_greedy", "form")
+              for model in ("base", "sft", "distilled")]
+    assert all(0 <= v <= 1 for v in scores), result
+    gain = result["retained_gain"]  # distilled - SFT on the sums, within the interval of the two sampled scores
+    assert gain["low"] <= gain["gain"] <= gain["high"] and result["eval_samples"] == 2
+    assert gain["gain"] == pytest.approx(result["heldout_correct_distilled"] - result["heldout_correct_sft"])
     assert result["compress"]["steps"] == 1 and 0 <= result["compress"]["heldout_correct_student"] <= 1
 
 

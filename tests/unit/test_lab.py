@@ -39,6 +39,28 @@ def test_rl_result_compares_the_two_evaluations():
     assert result["checkpoint"] == "tinker://r/final"
 
 
+
+def test_difference_takes_its_interval_from_the_rounds():
+    before = {"correct": 0.2, "correct_per_round": [0.1, 0.3, 0.2, 0.2]}
+    after = {"correct": 0.5, "correct_per_round": [0.5, 0.5, 0.5, 0.5]}  # no spread: only before's counts
+    found = lab.difference(after, before)
+    half = 1.96 * (sum((r - 0.2) ** 2 for r in before["correct_per_round"]) / 3 / 4) ** 0.5
+    assert found == pytest.approx({"gain": 0.3, "low": 0.3 - half, "high": 0.3 + half})
+    assert lab.difference(after, after) == pytest.approx({"gain": 0.0, "low": 0.0, "high": 0.0})
+
+
+def test_recover_result_records_both_skills_and_the_retained_gain():
+    rows = [{"step": i, lab.TEACHER_KL: kl} for i, kl in enumerate([1.0, 0.5, 0.2, 0.1, 0.05])]
+    rows += [{"step": 0, lab.TEST_TEACHER_KL: 1.2}, {"step": 4, lab.TEST_TEACHER_KL: 0.1}]
+    sampled = {name: {"correct": c, "problems": 18, "samples": 2, "correct_per_round": [c - 0.1, c + 0.1]}
+               for name, c in (("base", 0.3), ("sft", 0.2), ("distilled", 0.3))}
+    greedy = {name: {"correct": c} for name, c in (("base", 0.5), ("sft", 0.2), ("distilled", 0.5))}
+    form = {name: {"correct": c, "problems": 16} for name, c in (("base", 0.0), ("sft", 1.0), ("distilled", 0.0))}
+    result = lab.recover_result(rows, sampled, greedy, form, {"steps": 5})
+    assert result["heldout_greedy_sft"] == 0.2 and result["form_sft"] == 1.0 and result["form_prompts"] == 16
+    assert result["heldout_correct_distilled"] == 0.3 and result["eval_samples"] == 2 and result["steps"] == 5
+    assert result["retained_gain"]["gain"] == pytest.approx(0.1) and result["retained_gain"]["low"] < 0.1
+
 def test_a_failed_command_raises_with_its_last_lines():
     with pytest.raises(RuntimeError, match="exited 2"):
         lab.rlcli("eval", "--dataset", "gsm8k", "--max-operand", "3")

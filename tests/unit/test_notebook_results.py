@@ -27,6 +27,13 @@ def test_recorded_results_are_there_and_sane():
     distill = results["distill"]
     assert distill["teacher_kl_last_fifth"] < distill["teacher_kl_first_fifth"] / 2  # recover: the KL halves
     assert distill["heldout_kl_last"] < distill["heldout_kl_first"] and distill["steps"] == distill["params"]["steps"]
+    # SFT on the logged calculator traffic taught its reply form and cost the one-digit sums; distillation from the
+    # base on the sums' prompts brought them back beyond the noise of the two sampled evaluations.
+    assert distill["form_sft"] > distill["form_base"] and distill["heldout_greedy_sft"] < distill["heldout_greedy_base"]
+    gain = distill["retained_gain"]
+    assert gain["low"] > 0 and gain["gain"] == pytest.approx(distill["heldout_correct_distilled"]
+                                                                - distill["heldout_correct_sft"])
+    assert distill["heldout_greedy_distilled"] >= distill["heldout_greedy_sft"] and distill["eval_samples"] >= 8
     compress = distill["compress"]  # a rank-4 student of a rank-32 RL teacher: the KL falls
     assert compress["teacher_kl_last_fifth"] < compress["teacher_kl_first_fifth"]
     assert compress["heldout_correct_teacher"] > compress["heldout_correct_base"]

@@ -351,6 +351,26 @@ def test_progress_line():
     assert evaluated.endswith("held-out correct 0.50")
 
 
+
+def test_final_report_compares_the_first_and_last_quarter_of_the_steps(tmp_path):
+    rewards = [0.2, 0.0, 0.1, 0.1, 0.3, 0.3, 0.5, 0.3]  # a short run's single steps swing more than it gains
+    assert rl_loop.reward_change(rewards) == "reward +0.100 -> +0.400 over 8 steps (mean of the first and last 2)"
+    assert rl_loop.reward_change([0.1, 0.2, 0.3]) == "reward +0.100 -> +0.300 over 3 steps"
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"progress/batch": i, metrics.REWARD: r}) + "\n"
+                                                    for i, r in enumerate(rewards)))
+    assert rl_loop.final_report(tmp_path).startswith("reward +0.100 -> +0.400 over 8 steps")
+
+
+def test_an_explicit_eval_size_is_held_out_even_when_nothing_is_scored_during_the_run():
+    """make demo keeps 18 sums out of RL (--eval-every 0 --eval-size 18) and scores them with rlcli eval: were they
+    trained on, the before -> after would not be on unseen problems."""
+    assert heldout.held_out_for(0, 18) == 18 and heldout.held_out_for(0, None) == 0
+    assert heldout.held_out_for(5, None) is None and heldout.held_out_for(5, 4) == 4
+    assert heldout.kept_out(18, 0) == ("18 held-out problems kept out of training, not scored during the "
+                                        "run (rlcli eval scores them)")
+    assert heldout.kept_out(18, 2) == "18 held-out problems scored every 2 steps"
+    assert heldout.kept_out(0, 2) == "no held-out evaluation"
+
 # --- fail fast: the loss plan comes before tinker, data or models ---------------------------------
 
 
