@@ -1,7 +1,8 @@
 """The oldest and the newest tinker SDK rlcli supports, each from its own venv, against the real server: a LoRA,
 forward_backward, optim_step, sampler weights and samples, save_state, load_state, a client from the saved state, the
-checkpoints listed (tests/sdk_scenario.py). The client venv holds 0.25; the newest (env/compat.lock) gets a venv of its
-own (tests/sdk_clients.py), built once per lock: `make compat-venv` (CI's .ci/run) or this test's first run.
+checkpoints listed (tests/sdk_scenario.py). The client venv holds the newest (0.38); the oldest (env/compat-oldest.lock,
+0.25) gets a venv of its own (tests/sdk_clients.py), built once per lock: `make compat-venv` (CI's .ci/run) or this
+test's first run.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
-def newest_python() -> str:
+def oldest_python() -> str:
     try:
         venv = sdk_clients.ensure_compat_venv()
     except sdk_clients.CannotBuild as e:
-        why = f"the newest tinker SDK's venv could not be built from env/compat.lock ({e}): run `make compat-venv`"
+        why = (f"the oldest tinker SDK's venv could not be built from env/compat-oldest.lock ({e}): "
+               "run `make compat-venv`")
         if os.environ.get("CI"):  # CI reaches the package index: the test must run there
             pytest.fail(why)
         pytest.skip(why)
@@ -39,17 +41,18 @@ def assert_round_trip(report: dict, version: str) -> None:
     assert all(len(s["tokens"]) > 0 for s in steps["sample"] + steps["sample_again"])
 
 
-def test_the_oldest_supported_sdk_trains_samples_saves_and_loads(server):
+def test_the_oldest_supported_sdk_trains_samples_saves_and_loads(server, oldest_python):
+    report = sdk_clients.run_scenario(oldest_python, server.url, server.model, server.env)
+    assert_round_trip(report, sdk_clients.locked_version())
+    assert report["tinker"] == "0.25.0"
+
+
+def test_the_newest_supported_sdk_trains_samples_saves_and_loads(server):
     from importlib import metadata
 
     report = sdk_clients.run_scenario(sys.executable, server.url, server.model, server.env)
     assert_round_trip(report, metadata.version("tinker"))
-    assert report["tinker"].startswith("0.25.")
-
-
-def test_the_newest_supported_sdk_trains_samples_saves_and_loads(server, newest_python):
-    report = sdk_clients.run_scenario(newest_python, server.url, server.model, server.env)
-    assert_round_trip(report, sdk_clients.locked_version())
+    assert report["tinker"].startswith("0.38.")
     # 0.26 and later stamp the ids the server fixed at submission: one per sample, distinct, in the answer's order
     for key in ("sample", "sample_again"):
         ids = [s["sequence_id"] for s in report["steps"][key]]
