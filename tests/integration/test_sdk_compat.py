@@ -61,3 +61,35 @@ def test_the_newest_supported_sdk_trains_samples_saves_and_loads(server):
         assert len(request) == 1 and [i.rsplit("-", 1)[1] for i in ids] == ["0", "1"], ids
     # tinker 0.38 made the client from the saved state with one load_weights, which created the model
     assert any(":train:" in m for m in report["models"]), report["models"]
+
+
+def test_a_model_made_from_a_saved_state_has_its_checkpoints_listed_downloaded_and_deleted(server, tmp_path,
+                                                                                          monkeypatch):
+    """tinker 0.38 names the model create_training_client_from_state makes `<session>:train:<seq>`; SkyRL's
+    checkpoint routes refused that id (a 422: `rlcli export` and the loop's promote of a run that started from a
+    checkpoint); rlcli_sdk serves them with a pattern that takes it."""
+    import tinker
+
+    from rlcli.client import unload_model
+    from rlcli.export import download_archive
+
+    monkeypatch.setenv("TINKER_API_KEY", "tml-test")
+    service = tinker.ServiceClient(base_url=server.url)
+    first = service.create_lora_training_client(base_model=server.model, rank=4, seed=0).result()
+    made = None
+    try:
+        state = first.save_state("compat-from").result().path
+        made = service.create_training_client_from_state(state).result()
+        assert ":train:" in made.model_id
+        made.save_weights_for_sampler(name="compat-made").result()
+        rest = tinker.RestClient(base_url=server.url)
+        listed = rest.list_checkpoints(made.model_id).result()
+        assert [c.checkpoint_id for c in listed.checkpoints] == ["compat-made"]
+        download_archive(server.url, made.model_id, "compat-made", tmp_path / "made.tar.gz")
+        assert (tmp_path / "made.tar.gz").stat().st_size > 0
+        rest.delete_checkpoint(made.model_id, "sampler_weights/compat-made").result()
+        assert rest.list_checkpoints(made.model_id).result().checkpoints == []
+    finally:
+        for client in (first, made):
+            if client is not None:
+                unload_model(server.url, client.model_id)

@@ -36,3 +36,12 @@ def test_the_oldest_supported_sdk_is_locked_apart_from_the_client_venv():
     oldest, client = locks.pins(REPO / "env/compat-oldest.lock"), locks.pins(REPO / "env/client.lock")
     assert oldest["tinker"] == "0.25.0" and client["tinker"] == "0.38.0"
     assert "rlcli" not in oldest and "tinker-cookbook" not in oldest  # the SDK alone, as an application has it
+
+
+def test_checkpoint_routes_take_skyrls_ids_and_the_ids_a_load_creates_only():
+    import re
+
+    pattern = re.compile(runtime("rlcli_sdk").MODEL_ID_PATTERN)
+    assert pattern.match("model_ab12") and pattern.match("session_ab12:train:3")
+    for refused in ("session:train:", "a:b", "../x", "s:train:1/x", "s:sample:1", ""):
+        assert not pattern.match(refused), refused

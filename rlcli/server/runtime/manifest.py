@@ -164,6 +164,7 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
      "path", "optimizer", "seq_id"),
     (TA + "get_session", "sdk: the routes' database session", ""),
     (TA + "validate_checkpoint", "sdk: the checkpoint a load creates a model from", ""),
+    (TA + "ID_MAX_LENGTH", "sdk: the checkpoint routes naming a model ({unique_id}) served again for a created id", ""),
     ("skyrl.tinker.config:config_to_argv", "launcher: the engine's flags", ""),
     ("skyrl.backends.renderer:render_model_input", "lazy torch: torch only inside the renderer's functions",
      UP + "engine-imports-torch.md", "by", "tests/integration/server_checks.py"),
