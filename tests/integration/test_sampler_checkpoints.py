@@ -114,6 +114,8 @@ def test_a_checkpoint_sampled_again_comes_from_memory_until_its_file_changes(ser
     import shutil
     import time
 
+    import tinker
+
     service = _service(server.url, monkeypatch)
     client = service.create_lora_training_client(base_model=server.model, rank=8, seed=0).result()
     try:
@@ -124,7 +126,7 @@ def test_a_checkpoint_sampled_again_comes_from_memory_until_its_file_changes(ser
         from_file = _sampled(service, s1)
         from_memory = _sampled(service, s1)
         assert from_memory == from_file and _close(from_file[0], at_s1)
-        service.create_rest_client().delete_checkpoint(client.model_id, "sampler_weights/s1").result()
+        tinker.RestClient(base_url=server.url).delete_checkpoint(client.model_id, "sampler_weights/s1").result()
         with pytest.raises(Exception) as refused:  # gone, kept weights or not
             _sampled(service, s1)
         assert "s1" in str(refused.value), refused.value
