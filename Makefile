@@ -67,8 +67,9 @@ server-venv: venv
 server-venv-ray: server-venv
 	$(RLCLI) serve install --ray
 
-# The newest supported tinker SDK in a venv of its own (env/compat.lock, ~/.rlcli/compat-venv-<digest>), for the
-# compatibility test (tests/integration/test_sdk_compat.py, which builds it too when the package index is reachable).
+# The oldest supported tinker SDK (0.25) in a venv of its own (env/compat-oldest.lock, ~/.rlcli/compat-venv-<digest>),
+# for the compatibility test, whose other client is this venv's newest (tests/integration/test_sdk_compat.py, which
+# builds it too when the package index is reachable).
 .PHONY: compat-venv
 compat-venv: venv
 	PYTHONPATH=. $(BIN)/python -m tests.sdk_clients build

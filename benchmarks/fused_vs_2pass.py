@@ -94,7 +94,7 @@ def rollouts(service, model: str, cfg: Config) -> dict[str, Any]:
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    sampler = service.create_sampling_client(base_model=model)
+    sampler = service.create_sampling_client(base_model=model).result()
     rng, data, rewards, advantages, lengths = random.Random(cfg.seed), [], [], [], []
     params = tinker.SamplingParams(max_tokens=cfg.max_tokens, temperature=1.0, seed=cfg.seed, stop=[stop])
     for _ in range(cfg.prompts):
@@ -173,7 +173,7 @@ def bench_loss(service, model: str, url: str, log: Path | None, batch: dict, los
     from rlcli.client import unload_model
 
     adam = tinker.AdamParams(learning_rate=cfg.lr)
-    clients = {p: service.create_lora_training_client(base_model=model, rank=cfg.rank, seed=cfg.seed)
+    clients = {p: service.create_lora_training_client(base_model=model, rank=cfg.rank, seed=cfg.seed).result()
                for p in ("fused", "two_pass", "floor")}
     data = batch["data"]
     try:

@@ -105,7 +105,8 @@ def main(problems: int = 64, rounds: int = 3, samples: int = 4, label: str = "",
     probs = loop_problems(problems)
     s = LoopSettings(traces="bench", match="number", max_tokens=16)
     with private_server(model) as server:
-        training = tinker.ServiceClient(base_url=server.url).create_lora_training_client(base_model=model, rank=8)
+        service = tinker.ServiceClient(base_url=server.url)
+        training = service.create_lora_training_client(base_model=model, rank=8).result()
         lora = training.save_weights_for_sampler(name="bench").result().path
         models = {"champion": Champion(0), "candidate": Champion(1, lora, None)}
         groups, policy = eval_policy(server.url, model, probs)

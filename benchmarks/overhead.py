@@ -86,7 +86,7 @@ def on_server(url: str, model: str, args) -> dict:
 
     service = tinker.ServiceClient(base_url=url)
     data = batch(AutoTokenizer.from_pretrained(model), args.copies)
-    clients = {name: service.create_lora_training_client(base_model=model, rank=args.rank, seed=0)
+    clients = {name: service.create_lora_training_client(base_model=model, rank=args.rank, seed=0).result()
                for name in ("bare", "rlcli")}
     install_loss_route(clients["rlcli"], route_plan())
     adam = tinker.AdamParams(learning_rate=1e-4)

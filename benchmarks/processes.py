@@ -41,7 +41,8 @@ def run(model: str, processes: int, args) -> dict:
 
     os.environ.setdefault("TINKER_API_KEY", "tml-bench")
     with private_server(model, "--processes", str(processes), "--slots", "4") as srv:
-        client = tinker.ServiceClient(base_url=srv.url).create_lora_training_client(base_model=model, rank=8, seed=0)
+        client = tinker.ServiceClient(base_url=srv.url).create_lora_training_client(base_model=model, rank=8,
+                                                                            seed=0).result()
         data, losses, steps_s, first_s = batch(args.batch, args.length), [], [], None
         for step in range(args.steps + 1):
             t0 = time.perf_counter()

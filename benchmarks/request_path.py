@@ -122,7 +122,7 @@ def measure(url: str, model: str, log: Path, args, pgid: int) -> dict:
 
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     service = tinker.ServiceClient(base_url=url)
-    client = service.create_lora_training_client(base_model=model, rank=8, seed=0)
+    client = service.create_lora_training_client(base_model=model, rank=8, seed=0).result()
     batch, one = sft_batch(8, 64, vocab), sft_batch(1, 16, vocab)
     adam = tinker.AdamParams(learning_rate=1e-4)
     prompt = one[0].model_input
@@ -143,7 +143,7 @@ def measure(url: str, model: str, log: Path, args, pgid: int) -> dict:
     cursor = LogCursor(log)
     first_step_s = timed(sft_step)
     first_engine = cursor.take(["forward_backward", "optim_step"])
-    sampler = client.save_weights_and_get_sampling_client()
+    sampler = client.save_weights_and_get_sampling_client().result()
     for _ in range(args.warmup):
         for fn in requests.values():
             fn()

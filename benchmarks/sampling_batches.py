@@ -59,7 +59,7 @@ def one_arm(arm: str, model: str) -> dict:
     with arm_environment(arm):
         with private_server(model, "--slots", "3") as server:
             service = tinker.ServiceClient(base_url=server.url)
-            sampler = service.create_sampling_client(base_model=model)
+            sampler = service.create_sampling_client(base_model=model).result()
             prompt = tinker.ModelInput.from_ints(list(range(5, 21)))
             params = tinker.SamplingParams(max_tokens=8, temperature=1.0, seed=0)
             passes = []

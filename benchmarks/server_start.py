@@ -71,7 +71,7 @@ def first_steps(url: str, model: Path, steady: int) -> dict:
 
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     service = tinker.ServiceClient(base_url=url)
-    client = service.create_lora_training_client(base_model=str(model), rank=8, seed=0)
+    client = service.create_lora_training_client(base_model=str(model), rank=8, seed=0).result()
     batch, adam = sft_batch(8, 64, vocab), tinker.AdamParams(learning_rate=1e-4)
     times = []
     for _ in range(1 + steady):

@@ -104,7 +104,7 @@ def run(args, home: Path, keys: dict, model: str, alone: list, flooded: list, fl
     with private_server(model, "--tenants", "--slots", "3", "--backend-config", backend, home=home) as srv:
         api = srv.url + "/api/v1"
         models = {name: tinker.ServiceClient(base_url=srv.url, api_key=key).create_lora_training_client(
-            base_model=model, rank=4, seed=0).model_id for name, key in keys.items()}
+            base_model=model, rank=4, seed=0).result().model_id for name, key in keys.items()}
         for name, key in keys.items():  # compile once, outside the timings
             result(srv.url, key, post(f"{api}/forward_backward", key, step_body(models[name]))["request_id"])
 

@@ -67,7 +67,7 @@ def demo(o: DemoOptions) -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     service = tinker.ServiceClient(base_url=url)
-    trainer = service.create_lora_training_client(base_model=model, rank=rank, seed=seed)
+    trainer = service.create_lora_training_client(base_model=model, rank=rank, seed=seed).result()
     try:
         return _train_and_sample(service, trainer, tokenizer, steps, lr, seed)
     finally:
@@ -90,7 +90,7 @@ def _train_and_sample(service, trainer, tokenizer, steps: int, lr: float, seed: 
         print(f"step {step + 1}/{steps}  loss {losses[-1]:.4f}  ({time.monotonic() - t0:.2f}s)", flush=True)
     saved = trainer.save_weights_for_sampler(name="demo-final").result()
     print(f"saved sampler weights: {saved.path}")
-    sampler = service.create_sampling_client(model_path=saved.path)
+    sampler = service.create_sampling_client(model_path=saved.path).result()
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": DEMO_CHATS[0][0]}], tokenize=False,
                                            add_generation_prompt=True)
     result = sampler.sample(

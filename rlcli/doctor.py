@@ -67,16 +67,19 @@ def check_server_python() -> Check:
 
 
 def compare_pins(client: str | None, server: str | None) -> tuple[str, str]:
+    """The client's tinker against the SDKs rlcli's server answers (manifest.SERVED_SDKS), whatever tinker the
+    server venv holds for SkyRL's types (docs/decisions.md, "The server answers tinker 0.25 to 0.38")."""
+    from rlcli.server.runtime import manifest
+
     if client is None:
         return "fail", "tinker is not installed in this venv: `make venv` (or pip install polygramme-rlcli)"
     if server is None:
         return "warn", f"client tinker {client}; no server venv to compare with (`rlcli serve install`)"
-    if client == server:
-        return "ok", f"tinker {client} on both sides"
-    if client.split(".")[:2] == server.split(".")[:2]:
-        return "warn", f"client tinker {client}, server {server}: same minor version, patch skew"
-    return "fail", (f"client tinker {client}, server {server}: skew breaks sampling; "
-                    f"`pip install tinker=={server}` here")
+    served = f"the server answers tinker {manifest.SERVED_SDKS}"
+    if manifest.satisfies(client, manifest.SERVED_SDKS):
+        return "ok", f"client tinker {client}, server venv {server}: {served}"
+    return "fail", (f"client tinker {client}: {served}; "
+                    f"`pip install 'tinker{manifest.PINS['tinker']}'` here (env/client.lock pins it)")
 
 
 def check_tinker_pins() -> Check:

@@ -9,7 +9,7 @@ input files (`*.in`), installed with `pip install --require-hashes --no-deps`.
 | env/client.lock + env/torch-cpu.lock | env/client.in, dev.in, notebooks.in | `make venv` (CPython 3.11, x86_64) |
 | rlcli/server/env/server-jax.lock | rlcli/server/env/server-jax.in | the server venv (CPython 3.12, x86_64) |
 | rlcli/server/env/server-ray.lock | rlcli/server/env/server-ray.in (-c server-jax.lock) | Ray over it, when asked |
-| env/compat.lock | env/compat.in | the newest supported tinker SDK, for the compatibility test (CPython 3.11) |
+| env/compat-oldest.lock | env/compat-oldest.in | the oldest supported tinker SDK, for the compatibility test (3.11) |
 
 The server lock ships inside the package (`rlcli serve install` builds from it after a plain `pip install`).
 torch has a lock of its own because the client's CPU build is not on PyPI: it comes from PyTorch's CPU index
@@ -52,8 +52,8 @@ LOCKS = (
     Lock("server-jax", ("rlcli/server/env/server-jax.in",), "rlcli/server/env/server-jax.lock", "3.12"),
     # Ray over the jax venv, only when asked (`rlcli serve install --with ray`); constrained by the jax lock.
     Lock("server-ray", ("rlcli/server/env/server-ray.in",), "rlcli/server/env/server-ray.lock", "3.12"),
-    # The newest supported tinker SDK, for the compatibility test's second client venv (tests/sdk_clients.py).
-    Lock("compat", ("env/compat.in",), "env/compat.lock", "3.11"),
+    # The oldest supported tinker SDK, for the compatibility test's second client venv (tests/sdk_clients.py).
+    Lock("compat-oldest", ("env/compat-oldest.in",), "env/compat-oldest.lock", "3.11"),
 )
 # Checked with `uv pip compile` against PyPI: skyrl[fsdp] 0.4.0 needs flashinfer-jit-cache==0.6.18.post1 and
 # skyrl[megatron] 0.4.0 transformer-engine-cu13==2.16.0+cu.13.0, neither of which PyPI has.

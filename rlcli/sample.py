@@ -99,9 +99,9 @@ def open_sampler(checkpoint: str | None, model: str | None, base_url: str | None
     service = tinker.ServiceClient(base_url=url)
     if checkpoint:
         run_id, _, ckpt = parse_tinker_path(checkpoint)
-        client = service.create_sampling_client(model_path=f"tinker://{run_id}/sampler_weights/{ckpt}")
+        client = service.create_sampling_client(model_path=f"tinker://{run_id}/sampler_weights/{ckpt}").result()
     else:
-        client = service.create_sampling_client(base_model=base)
+        client = service.create_sampling_client(base_model=base).result()
     return Sampler(client, tok, params, checkpoint or base, url, base_model=base)
 
 
@@ -132,7 +132,7 @@ def _reload(s: Sampler) -> bool:
     run_id, _, ckpt = parse_tinker_path(s.source)
     service = tinker.ServiceClient(base_url=s.base_url)
     try:
-        trainer = service.create_training_client_from_state(f"tinker://{run_id}/weights/{ckpt}")
+        trainer = service.create_training_client_from_state(f"tinker://{run_id}/weights/{ckpt}").result()
     except tinker.APIStatusError as e:  # the server refused: no training state of that name
         if e.status_code in (401, 403):  # not a missing state: say what really went wrong
             raise
@@ -140,7 +140,7 @@ def _reload(s: Sampler) -> bool:
     s.reloaded_model_id = trainer.model_id
     print(f"rlcli: {s.source} was no longer loaded; serving it again from tinker://{run_id}/weights/{ckpt}",
           file=sys.stderr)
-    s.client = trainer.save_weights_and_get_sampling_client()
+    s.client = trainer.save_weights_and_get_sampling_client().result()
     return True
 
 

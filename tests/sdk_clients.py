@@ -1,12 +1,13 @@
 """tinker SDKs other than the client venv's, each in a venv of its own, for the compatibility test
 (tests/integration/test_sdk_compat.py) and the matrix of every minor (`python -m tests.sdk_clients matrix`).
 
-    python -m tests.sdk_clients build          # the newest supported SDK's venv from env/compat.lock (make compat-venv)
-    python -m tests.sdk_clients matrix         # every tinker minor 0.25.. against a private server; a JSON receipt
+    python -m tests.sdk_clients build    # the oldest supported SDK's venv, env/compat-oldest.lock (make compat-venv)
+    python -m tests.sdk_clients matrix   # every tinker minor 0.25.. against a private server; a JSON receipt
 
-The newest SDK's venv is built from its lock (hashes, nothing resolved) once per lock, under the shared model home
-(~/.rlcli/compat-venv-<digest of the lock>): a changed lock builds a new one beside it. The matrix's venvs are not
-locked (each `tinker==0.X.*` with what pip resolves for it today): they answer "which SDKs work", not a test.
+The oldest SDK's venv (the client venv holds the newest) is built from its lock (hashes, nothing resolved) once per
+lock, under the shared model home (~/.rlcli/compat-venv-<digest of the lock>): a changed lock builds a new one beside
+it. The matrix's venvs are not locked (each `tinker==0.X.*` with what pip resolves for it today): they answer "which
+SDKs work", not a test.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from rlcli.server.server_venv import installer
 
 REPO = Path(__file__).resolve().parent.parent
-LOCK = REPO / "env" / "compat.lock"
+LOCK = REPO / "env" / "compat-oldest.lock"
 SCENARIO = REPO / "tests" / "sdk_scenario.py"
 DONE = ".rlcli-complete"
 
@@ -47,7 +48,7 @@ def locked_version(lock: Path = LOCK) -> str:
 
 
 def ensure_compat_venv(lock: Path = LOCK) -> Path:
-    """The newest supported SDK's venv, built from its lock if this lock has none yet; its folder."""
+    """The oldest supported SDK's venv, built from its lock if this lock has none yet; its folder."""
     venv = compat_venv_dir(lock)
     if not (venv / DONE).exists():
         _build(venv, ["--require-hashes", "--no-deps", "-r", str(lock)])
@@ -151,7 +152,8 @@ def matrix(first: int = 25, last: int = 38, out: str | None = None, keep_venvs: 
 
 
 def build() -> int:
-    """Build the newest supported SDK's venv from env/compat.lock (nothing when this lock has one); print its path."""
+    """Build the oldest supported SDK's venv from env/compat-oldest.lock (nothing when this lock has one); print its
+    path."""
     try:
         print(ensure_compat_venv())
     except CannotBuild as e:

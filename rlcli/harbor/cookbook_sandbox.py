@@ -1,6 +1,6 @@
 """tinker-cookbook's SandboxInterface on rlcli's Docker sandbox, so the cookbook's own Harbor recipe runs locally.
 
-The cookbook (0.5.5) ships `tinker_cookbook.sandbox.SandboxInterface` and a Harbor recipe
+The cookbook (0.5.5 and later) ships `tinker_cookbook.sandbox.SandboxInterface` and a Harbor recipe
 (`recipes/harbor_rl/harbor_env.py`) whose dataset builder takes a `sandbox_factory(env_dir, timeout)`;
 its default makes Modal sandboxes. `docker_sandbox_factory()` makes rlcli's instead: the task's image
 (built once, as `harbor run` builds it), its limits, entrypoint, workdir, env and its environment's

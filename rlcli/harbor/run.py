@@ -81,7 +81,7 @@ def sampling_policy(model: str | None, checkpoint: str | None, base_url: str | N
     ensure_api_key()
     service = tinker.ServiceClient(base_url=url)
     client = (service.create_sampling_client(model_path=checkpoint) if checkpoint
-              else service.create_sampling_client(base_model=model))
+              else service.create_sampling_client(base_model=model)).result()
     return TinkerTokenCompleter(client, max_tokens=max_tokens, temperature=temperature), \
         get_renderer(name, get_tokenizer(model))
 

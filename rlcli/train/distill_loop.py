@@ -98,13 +98,12 @@ async def main(cfg: Any, r: Run) -> None:
     meta: dict[str, str] = {}
     checkpoint_utils.add_renderer_name_to_user_metadata(meta, cfg.renderer_name)
     if resume:
-        student = await service.create_training_client_from_state_with_optimizer_async(resume.state_path,
-                                                                                        user_metadata=meta)
+        student = await service.create_training_client_from_state_with_optimizer(resume.state_path,
+                                                                                  user_metadata=meta)
     elif r.load_checkpoint:
-        student = await service.create_training_client_from_state_async(r.load_checkpoint, user_metadata=meta)
+        student = await service.create_training_client_from_state(r.load_checkpoint, user_metadata=meta)
     else:
-        student = await service.create_lora_training_client_async(cfg.model_name, rank=cfg.lora_rank,
-                                                                  user_metadata=meta)
+        student = await service.create_lora_training_client(cfg.model_name, rank=cfg.lora_rank, user_metadata=meta)
     train_set, test_set = await r.builder()
     evaluators = []
     if test_set is not None and cfg.eval_every > 0:
@@ -152,7 +151,7 @@ class HeldOutKl:
         if hasattr(self.teacher, "register"):  # --teacher-context answer
             self.teacher.register(env, prompt)
         params = tinker.SamplingParams(max_tokens=self.max_tokens, temperature=1.0, stop=stop)
-        seq = (await student.sample_async(prompt, 1, params)).sequences[0]
+        seq = (await student.sample(prompt, 1, params)).sequences[0]
         if not seq.tokens:
             return 0.0, 0
         full = tinker.ModelInput.from_ints(prompt.to_ints() + list(seq.tokens))

@@ -5,7 +5,8 @@ No file of either package is changed. Each hook below replaces one attribute for
 internal names of the pinned versions each one relies on. At import, `check()` resolves every one of
 those names: a version that moved one stops the run with a line naming it, instead of a run whose
 slots leak or whose metrics go missing without a word. tests/unit/test_hooks.py holds the pins to
-pyproject.toml, so a pin bump fails there first.
+pyproject.toml, so a pin bump fails there first. tinker 0.38 deprecates the `_async` methods the
+recipes still call; where a hook stands in for one, it calls the method that replaces it.
 
 - `on_training_client`: the cookbook builds its TrainingClient one of three ways (fresh LoRA, resume,
   load weights); all construct a `tinker.TrainingClient`, so __init__ is the one hook that sees each.
@@ -25,8 +26,9 @@ pyproject.toml, so a pin bump fails there first.
   without submitting ahead (submit_ahead=0) and records batch k+1: the state and the record agree.
 - `hosted_prompt_logprobs`: SkyRL's jax backend answers `compute_logprobs` with N-1 prompt logprobs
   (no leading None for the first token); the cookbook slices `[1:]` as for hosted Tinker, in the
-  distillation loop's teacher KL and the RL loop's KL penalty, so shapes disagree. Inside the block,
-  an N-1 answer gets its leading None back; a hosted-shape answer passes unchanged.
+  distillation loop's teacher KL, the RL loop's KL penalty and the SL recipe's test NLL
+  (SamplerNLLEvaluator, from tinker-cookbook 0.5.8), so shapes disagree. Inside the block, an N-1
+  answer gets its leading None back; a hosted-shape answer passes unchanged.
 - `response_weights`: the RL loop strips its action mask before forward_backward (`_remove_mask`),
   and the jax backend then weighs every token 1, dividing each sequence's loss by prompt + response
   length. Inside the block the mask travels as `weights` instead (explicit weights win), for every loss.
@@ -146,11 +148,15 @@ def replace_forward_backward(client: Any, forward_backward: Callable[..., Any],
 
 
 def watch_forward_backward(client: Any, on_result: Callable[[list, Any, dict[str, float] | None], None]) -> None:
-    """on_result(data, result, loss_fn_config) for every forward_backward_async result, when it is read."""
-    submit = client.forward_backward_async
+    """on_result(data, result, loss_fn_config) for every forward_backward_async result, when it is read.
+
+    tinker deprecates forward_backward_async, which only submits through forward_backward: a loss route's own
+    (an attribute of the client, whose 2-pass route awaits its forward pass) is wrapped, else forward_backward."""
+    routed = vars(client).get("forward_backward_async")
 
     async def forward_backward_async(data, loss_fn, loss_fn_config=None):
-        future = await submit(data, loss_fn, loss_fn_config)
+        future = (await routed(data, loss_fn, loss_fn_config) if routed is not None
+                  else client.forward_backward(data, loss_fn, loss_fn_config))
         return RecordingFuture(future, lambda result: on_result(data, result, loss_fn_config))
 
     client.forward_backward_async = forward_backward_async
@@ -283,8 +289,10 @@ def failed_saves(message: Callable[[str, str], str]) -> Iterator[None]:
         return await refused(lambda: f"checkpoint {signature.bind(*args, **kwargs).arguments['name']}",
                              original(*args, **kwargs))
 
+    # The recipes still call the _async method tinker deprecates; it only awaits save_weights_and_get_sampling_client.
     async def save_for_the_step(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return await refused(lambda: "the sampler weights to sample from", original_step(self, *args, **kwargs))
+        return await refused(lambda: "the sampler weights to sample from",
+                             self.save_weights_and_get_sampling_client(*args, **kwargs))
 
     checkpoint_utils.save_checkpoint_async = save_checkpoint_async
     tinker.TrainingClient.save_weights_and_get_sampling_client_async = save_for_the_step  # type: ignore[method-assign]
@@ -369,11 +377,12 @@ def hosted_shape(logprobs: list, length: int) -> list:
 
 @contextlib.contextmanager
 def hosted_prompt_logprobs() -> Iterator[None]:
-    """Inside the block, every SamplingClient.compute_logprobs_async answers in hosted Tinker's shape."""
+    """Inside the block, every SamplingClient.compute_logprobs_async answers in hosted Tinker's shape (the recipes
+    call that method, which tinker deprecates: it only awaits compute_logprobs, which this one calls)."""
     original = tinker.SamplingClient.compute_logprobs_async
 
-    async def compute_logprobs_async(self: Any, prompt: Any) -> list:
-        return hosted_shape(await original(self, prompt), prompt.length)
+    async def compute_logprobs_async(self: Any, prompt: Any, prompt_logprobs_last_n: int | None = None) -> list:
+        return hosted_shape(await self.compute_logprobs(prompt, prompt_logprobs_last_n), prompt.length)
 
     tinker.SamplingClient.compute_logprobs_async = compute_logprobs_async  # type: ignore[method-assign]
     try:

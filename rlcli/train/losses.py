@@ -299,8 +299,7 @@ def install_loss_route(training_client, plan: LossPlan) -> None:
         if loss_fn != "gspo" or plan.passes == 1:
             return forward_backward(data, loss_fn, loss_fn_config)
         data, config = prepare(data, loss_fn_config)
-        ahead = await (await training_client.forward_async(_forward_data(data), tinker_loss_fn("cross_entropy"))
-                       ).result_async()
+        ahead = await training_client.forward(_forward_data(data), tinker_loss_fn("cross_entropy"))
         return submit(_shifted_ppo_data(data, ahead), tinker_loss_fn("ppo"), _gspo_config(config))
 
     from rlcli.train.hooks import replace_forward_backward

@@ -124,6 +124,18 @@ class ProgressLine:
     def get_logger_url(self) -> str | None:
         return None
 
+    # tinker-cookbook 0.6.1's MultiplexLogger forwards these to every logger it holds (docs/decisions.md,
+    # "tinker-cookbook 0.6.1"): an event row is a metrics row at its step; running totals have no line.
+    def enable_event_steps(self) -> None:
+        pass
+
+    def log_metrics_event(self, metrics: dict[str, Any], step: int, step_metric: str,
+                          metric_axes: dict[str, str] | None = None) -> None:
+        self.log_metrics({**metrics, step_metric: step}, step)
+
+    def log_summary(self, metrics: dict[str, Any]) -> None:
+        pass
+
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         if step is None or self.step_key not in metrics:
             return

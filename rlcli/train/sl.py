@@ -188,17 +188,18 @@ def train_sl(o: SlOptions) -> run.Weights | None:
 @contextlib.contextmanager
 def recipe(folder: Path, url: str, data: Dataset, s: SlOptions, train_on_what: str) -> Iterator[Callable[[], Any]]:
     """The cookbook's SFT main over a private copy of the data (stdin has no path of its own); each periodic
-    checkpoint records the batch its state is ready for, so --resume neither redoes nor skips a step."""
+    checkpoint records the batch its state is ready for, so --resume neither redoes nor skips a step; the test
+    NLL (--test-size) gets prompt logprobs in the shape the cookbook slices (rlcli.train.hooks)."""
     import asyncio
 
     from tinker_cookbook.renderers import TrainOnWhat
     from tinker_cookbook.supervised import train
     from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
 
-    from rlcli.train.hooks import sl_checkpoints_name_the_next_batch
+    from rlcli.train.hooks import hosted_prompt_logprobs, sl_checkpoints_name_the_next_batch
     from rlcli.train.sl_data import ConversationFileBuilder
 
-    with private_copy(data.payload) as data_path, sl_checkpoints_name_the_next_batch():
+    with private_copy(data.payload) as data_path, sl_checkpoints_name_the_next_batch(), hosted_prompt_logprobs():
         common = ChatDatasetBuilderCommonConfig(model_name_for_tokenizer=s.model, renderer_name=s.renderer,
                                                 max_length=s.max_length, batch_size=s.batch_size,
                                                 train_on_what=TrainOnWhat(train_on_what))

@@ -120,12 +120,12 @@ async def sampling_client(teacher: Teacher, service: Any) -> Any:
     import tinker
 
     if teacher.kind == "url":
-        return await tinker.ServiceClient(base_url=teacher.url).create_sampling_client_async(base_model=teacher.model)
+        return await tinker.ServiceClient(base_url=teacher.url).create_sampling_client(base_model=teacher.model)
     if teacher.kind == "base":
-        return await service.create_sampling_client_async(base_model=teacher.model)
+        return await service.create_sampling_client(base_model=teacher.model)
     try:
-        trainer = await service.create_training_client_from_state_async(teacher.path)
+        trainer = await service.create_training_client_from_state(teacher.path)
     except tinker.APIStatusError as e:
         raise UsageError(f"--teacher {teacher.source}: the server has no training state {teacher.path} "
                          f"({e.status_code}): `rlcli checkpoint list` shows the saved ones") from None
-    return await trainer.save_weights_and_get_sampling_client_async(name="teacher")
+    return await trainer.save_weights_and_get_sampling_client()

@@ -146,24 +146,24 @@ def test_a_full_checkpoint_folder_still_takes_the_next_snapshot(ckpt_server, mon
     srv, disk = ckpt_server()
     monkeypatch.setenv("TINKER_API_KEY", "tml-f")
     service = tinker.ServiceClient(base_url=srv.url)
-    first = service.create_lora_training_client(base_model=srv.model, rank=32, seed=0)
-    second = service.create_lora_training_client(base_model=srv.model, rank=32, seed=1)
+    first = service.create_lora_training_client(base_model=srv.model, rank=32, seed=0).result()
+    second = service.create_lora_training_client(base_model=srv.model, rank=32, seed=1).result()
     folder, other = (disk / c.model_id / "sampler_weights" for c in (first, second))
     fillers = []
     try:
         for _ in range(2):
             _step(first)
-            first.save_weights_and_get_sampling_client()
+            first.save_weights_and_get_sampling_client().result()
         kept = _snapshots(folder)
         fillers.append(fill(disk))
         _step(first)
-        _sample(first.save_weights_and_get_sampling_client())  # room made: the oldest went first
+        _sample(first.save_weights_and_get_sampling_client().result())  # room made: the oldest went first
         assert len(_snapshots(folder)) == 2 and _snapshots(folder)[0] == kept[1], _snapshots(folder)
 
         (disk / "more").mkdir()
         fillers.append(fill(disk / "more"))  # full to the last byte again (the first filler stays)
         with pytest.raises(Exception, match="No space left"):
-            second.save_weights_and_get_sampling_client()  # nothing kept yet, so no room to make: it fails
+            second.save_weights_and_get_sampling_client().result()  # nothing kept yet, so no room to make: it fails
         left = [p.name for p in other.iterdir()] if other.exists() else []
         assert not any(SNAPSHOT.match(name) for name in left), left  # no partial file, no probe
     finally:

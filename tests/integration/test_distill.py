@@ -74,7 +74,7 @@ def test_prompt_logprobs_are_n_minus_1_and_the_hook_gives_the_cookbook_its_shape
     import tinker
     from tinker_cookbook.rl.metrics import incorporate_kl_penalty
 
-    base = service_for(server.url, monkeypatch).create_sampling_client(base_model=server.model)
+    base = service_for(server.url, monkeypatch).create_sampling_client(base_model=server.model).result()
     tokens = [int(t) for t in np.random.default_rng(0).integers(5, 900, 12)]
     prompt = tinker.ModelInput.from_ints(tokens)
     raw = base.compute_logprobs(prompt).result()
@@ -104,10 +104,38 @@ def test_prompt_logprobs_are_n_minus_1_and_the_hook_gives_the_cookbook_its_shape
     assert np.allclose(data[0].loss_fn_inputs["advantages"].to_numpy(), want, atol=1e-5)
 
 
+def test_the_sl_recipes_test_nll_through_the_hook_is_what_forward_scores(server, monkeypatch):
+    """tinker-cookbook 0.5.8's SamplerNLLEvaluator (the SL recipe's --test-size) slices compute_logprobs [1:] as
+    for hosted Tinker: on SkyRL's N-1 answer its logprobs are one short of the weights; with the hook, the same
+    weights' NLL as a forward pass of the same model."""
+    import tinker
+    from tinker_cookbook.supervised.nll_evaluator import SamplerNLLEvaluator
+
+    trainer = service_for(server.url, monkeypatch).create_lora_training_client(base_model=server.model, rank=4,
+                                                                               seed=0).result()
+    try:
+        tokens = [int(t) for t in np.random.default_rng(1).integers(5, 900, 10)]
+        weights = np.array([0.0] * 4 + [1.0] * 5, dtype=np.float32)
+        datum = tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens[:-1]),
+                             loss_fn_inputs={"target_tokens": np.array(tokens[1:], dtype=np.int64),
+                                             "weights": weights})
+        out = trainer.forward([datum], "cross_entropy").result()
+        want = -float((out.loss_fn_outputs[0]["logprobs"].to_numpy() * weights).sum() / weights.sum())
+        sampler = trainer.save_weights_and_get_sampling_client().result()
+        evaluator = SamplerNLLEvaluator([datum])
+        with pytest.raises(RuntimeError, match="size"):  # 8 logprobs for 9 weights
+            asyncio.run(evaluator(sampler))
+        with hooks.hosted_prompt_logprobs():
+            got = asyncio.run(evaluator(sampler))["test/nll"]
+        assert got == pytest.approx(want, rel=1e-3, abs=1e-3)
+    finally:
+        unload_model(server.url, trainer.model_id)
+
+
 def test_a_sampling_client_naming_both_base_model_and_model_path_is_refused(server, monkeypatch):
     service = service_for(server.url, monkeypatch)
     with pytest.raises(Exception, match="Exactly one of base_model or model_path"):
-        service.create_sampling_client(base_model=server.model, model_path="tinker://model_x/sampler_weights/y")
+        service.create_sampling_client(base_model=server.model, model_path="tinker://model_x/sampler_weights/y").result()
 
 
 def test_stock_skyrl_samples_an_old_checkpoint_over_the_live_weights(stock_server, embedded_model, monkeypatch):
@@ -126,7 +154,7 @@ def test_stock_skyrl_samples_an_old_checkpoint_over_the_live_weights(stock_serve
             client.forward_backward(data, "cross_entropy").result()
             client.optim_step(tinker.AdamParams(learning_rate=0.05)).result()
         live = current_logprobs(client, tokens)
-        service.create_sampling_client(model_path=old).compute_logprobs(
+        service.create_sampling_client(model_path=old).result().compute_logprobs(
             tinker.ModelInput.from_ints(tokens[0].tolist())).result()
         after = current_logprobs(client, tokens)
     finally:

@@ -183,7 +183,7 @@ def clean_client(service, model: str, seed: int):
     """
     import tinker
 
-    client = service.create_lora_training_client(base_model=model, rank=8, seed=seed)
+    client = service.create_lora_training_client(base_model=model, rank=8, seed=seed).result()
     client.optim_step(tinker.AdamParams(learning_rate=0.0, beta1=0.0, beta2=0.0)).result()
     return client
 
@@ -318,7 +318,7 @@ def test_stock_server_refuses_fused_gspo_fast_and_clearly(stock_server, embedded
     assert request_json(f"{url}/api/v1/training_runs") == runs_before
     # What the route saves users from: the stock engine refuses gspo only once a model exists.
     monkeypatch.setenv("TINKER_API_KEY", "tml-test")
-    client = tinker.ServiceClient(base_url=url).create_lora_training_client(base_model=embedded_model, rank=4)
+    client = tinker.ServiceClient(base_url=url).create_lora_training_client(base_model=embedded_model, rank=4).result()
     try:
         data, *_ = rl_data(token_batch(3, n=1), np.full((1, 32), -2.0))
         with pytest.raises(Exception, match="not supported by the JAX backend"):
@@ -347,7 +347,8 @@ def test_torch_free_engine_computes_and_saves_as_the_stock_engine(server, servic
 
     tokens = token_batch(11, n=2)
     lean = clean_client(service, server.model, seed=5)
-    stock = tinker.ServiceClient(base_url=url).create_lora_training_client(base_model=embedded_model, rank=8, seed=5)
+    stock = tinker.ServiceClient(base_url=url).create_lora_training_client(base_model=embedded_model, rank=8,
+                                                                          seed=5).result()
     try:
         lean_lp, stock_lp = current_logprobs(lean, tokens), current_logprobs(stock, tokens)
         assert np.isfinite(lean_lp).all() and np.abs(lean_lp).max() > 1.0

@@ -58,7 +58,7 @@ def _train(url: str, model: str) -> dict:
     """STEPS SFT steps on the fixed batch from a seeded LoRA: each step's loss, then logprobs after them."""
     import tinker
 
-    client = tinker.ServiceClient(base_url=url).create_lora_training_client(base_model=model, rank=4, seed=0)
+    client = tinker.ServiceClient(base_url=url).create_lora_training_client(base_model=model, rank=4, seed=0).result()
     try:
         losses = []
         for _ in range(STEPS):
@@ -67,7 +67,7 @@ def _train(url: str, model: str) -> dict:
             client.optim_step(tinker.AdamParams(**ADAM)).result()
         after = _logprobs(client.forward(_batch(), "cross_entropy").result())
         saved = client.save_weights_for_sampler("after").result().path
-        sample = client.create_sampling_client(model_path=saved).sample(
+        sample = client.create_sampling_client(model_path=saved).result().sample(
             tinker.ModelInput.from_ints([5, 6, 7]), num_samples=1,
             sampling_params=tinker.SamplingParams(max_tokens=4, temperature=0.0)).result()
         return dict(losses=losses, after=after, saved=saved, sampled=sample.sequences[0].tokens, id=client.model_id)

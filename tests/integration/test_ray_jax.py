@@ -121,7 +121,7 @@ def test_jax_on_ray_trains_and_saves(ray_server, service):
     import tinker
 
     assert len(_ray_actors()) == 2  # every jax process is an actor, the coordinator too
-    client = service.create_lora_training_client(base_model=ray_server.model, rank=4)
+    client = service.create_lora_training_client(base_model=ray_server.model, rank=4).result()
     tokens = list(range(5, 30))
     datum = tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens[:-1]),
                          loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
@@ -181,7 +181,7 @@ def _counted(method, name: str, calls: dict):
 
 def test_sampling_an_old_checkpoint_on_ray_leaves_the_live_model_alone(ray_server, service):
     """test_sampler_checkpoints.py's sequence, shortened: train, save s1, train, sample s1, look at the live model."""
-    client = service.create_lora_training_client(base_model=ray_server.model, rank=8, seed=0)
+    client = service.create_lora_training_client(base_model=ray_server.model, rank=8, seed=0).result()
     try:
         _train(client, 1)
         s1 = client.save_weights_for_sampler("s1").result().path
@@ -209,12 +209,12 @@ def _ask(sampler):
 def test_unnamed_snapshots_on_ray_keep_the_newest_and_refuse_a_deleted_one(ray_server, service):
     """--sampler-snapshots 1: a second unnamed snapshot deletes the first (the actors' files, the engine's row),
     and a sample of the first is refused in one line by the engine, before any actor is asked."""
-    client = service.create_lora_training_client(base_model=ray_server.model, rank=8, seed=0)
+    client = service.create_lora_training_client(base_model=ray_server.model, rank=8, seed=0).result()
     folder = ray_server.home / "servers" / "default" / "checkpoints" / client.model_id / "sampler_weights"
     try:
-        first = client.save_weights_and_get_sampling_client()
+        first = client.save_weights_and_get_sampling_client().result()
         _ask(first)  # sampled as saved, as the RL loops do
-        client.save_weights_and_get_sampling_client()
+        client.save_weights_and_get_sampling_client().result()
         assert len(list(folder.glob("ss*.tar.gz"))) == 1
         listed = request_json(f"{ray_server.url}/api/v1/training_runs/{client.model_id}/checkpoints")["checkpoints"]
         assert len([c for c in listed if c["checkpoint_type"] == "sampler"]) == 1, listed

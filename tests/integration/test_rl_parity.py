@@ -59,7 +59,7 @@ def sampling_logprobs(client, tokens: np.ndarray) -> np.ndarray:
     """Logprobs of each token row under a sampling client of the client's current weights."""
     import tinker
 
-    sampler = client.save_weights_and_get_sampling_client()
+    sampler = client.save_weights_and_get_sampling_client().result()
     futures = [sampler.compute_logprobs(tinker.ModelInput.from_ints(row.tolist())) for row in tokens]
     return np.array([[np.nan if v is None else v for v in f.result()] for f in futures], dtype=np.float64)
 

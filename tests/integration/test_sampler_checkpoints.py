@@ -49,7 +49,7 @@ def _sampled(service, path: str) -> tuple[list[float], list[int]]:
     """A checkpoint's logprobs of the same tokens (as the sampler's prompt logprobs) and a greedy sample."""
     import tinker
 
-    sampler = service.create_sampling_client(model_path=path)
+    sampler = service.create_sampling_client(model_path=path).result()
     params = tinker.SamplingParams(max_tokens=4, temperature=0.0, seed=0)
     out = sampler.sample(tinker.ModelInput.from_ints(TOKENS), 1, params, include_prompt_logprobs=True).result()
     logprobs = [float(x) for x in out.prompt_logprobs if x is not None]
@@ -61,7 +61,7 @@ def _close(a: list[float], b: list[float], tolerance: float = TOLERANCE) -> bool
 
 
 def _sequence(service, url: str, model: str) -> dict:
-    client = service.create_lora_training_client(base_model=model, rank=8, seed=0)
+    client = service.create_lora_training_client(base_model=model, rank=8, seed=0).result()
     try:
         _train(client, 2)
         s1 = client.save_weights_for_sampler("s1").result().path
@@ -114,8 +114,10 @@ def test_a_checkpoint_sampled_again_comes_from_memory_until_its_file_changes(ser
     import shutil
     import time
 
+    import tinker
+
     service = _service(server.url, monkeypatch)
-    client = service.create_lora_training_client(base_model=server.model, rank=8, seed=0)
+    client = service.create_lora_training_client(base_model=server.model, rank=8, seed=0).result()
     try:
         _train(client, 1)
         s1 = client.save_weights_for_sampler("s1").result().path
@@ -124,7 +126,7 @@ def test_a_checkpoint_sampled_again_comes_from_memory_until_its_file_changes(ser
         from_file = _sampled(service, s1)
         from_memory = _sampled(service, s1)
         assert from_memory == from_file and _close(from_file[0], at_s1)
-        service.create_rest_client().delete_checkpoint(client.model_id, "sampler_weights/s1").result()
+        tinker.RestClient(base_url=server.url).delete_checkpoint(client.model_id, "sampler_weights/s1").result()
         with pytest.raises(Exception) as refused:  # gone, kept weights or not
             _sampled(service, s1)
         assert "s1" in str(refused.value), refused.value

@@ -68,14 +68,15 @@ def _listed(url: str, model_id: str) -> set[str]:
 
 def test_only_the_newest_snapshots_stay_and_unload_removes_them(server, monkeypatch):
     assert f"newest {KEEP}" in request_json(server.url + CAPABILITIES_ROUTE)["rlcli_samplers"]["sampler_snapshots"]
-    client = _service(server.url, monkeypatch).create_lora_training_client(base_model=server.model, rank=8, seed=0)
+    client = _service(server.url, monkeypatch).create_lora_training_client(base_model=server.model, rank=8,
+                                                                           seed=0).result()
     folder = _folder(server.home, client.model_id)
     try:
         client.save_weights_for_sampler("named-first").result()
         samplers, counts = [], []
         for step in range(STEPS):
             _step(client)
-            samplers.append(client.save_weights_and_get_sampling_client())
+            samplers.append(client.save_weights_and_get_sampling_client().result())
             _sample(samplers[-1])  # the one just saved: the RL loop's case
             counts.append(len(_snapshots(folder)))
             if step == STEPS // 2:
@@ -134,12 +135,12 @@ def test_train_rl_with_no_saves_leaves_no_snapshots(server, tmp_path):
 def test_stock_skyrl_keeps_every_snapshot(stock_server, embedded_model, monkeypatch):
     """The fault the extension removes: stock SkyRL keeps each unnamed snapshot, after unload too."""
     url, env = stock_server
-    client = _service(url, monkeypatch).create_lora_training_client(base_model=embedded_model, rank=8, seed=0)
+    client = _service(url, monkeypatch).create_lora_training_client(base_model=embedded_model, rank=8, seed=0).result()
     folder = _folder(Path(env["RLCLI_HOME"]), client.model_id)
     try:
         for _ in range(3):
             _step(client)
-            _sample(client.save_weights_and_get_sampling_client())
+            _sample(client.save_weights_and_get_sampling_client().result())
     finally:
         assert unload_models(url, [client.model_id]) == []
     assert len(_snapshots(folder)) == 3, sorted(p.name for p in folder.iterdir())

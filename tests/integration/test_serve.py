@@ -28,7 +28,7 @@ def test_tinker_client_trains_saves_and_samples(server, monkeypatch):
     monkeypatch.setenv("TINKER_API_KEY", "tml-test")
     tokenizer = AutoTokenizer.from_pretrained(server.model)
     service = tinker.ServiceClient(base_url=server.url)
-    trainer = service.create_lora_training_client(base_model=server.model, rank=8, seed=1)
+    trainer = service.create_lora_training_client(base_model=server.model, rank=8, seed=1).result()
     batch = [chat_datum(tokenizer, p, r) for p, r in DEMO_CHATS]
     losses = []
     for _ in range(5):
@@ -38,7 +38,7 @@ def test_tinker_client_trains_saves_and_samples(server, monkeypatch):
     assert losses[-1] < losses[0] - 0.3, losses
     saved = trainer.save_weights_for_sampler(name="t-final").result()
     assert saved.path.startswith("tinker://")
-    sampler = service.create_sampling_client(model_path=saved.path)
+    sampler = service.create_sampling_client(model_path=saved.path).result()
     out = sampler.sample(prompt=tinker.ModelInput.from_ints(batch[0].model_input.to_ints()[:10]), num_samples=2,
                          sampling_params=tinker.SamplingParams(max_tokens=8, temperature=1.0, seed=3)).result()
     assert len(out.sequences) == 2 and all(len(s.tokens) > 0 for s in out.sequences)
@@ -51,7 +51,7 @@ import tinker
 from tinker.lib.internal_client_holder import _internal_client_holder_thread_singleton as singleton
 from rlcli.client import quiesce_tinker
 
-tinker.ServiceClient(base_url=sys.argv[1]).create_sampling_client(base_model=sys.argv[2])
+tinker.ServiceClient(base_url=sys.argv[1]).create_sampling_client(base_model=sys.argv[2]).result()
 
 async def names():
     return sorted(t.get_coro().__qualname__ for t in asyncio.all_tasks()
@@ -104,7 +104,8 @@ def test_results_travel_by_ring_not_by_timer(server, monkeypatch):
     assert "each look asks for the pending request types first" in log.read_text(errors="replace")
     offset = log.stat().st_size
     monkeypatch.setenv("TINKER_API_KEY", "tml-test")
-    client = tinker.ServiceClient(base_url=server.url).create_lora_training_client(base_model=server.model, rank=4)
+    client = tinker.ServiceClient(base_url=server.url).create_lora_training_client(base_model=server.model,
+                                                                                 rank=4).result()
     try:
         tokens = list(range(5, 21))
         datum = tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens[:-1]),
@@ -199,7 +200,8 @@ def test_cpu_engine_keeps_its_scratch_memory_between_steps(server, monkeypatch):
         return int(open(f"/proc/{engine}/stat").read().rsplit(")", 1)[1].split()[7])
 
     monkeypatch.setenv("TINKER_API_KEY", "tml-test")
-    client = tinker.ServiceClient(base_url=server.url).create_lora_training_client(base_model=server.model, rank=8)
+    client = tinker.ServiceClient(base_url=server.url).create_lora_training_client(base_model=server.model,
+                                                                                 rank=8).result()
     try:
         batch = [tinker.Datum(model_input=tinker.ModelInput.from_ints([(7 * i + j) % 1000 + 5 for j in range(64)]),
                               loss_fn_inputs={"target_tokens": [(7 * i + j) % 1000 + 6 for j in range(64)],
@@ -275,7 +277,7 @@ def _one_sft_step(url: str, model: str) -> str:
     import tinker
 
     trainer = tinker.ServiceClient(base_url=url, api_key="tml-test").create_lora_training_client(
-        base_model=model, rank=1, seed=0)
+        base_model=model, rank=1, seed=0).result()
     datum = tinker.Datum(model_input=tinker.ModelInput.from_ints(list(range(1, 17))),
                          loss_fn_inputs={"target_tokens": list(range(2, 18)), "weights": [1.0] * 16})
     trainer.forward_backward([datum], "cross_entropy").result()

@@ -27,7 +27,7 @@ def _batch(weight: float):
 
 def _leave_gradients_behind(service, url: str, model: str) -> None:
     """A model that ran forward_backward and was unloaded before any optim_step (a crashed run)."""
-    victim = service.create_lora_training_client(base_model=model, rank=4, seed=0)
+    victim = service.create_lora_training_client(base_model=model, rank=4, seed=0).result()
     victim.forward_backward(_batch(1.0), "cross_entropy").result()
     unload_model(url, victim.model_id)
 
@@ -36,7 +36,7 @@ def _first_step_grad_norm(service, url: str, model: str) -> float:
     """A fresh model's first step on a zero-weight batch: any gradient it applies is someone else's."""
     import tinker
 
-    fresh = service.create_lora_training_client(base_model=model, rank=4, seed=1)
+    fresh = service.create_lora_training_client(base_model=model, rank=4, seed=1).result()
     try:
         fresh.forward_backward(_batch(0.0), "cross_entropy").result()
         metrics = fresh.optim_step(tinker.AdamParams(learning_rate=0.0)).result().metrics
@@ -72,7 +72,7 @@ def test_a_full_server_names_the_flag_that_raises_its_slots(server, monkeypatch)
     try:
         with pytest.raises(Exception) as refused:  # noqa: PT011 - the tinker client's error type varies by version
             for _ in range(8):  # other tests hold none now, but a leftover would only make it refuse sooner
-                created.append(service.create_lora_training_client(base_model=server.model, rank=4).model_id)
+                created.append(service.create_lora_training_client(base_model=server.model, rank=4).result().model_id)
         message = str(refused.value)
         assert "Maximum number of LoRA adapters (8)" in message and "rlcli serve start --slots N" in message, message
         assert "all 7 LoRA slots" in message, message

@@ -130,7 +130,7 @@ def _alice_trains(srv, key: str, monkeypatch):
 
     monkeypatch.setenv("TINKER_API_KEY", key)
     service = tinker.ServiceClient(base_url=srv.url)
-    client = service.create_lora_training_client(base_model=srv.model, rank=2, seed=0)
+    client = service.create_lora_training_client(base_model=srv.model, rank=2, seed=0).result()
     tokens = list(range(5, 21))
     datum = tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens[:-1]),
                          loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
@@ -153,13 +153,13 @@ def test_two_tenants_train_and_sample_at_once(shared, request):
     def work(name: str) -> None:
         try:
             service = tinker.ServiceClient(base_url=srv.url, api_key=keys[name])
-            client = service.create_lora_training_client(base_model=srv.model, rank=2, seed=0)
+            client = service.create_lora_training_client(base_model=srv.model, rank=2, seed=0).result()
             tokens = list(range(5, 21))
             datum = tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens[:-1]),
                                  loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
             client.forward_backward([datum], "cross_entropy").result()
             client.optim_step(tinker.AdamParams(learning_rate=1e-3)).result()
-            sampler = client.save_weights_and_get_sampling_client()
+            sampler = client.save_weights_and_get_sampling_client().result()
             out = sampler.sample(tinker.ModelInput.from_ints(tokens[:4]), 1,
                                  tinker.SamplingParams(max_tokens=4, temperature=1.0)).result()
             results[name] = (client.model_id, len(out.sequences[0].tokens))

@@ -90,9 +90,9 @@ def test_sampling_from_the_final_checkpoint(server, sft, monkeypatch):
     final = rows(tmp / "run" / "checkpoints.jsonl")[-1]
     monkeypatch.setenv("TINKER_API_KEY", "tml-test")
     service = tinker.ServiceClient(base_url=server.url)
-    trainer = service.create_training_client_from_state(final["state_path"])
+    trainer = service.create_training_client_from_state(final["state_path"]).result()
     try:
-        sampler = trainer.save_weights_and_get_sampling_client()
+        sampler = trainer.save_weights_and_get_sampling_client().result()
         result = sampler.sample(prompt=tinker.ModelInput.from_ints([1, 2, 3]), num_samples=1,
                                 sampling_params=tinker.SamplingParams(max_tokens=8, temperature=0.0)).result()
         assert len(result.sequences[0].tokens) > 0
@@ -140,3 +140,19 @@ def test_imported_tool_calls_train(server, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [r for r in rows(tmp_path / "run" / "metrics.jsonl") if "train_mean_nll" in r]
     assert len(steps) == 2 and all(r["train_mean_nll"] > 0 for r in steps)
+
+
+def test_held_out_nll_is_measured_on_skyrls_prompt_logprobs(server, tmp_path):
+    """tinker-cookbook 0.5.8 scores --test-size through a sampling client (SamplerNLLEvaluator, compute_logprobs):
+    SkyRL's N-1 answer reaches it in hosted Tinker's shape (hooks.hosted_prompt_logprobs), so the run ends with a
+    test NLL per eval step, of the size of the training loss on the same chats."""
+    proc = run_rlcli(*TRAIN, "--dataset", str(FIXTURE), "--test-size", "4", "--eval-every", "2", "--max-steps", "3",
+                     "--save-every", "0", "--log-path", str(tmp_path / "run"), "--base-url", server.url,
+                     env=server.env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows_ = rows(tmp_path / "run" / "metrics.jsonl")
+    tested = [r for r in rows_ if "test/nll" in r]
+    train = [r["train_mean_nll"] for r in rows_ if "train_mean_nll" in r]
+    assert len(tested) == 2 and len(train) == 3, rows_  # eval before steps 1 and 3
+    assert all(0 < r["test/nll"] < 3 * max(train) for r in tested), (tested, train)
+    assert "test_nll" in proc.stderr

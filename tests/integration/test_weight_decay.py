@@ -30,8 +30,8 @@ def test_one_models_weight_decay_changes_another_model(server, monkeypatch):
 
     monkeypatch.setenv("TINKER_API_KEY", "tml-test")
     service = tinker.ServiceClient(base_url=server.url)
-    victim = service.create_lora_training_client(base_model=server.model, rank=2, seed=0)
-    other = service.create_lora_training_client(base_model=server.model, rank=2, seed=1)
+    victim = service.create_lora_training_client(base_model=server.model, rank=2, seed=0).result()
+    other = service.create_lora_training_client(base_model=server.model, rank=2, seed=1).result()
     try:
         victim.forward_backward([_datum(1.0)], "cross_entropy").result()
         victim.optim_step(tinker.AdamParams(learning_rate=5e-2)).result()  # a non-zero adapter to decay

@@ -41,7 +41,7 @@ def trained(server):
 
     tokenizer = AutoTokenizer.from_pretrained(server.model)
     service = tinker.ServiceClient(base_url=server.url, api_key="tml-test")
-    trainer = service.create_lora_training_client(base_model=server.model, rank=8, seed=2)
+    trainer = service.create_lora_training_client(base_model=server.model, rank=8, seed=2).result()
     try:
         batch = [chat_datum(tokenizer, p, r) for p, r in DEMO_CHATS]
         for _ in range(3):
@@ -131,7 +131,7 @@ def test_export_peft_and_merged_match_the_servers_logprobs(server, trained, tmp_
     config = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == server.model and len(config["target_modules"]) == 7
 
-    sampler = trained.service.create_sampling_client(model_path=trained.sampler_path)
+    sampler = trained.service.create_sampling_client(model_path=trained.sampler_path).result()
 
     def server_lp(ids):
         return sampler.compute_logprobs(tinker.ModelInput.from_ints(ids)).result()
@@ -167,7 +167,7 @@ def test_sampling_an_unloaded_model_says_what_to_do(server):
     import tinker
 
     service = tinker.ServiceClient(base_url=server.url, api_key="tml-test")
-    trainer = service.create_lora_training_client(base_model=server.model, rank=1, seed=0)
+    trainer = service.create_lora_training_client(base_model=server.model, rank=1, seed=0).result()
     try:
         path = trainer.save_weights_for_sampler(name="gone").result().path
     finally:
@@ -184,7 +184,7 @@ def test_sampling_a_finished_runs_checkpoint_reloads_it_from_its_training_state(
     import tinker
 
     service = tinker.ServiceClient(base_url=server.url, api_key="tml-test")
-    trainer = service.create_lora_training_client(base_model=server.model, rank=1, seed=0)
+    trainer = service.create_lora_training_client(base_model=server.model, rank=1, seed=0).result()
     try:
         trainer.save_state(name="back").result()
         path = trainer.save_weights_for_sampler(name="back").result().path

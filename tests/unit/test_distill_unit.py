@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -26,10 +25,10 @@ def skyrl_sampler(table: dict[tuple[int, ...], list[float]]):
     import tinker
 
     class Fake(tinker.SamplingClient):
-        def compute_logprobs(self, prompt):
-            future: Future = Future()
-            future.set_result(list(table[tuple(prompt.to_ints())]))
-            return future
+        def compute_logprobs(self, prompt, prompt_logprobs_last_n=None):  # tinker 0.38: an awaitable APIFuture
+            async def answer() -> list[float]:
+                return list(table[tuple(prompt.to_ints())])
+            return answer()
 
     return object.__new__(Fake)
 

@@ -87,16 +87,20 @@ def test_the_rl_loops_save_for_its_next_step_refused_is_one_line_too(tmp_path, m
 
     from rlcli.train.run import save_failed_message
 
-    async def refused(self, *args, **kwargs):
+    async def refused():
         raise ValueError("Error retrieving result: Error code: 400 - {'detail': '[Errno 28] No space left on "
                          "device'} (status 400) for self.request_id='9' — exceeded 3 retries")
 
-    monkeypatch.setattr(tinker.TrainingClient, "save_weights_and_get_sampling_client_async", refused)
+    class Client:  # the recipe calls the deprecated _async method; the hook awaits the one that replaces it
+        def save_weights_and_get_sampling_client(self):
+            return refused()
+
+    original = tinker.TrainingClient.save_weights_and_get_sampling_client_async
     with hooks.failed_saves(save_failed_message(tmp_path)), pytest.raises(RlcliError) as raised:
-        asyncio.run(tinker.TrainingClient.save_weights_and_get_sampling_client_async(None))
+        asyncio.run(tinker.TrainingClient.save_weights_and_get_sampling_client_async(Client()))
     assert str(raised.value).startswith("the server could not save the sampler weights to sample from ([Errno 28]")
     assert "no checkpoint was saved before it" in str(raised.value)
-    assert tinker.TrainingClient.save_weights_and_get_sampling_client_async is refused
+    assert tinker.TrainingClient.save_weights_and_get_sampling_client_async is original
 
 
 def test_the_servers_reason_for_a_full_disk_is_one_phrase_however_it_is_worded():

@@ -229,6 +229,9 @@ class FakeFuture:
     async def result_async(self):
         return self.value
 
+    def __await__(self):  # tinker's APIFuture: awaiting it is its result
+        return self.result_async().__await__()
+
 
 class FakeClient:
     """Records what would be sent; forward answers fixed current logprobs."""
@@ -242,9 +245,6 @@ class FakeClient:
         self.calls.append(("forward", loss_fn, data, loss_fn_config))
         outputs = [{"logprobs": tinker.TensorData.from_numpy(lp.astype(np.float32))} for lp in self.current]
         return FakeFuture(tinker.ForwardBackwardOutput(loss_fn_output_type="x", loss_fn_outputs=outputs))
-
-    async def forward_async(self, data, loss_fn, loss_fn_config=None):
-        return self.forward(data, loss_fn, loss_fn_config)
 
     def forward_backward(self, data, loss_fn, loss_fn_config=None):
         self.calls.append(("forward_backward", loss_fn, data, loss_fn_config))

@@ -1,5 +1,6 @@
 """What today's tinker SDKs need of the server, without SkyRL (runtime/rlcli_sdk.py, the tenant gate's part in it);
-the real server answers tinker 0.25 and the newest locked SDK in tests/integration/test_sdk_compat.py."""
+the real server answers the client venv's tinker (the newest) and the oldest locked SDK in
+tests/integration/test_sdk_compat.py."""
 
 from __future__ import annotations
 
@@ -31,7 +32,16 @@ def test_the_tenant_gate_counts_a_load_that_names_a_session_as_a_new_model():
     assert not creates("/api/v1/load_weights", None) and not creates("/api/v1/forward_backward", {"session_id": "s"})
 
 
-def test_the_newest_supported_sdk_is_locked_apart_from_the_client_venv():
-    newest, client = locks.pins(REPO / "env/compat.lock"), locks.pins(REPO / "env/client.lock")
-    assert newest["tinker"] == "0.38.0" and client["tinker"].startswith("0.25.")
-    assert "rlcli" not in newest and "tinker-cookbook" not in newest  # the SDK alone, as an application has it
+def test_the_oldest_supported_sdk_is_locked_apart_from_the_client_venv():
+    oldest, client = locks.pins(REPO / "env/compat-oldest.lock"), locks.pins(REPO / "env/client.lock")
+    assert oldest["tinker"] == "0.25.0" and client["tinker"] == "0.38.0"
+    assert "rlcli" not in oldest and "tinker-cookbook" not in oldest  # the SDK alone, as an application has it
+
+
+def test_checkpoint_routes_take_skyrls_ids_and_the_ids_a_load_creates_only():
+    import re
+
+    pattern = re.compile(runtime("rlcli_sdk").MODEL_ID_PATTERN)
+    assert pattern.match("model_ab12") and pattern.match("session_ab12:train:3")
+    for refused in ("session:train:", "a:b", "../x", "s:train:1/x", "s:sample:1", ""):
+        assert not pattern.match(refused), refused

@@ -512,8 +512,8 @@ def test_step_statistics_reach_metrics_jsonl_through_the_cookbooks_logger(tmp_pa
         async def result_async(self, timeout=None):
             return type("Result", (), {"loss_fn_outputs": [loss_output(TOKEN_LOSSES, LP)]})()
 
-    class Client:
-        async def forward_backward_async(self, data, loss_fn, loss_fn_config=None):
+    class Client:  # tinker 0.38's: forward_backward_async is deprecated, forward_backward submits
+        def forward_backward(self, data, loss_fn, loss_fn_config=None):
             return Future()
 
     step_stats, client = stats.StepStats("ppo", None), Client()

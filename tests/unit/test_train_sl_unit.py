@@ -282,7 +282,7 @@ def test_a_failed_or_killed_run_frees_its_slot_and_leaves_no_data(home, tmp_path
 
     async def fake_main(config):
         seen["data"] = Path(config.dataset_builder.file_path).read_bytes()
-        tinker.TrainingClient(holder=None, model_seq_id=0, model_id="model_x")  # type: ignore[arg-type]
+        tinker.TrainingClient(holder=None, model_seq_id=0, model_id="model_x", info=None)  # type: ignore[arg-type]
         if how == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)

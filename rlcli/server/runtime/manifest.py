@@ -13,8 +13,10 @@ from importlib import metadata
 from typing import NamedTuple
 
 VERSION = "2.0"  # rlcli's server runtime; the processes of one server compare it (with their settings)
-PINS = {"skyrl": "==0.4.0", "jax": "==0.12.*", "tinker": ">=0.25,<0.26", "tinker-cookbook": "==0.5.5"}
+PINS = {"skyrl": "==0.4.0", "jax": "==0.12.*", "tinker": ">=0.38,<0.39", "tinker-cookbook": "==0.5.8"}
 SERVER_PINS = ("skyrl", "jax")
+# The tinker SDKs rlcli's server answers (rlcli_sdk; tests/integration/test_sdk_compat.py runs the oldest and newest).
+SERVED_SDKS = ">=0.25,<0.39"
 OVERRIDE, REBINDING, RELIED = "subclass override", "rebinding", "relied on"
 API, ENGINE, JAX, RAY, WORKER, CLIENT = "api", "engine", "jax", "ray", "worker", "client"
 UP, OWN, SEAM = "upstream: docs/upstream/", "rlcli's own (stays)", "when no backend override is left"
@@ -162,6 +164,7 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
      "path", "optimizer", "seq_id"),
     (TA + "get_session", "sdk: the routes' database session", ""),
     (TA + "validate_checkpoint", "sdk: the checkpoint a load creates a model from", ""),
+    (TA + "ID_MAX_LENGTH", "sdk: the checkpoint routes naming a model ({unique_id}) served again for a created id", ""),
     ("skyrl.tinker.config:config_to_argv", "launcher: the engine's flags", ""),
     ("skyrl.backends.renderer:render_model_input", "lazy torch: torch only inside the renderer's functions",
      UP + "engine-imports-torch.md", "by", "tests/integration/server_checks.py"),
@@ -180,7 +183,7 @@ HOOKS = tuple(Entry(target, why, REBINDING, CLIENT, COOKBOOK, ("holds", *texts) 
      "seed=seed,"),
     (TP + "sampling_client:SamplingClient.__init__", "seeded_sampling: the order sampling clients are made in"),
     (TP + "sampling_client:SamplingClient.sample", "seeded_sampling: every sample call (sample_async goes through "
-     "it)", "            self.sample("),
+     "it)", "        return await self.sample("),
     ("tinker_cookbook.checkpoint_utils:CheckpointManager.maybe_save_async",
      "sl_checkpoints_name_the_next_batch: the SL recipe's periodic saves"),
     ("tinker_cookbook.checkpoint_utils:save_checkpoint_async", "failed_saves: every save, recorded after the server "
@@ -199,10 +202,16 @@ HOOKS = tuple(Entry(target, why, REBINDING, CLIENT, COOKBOOK, ("holds", *texts) 
     ("tinker_cookbook.distillation.train_on_policy:do_sync_training", "rlcli's distill loop hands it the teacher "
      "clients and logs one row per step with progress/batch", "teacher_clients", '"progress/batch"', "train_step("),
     ("tinker_cookbook.rl.train:_remove_mask", "response_weights: the mask becomes weights", "_remove_mask(d) for d in"),
-    (TS + "main", "the SL loop logs train_mean_nll per step", "train_mean_nll="),
+    (TS + "main", "the SL loop logs train_mean_nll per step; its test NLL goes through compute_logprobs_async",
+     "train_mean_nll=", "SamplerNLLEvaluator.from_dataset("),
     (CU + "setup_logging", "cookbook_logging: joins its MultiplexLogger", "configure_logging_module("),
     (CU + "MultiplexLogger", "cookbook_logging appends to its loggers", "self.loggers = loggers"),
     (CU + "configure_logging_module", "cookbook_logging: console to warnings"),
+)) + _entries(RELIED, CLIENT, (  # what the hooks call instead of the _async methods tinker 0.38 deprecates
+    ("tinker:SamplingClient.compute_logprobs", "hosted_prompt_logprobs: the answer it pads", ""),
+    ("tinker:TrainingClient.save_weights_and_get_sampling_client", "failed_saves: the save it watches", ""),
+    ("tinker_cookbook.supervised.nll_evaluator:SamplerNLLEvaluator._compute_logprobs", "hosted_prompt_logprobs: the "
+     "SL recipe's test NLL slices the hosted shape", "", "holds", "logprobs[1:]", "compute_logprobs_async("),
 ))
 ENTRIES += HOOKS + (Entry("transformers.models.auto.auto_factory:add_generation_mixin_to_remote_model",
                           "lean_imports: auto_factory imports without transformers' generation module", REBINDING,

@@ -13,13 +13,18 @@ tinker 0.38 makes a training client from a saved state with one POST /api/v1/loa
 no model_id, but the session and the client's model sequence number, from which both sides name the model
 `<session id>:train:<model seq id>`; its LoRA is the checkpoint's. SkyRL's route needs a model_id (a 422), so a load
 without one is answered here: the model row and its create future, then the load future, in one commit, as SkyRL's
-create_model and load_weights would file them; a load with a model_id goes to SkyRL's route unchanged.
+create_model and load_weights would file them; a load with a model_id goes to SkyRL's route unchanged. SkyRL's routes
+that name a model in their path (its checkpoints listed, downloaded, deleted) check it against a pattern without ':'
+(a 422 for such a model's checkpoints: `rlcli export`, the loop's promote); they are served again with one that also
+takes `<session>:train:<seq>`.
 """
 
 import sys  # no `from __future__ import annotations`: FastAPI reads the endpoint's annotations as objects
 
 ROUTE = "/api/v1/asample"
 LOAD_ROUTE = "/api/v1/load_weights"
+MODEL_IN_PATH = "unique_id"  # the path parameter SkyRL's checkpoint routes name the model by
+MODEL_ID_PATTERN = r"^[a-zA-Z0-9_-]+(:train:[0-9]+)?$"  # SkyRL's ID_PATTERN, or the id a load created
 
 
 def log(message: str) -> None:
@@ -79,8 +84,45 @@ def install(api) -> None:
     stock_sample, stock_load = api.asample, api.load_weights
     _replace(api, ROUTE, stock_sample, asample, SampleFuture)
     _replace(api, LOAD_ROUTE, stock_load, load_weights, LoadFuture)
+    widened = accept_created_model_ids(api)
     log(f"{ROUTE} answers with sample_sequence_ids (tinker >= 0.26 asserts them); {LOAD_ROUTE} creates the model "
-        "it loads when it names a session instead of a model (tinker 0.38's create_training_client_from_state)")
+        f"it loads when it names a session instead of a model (tinker 0.38's create_training_client_from_state); "
+        f"{widened} checkpoint routes take the ids such a load creates")
+
+
+def accept_created_model_ids(api) -> int:
+    """Serve each SkyRL route whose path names a model (`{unique_id}`) by the same endpoint, at the same place in
+    the app, with MODEL_ID_PATTERN for that parameter. Returns how many; SystemExit with one line if none is left."""
+    from fastapi import Path
+    from fastapi.routing import APIRoute
+
+    routes = api.app.router.routes
+    found = [i for i, r in enumerate(routes) if isinstance(r, APIRoute) and f"{{{MODEL_IN_PATH}}}" in r.path]
+    if not found:
+        raise SystemExit(f"rlcli sdk: no SkyRL route names a model by {{{MODEL_IN_PATH}}} any more: rlcli cannot "
+                         "serve the checkpoints of a model a load created; rebuild the server venv "
+                         "(`rlcli serve install`)")
+    for index in found:
+        stock = routes[index]
+        routes[index] = APIRoute(stock.path, _with_model_pattern(stock.endpoint, Path(
+            ..., pattern=MODEL_ID_PATTERN, max_length=api.ID_MAX_LENGTH)), methods=stock.methods, name=stock.name,
+            status_code=stock.status_code, response_model=stock.response_model, response_class=stock.response_class)
+    return len(found)
+
+
+def _with_model_pattern(stock, default):
+    """`stock` under another signature: its model parameter validated against `default`'s pattern."""
+    import functools
+    import inspect
+
+    async def endpoint(**kwargs):
+        return await stock(**kwargs)
+
+    functools.update_wrapper(endpoint, stock)
+    signature = inspect.signature(stock)
+    endpoint.__signature__ = signature.replace(parameters=[
+        p.replace(default=default) if p.name == MODEL_IN_PATH else p for p in signature.parameters.values()])
+    return endpoint
 
 
 def load_request_model(api):
