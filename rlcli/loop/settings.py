@@ -39,6 +39,9 @@ class LoopSettings(Record):
                                "champion)")
     train_on: TrainOn = option("all", "sft and rl train on all data so far (new and a replay of earlier; less "
                                       "forgetting) or new")
+    replay: float = option(0.0, "with train_on all: the share of each iteration's training set replayed from "
+                                "earlier iterations, the rest this iteration's (0: every example so far once, in "
+                                "proportion)", low=0, high=1, below=True)
     gate: Gate = option("auto", "auto: per slice (promote when a slice new since the champion gains beyond its "
                                 "interval and no slice falls beyond the margin); pooled: all held-out problems as one "
                                 "(the rule before slices); manual: wait for `rlcli loop promote`")
