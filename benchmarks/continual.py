@@ -99,7 +99,7 @@ def schedule(size: Size, folder: Path, seed: int = 0) -> list[Event]:
 # --- scoring on the fixed test sets ---------------------------------------------------------------
 
 
-def test_problems(size: Size) -> list[list]:
+def fixed_tests(size: Size) -> list[list]:
     from rlcli.problems.traces import first_problems
 
     return [first_problems(skills.test_set(s, size.tests), size.tests, s.name) for s in skills.SKILLS[: size.skills]]
@@ -296,7 +296,7 @@ def finish(result: dict[str, Any], size: Size, label: str, out: str | Path | Non
 
 
 def run_all(url: str, root: Path, size: Size, names: list[str], overrides: dict[str, Any]) -> dict[str, Any]:
-    data, tests = root / "batches", test_problems(size)
+    data, tests = root / "batches", fixed_tests(size)
     events = schedule(size, data)
     default = loop_settings(url, overrides, size)
     base = accuracy(url, Champion(0), tests, default)
