@@ -155,8 +155,9 @@ def run_loop(url: str, root: Path, name: str, s: LoopSettings, events: list[Even
             commands.run_once(folder, ledger)
             it, cand, champ = ledger.iteration(i), stages.candidate(ledger, i), ledger.champion()
             found = ledger.stage(i, "evaluate") or {}
-        candidate_acc = accuracy(url, cand, tests, s) if cand else champion_acc
-        before, champion_acc = champion_acc, accuracy(url, champ, tests, s)
+        with quiet(root / name / "log.txt"):
+            candidate_acc = accuracy(url, cand, tests, s) if cand else champion_acc
+            before, champion_acc = champion_acc, accuracy(url, champ, tests, s)
         slice_name = slices.template(skills.conversations(skills.SKILLS[e.skill].pairs(1, 0))[0]) if not e.bad else None
         new = next((x for x in found.get("slices", []) if x["name"] == slice_name), None)
         t = measures.truth(before, candidate_acc, e.skill, e.seen, e.bad)
@@ -208,7 +209,7 @@ def run_joint(url: str, root: Path, events: list[Event], s: LoopSettings, defaul
             trainer, options = stages.stage("sft", root / "joint" / f"run-{i}", dataset, None, Champion(0), joint,
                                             url, False)
             made = trainer(options)
-        acc = accuracy(url, Champion(i, made.sampler_path, made.state_path), tests, s)
+            acc = accuracy(url, Champion(i, made.sampler_path, made.state_path), tests, s)
         rows.append({"event": e.file, "skill": e.skill, "examples": len(seen), "steps": joint.steps, "accuracy": acc,
                      "seconds": round(time.monotonic() - start, 1)})
         say(f"[joint] after skill {e.skill + 1}: {len(seen)} conversations, {joint.steps} steps from the base "
@@ -260,18 +261,19 @@ def main(quick: bool = False, strategies: str | tuple = "default,new,distill,joi
         raise SystemExit(f"--strategies: unknown {unknown[0]!r}: choose from {', '.join(STRATEGIES)}")
     names = ["default", *(x for x in names if x != "default")]  # joint reads the default loop's data
     root = Path(keep or tempfile.mkdtemp(prefix="rlcli-continual-")).expanduser()
-    started = time.monotonic()
+    started, load = time.monotonic(), os.getloadavg()
     try:
         with private_server(str(ensure_embedded_model())) as server:
             result = run_all(server.url, root, size, names, settings)
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
-    return finish(result, size, label, out, time.monotonic() - started)
+    return finish(result, size, label, out, time.monotonic() - started, load)
 
 
-def finish(result: dict[str, Any], size: Size, label: str, out: str | Path | None, seconds: float) -> dict[str, Any]:
-    """The targets, the receipt, and the summary lines."""
+def finish(result: dict[str, Any], size: Size, label: str, out: str | Path | None, seconds: float,
+           load: tuple[float, ...] | None = None) -> dict[str, Any]:
+    """The targets, the receipt (with the load average before and after: a shared machine's), the summary lines."""
     from benchmarks.common import versions, write_receipt
     from benchmarks.models import server_versions
 
@@ -283,7 +285,8 @@ def finish(result: dict[str, Any], size: Size, label: str, out: str | Path | Non
                                   for s in skills.SKILLS[: size.skills]],
                        "truth": {"learned": measures.LEARNED, "kept": measures.KEPT},
                        "model": "rlcli-tiny-qwen3-v1", "device": "cpu"},
-            "minutes": round(seconds / 60, 2), **result}
+            "minutes": round(seconds / 60, 2),
+            "load_average_1_5_15": {"before": load or os.getloadavg(), "after": os.getloadavg()}, **result}
     receipt = write_receipt("continual", body, Path(out) if out else None)
     for name in names:
         x = result[name]["summary"]

@@ -29,7 +29,9 @@ TrainOn = Literal["all", "new"]
 
 @dataclass(frozen=True, kw_only=True)
 class LoopSettings(Record):
-    """Everything one iteration runs with: loop.toml, and `loop init`'s flags. Paths are stored absolute."""
+    """Everything one iteration runs with: loop.toml, and `loop init`'s flags. Paths are stored absolute. The
+    training defaults (steps, lr, train_on, replay, heldout_share) are calibrated on the embedded model by
+    `python -m benchmarks.loop_defaults` (docs/decisions.md; other families: docs/loop.md)."""
 
     traces: str | None = option(None, "where new trace files appear: a glob ('logs/*.jsonl') or a folder (its *.jsonl)")
     format: Format = FORMAT("openai")
@@ -62,7 +64,7 @@ class LoopSettings(Record):
     batch_size: int = BATCH(8)
     lr: float = option(0.0, "the stages' learning rate (0: each trainer's default: sft 5e-3 on the embedded model, "
                             "the cookbook's get_lr for Qwen and Llama)", low=0)
-    steps: int = option(64, "training steps per stage", low=1)
+    steps: int = option(128, "training steps per stage", low=1)
     distill_lr: float = option(0.0, "the distill stage's learning rate (0: --lr): gentler, so recovering the old "
                                     "keeps the new", low=0)
     distill_steps: int = option(0, "the distill stage's steps (0: --steps; at most one pass over the earlier "
