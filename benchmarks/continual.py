@@ -48,9 +48,10 @@ class Size:
     tests: int = 16  # fixed test problems per skill
     bad_every: int = 2  # a bad candidate after every this many skills
     distill_steps: int = 8  # the distill strategy's distill stage (sampling is its cost on CPU)
+    steps: int | None = None  # SFT steps of every strategy (None: the loop's default)
 
 
-FULL, QUICK = Size(), Size(skills=3, chats=64, tests=8, bad_every=2, distill_steps=4)
+FULL, QUICK = Size(), Size(skills=3, chats=64, tests=8, bad_every=2, distill_steps=4, steps=64)
 
 
 def say(line: str) -> None:
@@ -300,6 +301,7 @@ def finish(result: dict[str, Any], size: Size, label: str, out: str | Path | Non
 
 def run_all(url: str, root: Path, size: Size, names: list[str], overrides: dict[str, Any]) -> dict[str, Any]:
     data, tests = root / "batches", fixed_tests(size)
+    overrides = {"steps": size.steps, **overrides} if size.steps else overrides
     events = schedule(size, data)
     default = loop_settings(url, overrides, size)
     base = accuracy(url, Champion(0), tests, default)
