@@ -1,7 +1,8 @@
 """Skills that arrive one trace batch at a time: the continual-learning benchmark's sequence (benchmarks/continual.py),
 its notebook and tests.
 
-    python -m rlcli.loop.skills DIR [--chats 64]   (writes skill-1.openai.jsonl .. skill-5.openai.jsonl, tests.jsonl)
+    python -m rlcli.loop.skills DIR [CHATS]   (skill-1.openai.jsonl .. skill-5.openai.jsonl of CHATS chats, 64 by
+                                              default, and tests.jsonl)
 
 Each skill is a prompt template with a number in it and a reply that `--match normalized` checks whole: facts (a
 constant answer to one kind of question), a reply format, a tool-call-like pattern and an arithmetic variant. The
@@ -104,10 +105,7 @@ def write_all(folder: str, chats: int = 64, tests: int = 16, seed: int = 0) -> l
 
 
 if __name__ == "__main__":
-    import argparse
+    import sys
 
-    parser = argparse.ArgumentParser(prog="python -m rlcli.loop.skills", description=__doc__.splitlines()[0])
-    parser.add_argument("dir")
-    parser.add_argument("--chats", type=int, default=64, help="chats per skill batch")
-    for p in write_all(parser.parse_args().dir, parser.parse_args().chats):
+    for p in write_all(sys.argv[1] if len(sys.argv) > 1 else ".", int(sys.argv[2]) if len(sys.argv) > 2 else 64):
         print(p)
