@@ -374,6 +374,73 @@ def plot_loop(rows: list[dict]):
     return fig
 
 
+def continual_receipt(run: str = "receipt", out: str | None = None) -> dict:
+    """The continual-learning benchmark's receipt: the newest one in benchmarks/receipts (run "receipt"), or that of
+    a fresh `python -m benchmarks.continual` ("quick" or "full"), written into `out` (default benchmarks/receipts)."""
+    folder = Path(out) if out else ROOT / "benchmarks" / "receipts"
+    if run != "receipt":
+        python(["-m", "benchmarks.continual", *(["--quick"] * (run == "quick")), "--out", str(folder)],
+               "benchmarks.continual", timeout=7200)
+    found = sorted(folder.glob("continual-*.json"))
+    if not found:
+        raise FileNotFoundError(f"no continual-*.json in {folder}: run `python -m benchmarks.continual` first")
+    return {**json.loads(found[-1].read_text()), "file": found[-1].name}
+
+
+def continual_result(receipt: dict) -> dict:
+    """What the notebook records of the benchmark: per strategy ACC, BWT, FWT and the average after each skill; the
+    default strategy's gate against the truth; each target met or not."""
+    names = receipt["config"]["strategies"]
+    return {"receipt": receipt["file"], "skills": len(receipt["base"]),
+            "strategies": {n: {k: receipt[n]["summary"][k] for k in ("acc", "bwt", "fwt", "average_seen")}
+                           for n in names},
+            "decisions": receipt["default"]["decisions"],
+            "targets": {t["target"]: t["met"] for t in receipt["targets"]}}
+
+
+def _seen_averages(events: list[dict]) -> list[float]:
+    """The champion's mean accuracy over the skills arrived so far, after each iteration."""
+    out, seen = [], 0
+    for e in events:
+        seen = max(seen, (e["skill"] + 1) if e["skill"] is not None else 0)
+        out.append(sum(e["champion"][:seen]) / seen)
+    return out
+
+
+def plot_continual(receipt: dict):
+    """Average accuracy over the skills seen after each iteration, per strategy (the champion a loop serves; joint
+    training after each skill), and the accuracy matrices of the default strategy's champion and of joint."""
+    import matplotlib.pyplot as plt
+
+    names = receipt["config"]["strategies"]
+    events = receipt["default"]["events"]
+    labels = ["bad" if e["bad"] else f"s{e['skill'] + 1}" for e in events]
+    skill_at = [i + 1 for i, e in enumerate(events) if not e["bad"]]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw={"width_ratios": [1.6, 1, 1]})
+    for n in names:
+        if n == "joint":
+            axes[0].plot(skill_at, receipt[n]["summary"]["average_seen"], "k--", marker="s", label="joint (bound)")
+        else:
+            axes[0].plot(range(1, len(events) + 1), _seen_averages(receipt[n]["events"]), "o-", label=n)
+    axes[0].set(xlabel="iteration (the batch it brought)", ylabel="accuracy, mean over skills seen", ylim=(-0.05, 1.05),
+                title="average accuracy after each iteration", xticks=range(1, len(events) + 1), xticklabels=labels)
+    axes[0].legend()
+    for ax, (title, R) in zip(axes[1:], (("default: champion", receipt["default"]["R_champion"]),
+                                         ("joint", receipt.get("joint", {}).get("R"))), strict=True):
+        if R is None:
+            ax.axis("off")
+            continue
+        ax.imshow(R, vmin=0, vmax=1, cmap="viridis")
+        for i, row in enumerate(R):
+            for j, a in enumerate(row):
+                ax.text(j, i, f"{a:.2f}", ha="center", va="center", color="white" if a < 0.6 else "black", fontsize=8)
+        ax.set(title=f"R[i][j], {title}", xlabel="skill j (test set)", ylabel="after skill i",
+               xticks=range(len(R)), yticks=range(len(R)), xticklabels=range(1, len(R) + 1),
+               yticklabels=range(1, len(R) + 1))
+    fig.tight_layout()
+    return fig
+
+
 if __name__ == "__main__":  # python -m rlcli.lab portable FILE...
     if sys.argv[1:2] != ["portable"]:
         sys.exit("usage: python -m rlcli.lab portable FILE...")

@@ -5,7 +5,9 @@
 Every batch mixes one-digit sums (a quarter: a skill the embedded model already has, answered bare) with a
 skill of its own: batch 1 teaches "the code for door N" (always 42), batch 2 a new skill ("the coins in chest N":
 always 77), batch 3 more of both. Each batch also holds two records an importer must drop and count (a
-chat without a reply, a reply cut at its length limit). The regression set: other sums, fixed at `loop init`
+chat without a reply, a reply cut at its length limit). 96 chats a batch by default: at `heldout_share` 0.25 batch 2
+brings 11 held-out chests, enough for the per-slice gate to show a gain (it needs 7 to improve; at 64 chats it
+brought exactly 7, at 32 chats and a fifth held out 3). The regression set: other sums, fixed at `loop init`
 (or, write_skill_regression, batch 1's skill asked again: what a later iteration must not forget).
 Every answer is a number: score them with `--match number`.
 """
@@ -47,7 +49,7 @@ def record(i: int, question: str, answer: str) -> dict[str, Any]:
             "response": {"id": f"chatcmpl-{i}", "choices": [choice]}}
 
 
-def write_batch(path: Path, batch: int, n: int = 32, seed: int = 0) -> Path:
+def write_batch(path: Path, batch: int, n: int = 96, seed: int = 0) -> Path:
     lines = [record(i, q, a) for i, (q, a) in enumerate(chats(batch, n, seed))]
     lines.append({"model": "prod-model", "messages": [{"role": "user", "content": "hello?"}]})  # no reply
     lines.append({"request": {"model": "prod-model", "messages": [{"role": "user", "content": "What is 1 + 1?"}]},
@@ -80,7 +82,7 @@ def write_skill_regression(path: Path, batch: int = 1, n: int = 16, seed: int = 
     return path
 
 
-def write_all(folder: str, n: int = 32, seed: int = 0) -> list[Path]:
+def write_all(folder: str, n: int = 96, seed: int = 0) -> list[Path]:
     out = Path(folder).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     return [*(write_batch(out / f"batch-{b}.openai.jsonl", b, n, seed) for b in (1, 2, 3)),

@@ -201,6 +201,22 @@ def all_rows(folder: Path, ledger: Ledger, name: str, upto: int) -> list[dict[st
     return rows
 
 
+def replay_mix(new: list[dict[str, Any]], earlier: list[dict[str, Any]], share: float,
+               seed: int) -> list[dict[str, Any]]:
+    """This iteration's rows and earlier ones drawn so that `share` of the result is earlier data (each earlier row
+    at most once while there are enough, cycled beyond), shuffled: a fixed replay ratio, so that a new skill keeps
+    its part of the steps however many iterations came before (in proportion, its part shrinks as 1/iterations)."""
+    if not new or not earlier or share <= 0:
+        return [*earlier, *new]
+    count = round(len(new) * share / (1 - share))
+    rng = random.Random(seed)
+    pool = earlier[:]
+    rng.shuffle(pool)
+    mixed = [*new, *(pool[i % len(pool)] for i in range(count))]
+    rng.shuffle(mixed)
+    return mixed
+
+
 def shuffled_answers(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
     """The same chats with their last replies moved to other chats (a deliberately bad training set)."""
     rows = [r for r in rows if prompt_reply(r)[1]]

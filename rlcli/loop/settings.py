@@ -29,7 +29,9 @@ TrainOn = Literal["all", "new"]
 
 @dataclass(frozen=True, kw_only=True)
 class LoopSettings(Record):
-    """Everything one iteration runs with: loop.toml, and `loop init`'s flags. Paths are stored absolute."""
+    """Everything one iteration runs with: loop.toml, and `loop init`'s flags. Paths are stored absolute. The
+    training defaults (steps, lr, train_on, replay, heldout_share) are calibrated on the embedded model by
+    `python -m benchmarks.loop_defaults` (docs/decisions.md; other families: docs/loop.md)."""
 
     traces: str | None = option(None, "where new trace files appear: a glob ('logs/*.jsonl') or a folder (its *.jsonl)")
     format: Format = FORMAT("openai")
@@ -39,10 +41,13 @@ class LoopSettings(Record):
                                "champion)")
     train_on: TrainOn = option("all", "sft and rl train on all data so far (new and a replay of earlier; less "
                                       "forgetting) or new")
+    replay: float = option(0.5, "with train_on all: the share of each iteration's training set replayed from "
+                                "earlier iterations, the rest this iteration's (0: every example so far once, in "
+                                "proportion)", low=0, high=1, below=True)
     gate: Gate = option("auto", "auto: per slice (promote when a slice new since the champion gains beyond its "
                                 "interval and no slice falls beyond the margin); pooled: all held-out problems as one "
                                 "(the rule before slices); manual: wait for `rlcli loop promote`")
-    heldout_share: float = option(0.2, "share of new prompts held out (by a stable hash of the prompt)", low=0,
+    heldout_share: float = option(0.25, "share of new prompts held out (by a stable hash of the prompt)", low=0,
                                   high=1, above=True, below=True)
     match: str = MATCH("normalized")
     eval_limit: int = option(64, "at most this many problems per slice of each set (held-out, regression) in each "
@@ -57,8 +62,9 @@ class LoopSettings(Record):
     export_format: ExportFormat = option("peft", "the champion's export in DIR/champion: peft or merged")
     hook: str = option("", "a shell command run after each promotion or rollback (RLCLI_LOOP_CHAMPION: the folder)")
     batch_size: int = BATCH(8)
-    lr: float = option(0.0, "the stages' learning rate (0: each trainer's default)", low=0)
-    steps: int = option(4, "training steps per stage", low=1)
+    lr: float = option(0.0, "the stages' learning rate (0: each trainer's default: sft 5e-3 on the embedded model, "
+                            "the cookbook's get_lr for Qwen and Llama)", low=0)
+    steps: int = option(128, "training steps per stage", low=1)
     distill_lr: float = option(0.0, "the distill stage's learning rate (0: --lr): gentler, so recovering the old "
                                     "keeps the new", low=0)
     distill_steps: int = option(0, "the distill stage's steps (0: --steps; at most one pass over the earlier "

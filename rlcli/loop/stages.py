@@ -79,7 +79,9 @@ def train(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Champ
     where = data.iteration_dir(folder, n)
     new = where / "train.jsonl"
     if s.train_on == "all" or s.shuffle_answers:
-        rows = data.all_rows(folder, ledger, "train.jsonl", n) if s.train_on == "all" else data.read_jsonl(new)
+        rows = data.read_jsonl(new)
+        if s.train_on == "all":
+            rows = data.replay_mix(rows, data.all_rows(folder, ledger, "train.jsonl", n - 1), s.replay, s.seed + n)
         new = where / ("train.shuffled.jsonl" if s.shuffle_answers else "train-all.jsonl")
         data.write_jsonl(new, data.shuffled_answers(rows, s.seed) if s.shuffle_answers else rows)
     start = champion.state_path

@@ -121,3 +121,6 @@ def test_continual_loop_notebook_records_three_iterations(server, tmp_path):
     per_slice = [x for iteration in result["slices"] for x in iteration]  # champion -> candidate per slice
     assert per_slice and all(x["low"] - 1e-3 <= x["candidate"] - x["champion"] <= x["high"] + 1e-3 and x["n"]
                              for x in per_slice)  # rounded to 4 places in the result
+    bench = result["benchmark"]  # the continual-learning benchmark's newest receipt, read and plotted
+    assert bench["receipt"].startswith("continual-") and "default" in bench["strategies"] and bench["targets"]
+    assert all(len(x["average_seen"]) == bench["skills"] for x in bench["strategies"].values())

@@ -200,7 +200,7 @@ def loop(tmp_path, monkeypatch):
     doors = batches.write_skill_regression(tmp_path / "doors.jsonl", 1, 16)
     folder = tmp_path / "loop"
     commands.init(commands.InitOptions(dir=str(folder), traces="inbox", regression=str(doors), match="number",
-                                       base_url="http://127.0.0.1:9"))
+                                       heldout_share=0.2, base_url="http://127.0.0.1:9"))  # the split counted below
     knows: dict[int, set[str]] = {0: {"What"}}
 
     def train(folder, ledger, n, s, champ, url):

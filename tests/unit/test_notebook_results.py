@@ -40,3 +40,8 @@ def test_recorded_results_are_there_and_sane():
     loop = results["continual_loop"]  # three batches, three iterations; the first teaches what the base lacks
     assert loop["iterations"] == 3 and loop["decisions"][0] == "promoted" and loop["promoted"] >= 1
     assert loop["heldout_candidate"][0] > loop["heldout_champion"][0] and loop["heldout_low"][0] > 0
+    bench = loop["benchmark"]  # the continual-learning benchmark's receipt it plotted: five skills, every strategy
+    assert bench["skills"] >= 5 and set(bench["strategies"]) == {"default", "new", "distill", "joint"}
+    assert (REPO / "benchmarks" / "receipts" / bench["receipt"]).is_file()
+    assert sum(bench["decisions"].values()) == 7 and len(bench["targets"]) == 4  # 5 skills, 2 bad candidates
+    assert bench["targets"]["every bad candidate is rejected"]
