@@ -45,7 +45,7 @@ def correct_share(url: str, source: str | None, model: str, renderer: str, data:
     from rlcli.problems import envs, score
     from rlcli.train.metrics import TEST_CORRECT
 
-    s = sample.open_sampler(source, model, url, None, max_tokens, 0.0, 0)
+    s = sample.open_sampler(source, None if source else model, url, None, max_tokens, 0.0, 0)  # weights know theirs
     try:
         _, test = asyncio.run(envs.dataset_builder(data, model, renderer, 1, 1)())
         problems = score.problems_of(test)
