@@ -99,25 +99,34 @@ def train_rl(url: str, folder: Path, dataset: str, loss: str, steps: int, max_op
     return read_metrics(folder)
 
 
-# The skill SFT on the demo traces teaches: a reply in the logged calculator's form "a + b = c." (the sums
-# themselves are beyond the model). `--match regex:` compares what group 1 captures in the reply and the log.
-CALCULATOR_FORM = r"regex:^\d+ (\+) \d+ = \d+\.$"
+# The new skill SFT teaches: "Door N: code please." -> 42 (rlcli.loop.batches, batch 1's skill), on prompts of its
+# own, so that distilling the old skill's prompts toward the base model has no reason to undo it. The base model
+# never answers 42 to them.
+def door_chats(folder: Path, train: int = 64, test: int = 32, seed: int = 0) -> tuple[Path, Path]:
+    """(train, test) conversation files of the door skill, at folder/doors-train.jsonl and doors-test.jsonl: distinct
+    door numbers, none in both."""
+    import random
 
+    from rlcli.loop.batches import SKILLS
 
-def demo_traces(folder: Path) -> Path:
-    """`make demo`'s logged OpenAI traffic through `rlcli import`, at folder/traces.jsonl."""
+    question, answer = SKILLS[1]
+    doors = random.Random(seed).sample(range(100, 1000), train + test)
     folder.mkdir(parents=True, exist_ok=True)
-    out = folder / "traces.jsonl"
-    rlcli("import", str(ROOT / "rlcli" / "data" / "demo" / "demo-traces.openai.jsonl"), "-f", "openai", "-o", str(out))
-    return out
+    paths = folder / "doors-train.jsonl", folder / "doors-test.jsonl"
+    for path, numbers in zip(paths, (doors[:train], doors[train:]), strict=True):
+        path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": question.format(n=n)},
+                                                         {"role": "assistant", "content": answer}]}) + "\n"
+                                for n in numbers))
+    return paths
 
 
-def evaluate_form(url: str, traces: Path, checkpoint: str | Path | None = None, eval_size: int = 16,
-                  max_tokens: int = 16) -> dict:
-    """`rlcli eval --env replay` on the traces' held-out prompts, greedy: the share of replies in the calculator's
-    form (CALCULATOR_FORM)."""
-    args = ["eval", "--env", "replay", "--dataset", str(traces), "--match", CALCULATOR_FORM, "--eval-size",
-            str(eval_size), "--temperature", "0", "--max-tokens", str(max_tokens), "--base-url", url]
+def evaluate_replay(url: str, chats: Path, checkpoint: str | Path | None = None, eval_size: int = 16,
+                    samples: int = 1, temperature: float = 0.0, max_tokens: int = 16) -> dict:
+    """`rlcli eval --env replay --match number` on held-out prompts of a conversation file: the share of replies
+    whose number is the logged one."""
+    args = ["eval", "--env", "replay", "--dataset", str(chats), "--match", "number", "--eval-size", str(eval_size),
+            "--samples", str(samples), "--temperature", str(temperature), "--max-tokens", str(max_tokens),
+            "--base-url", url]
     if checkpoint:
         args += ["--checkpoint", str(checkpoint)]
     return json.loads(rlcli(*args).strip().splitlines()[-1])
@@ -136,16 +145,18 @@ def difference(after: dict, before: dict, z: float = 1.96) -> dict:
     return {"gain": gain, "low": gain - half, "high": gain + half}
 
 
-def recover_result(rows: list[dict], sums: dict[str, dict], greedy: dict[str, dict], form: dict[str, dict],
-                   params: dict) -> dict:
-    """What the recover demonstration records: the teacher KL's ends, each model's held-out sums (sampled, with
-    rounds, and greedy) and calculator form, and the distilled - SFT gain on the sums with its interval."""
+def recover_result(rows: list[dict], sums: dict[str, dict], greedy: dict[str, dict], new: dict[str, dict],
+                   new_greedy: dict[str, dict], params: dict) -> dict:
+    """What the recover demonstration records: the teacher KL's ends, each model's old skill (held-out sums) and new
+    skill (held-out doors), sampled with rounds and greedy, and distilled - SFT on each with its interval."""
     return {**distill_result(rows, sums, params),
             **{f"heldout_greedy_{name}": score["correct"] for name, score in greedy.items()},
-            **{f"form_{name}": score["correct"] for name, score in form.items()},
-            "form_prompts": next(iter(form.values()))["problems"],
+            **{f"new_skill_{name}": score["correct"] for name, score in new.items()},
+            **{f"new_skill_greedy_{name}": score["correct"] for name, score in new_greedy.items()},
+            "new_skill_prompts": next(iter(new.values()))["problems"],
             "eval_samples": next(iter(sums.values()))["samples"],
-            "retained_gain": difference(sums["distilled"], sums["sft"])}
+            "retained_gain": difference(sums["distilled"], sums["sft"]),
+            "new_skill_change": difference(new["distilled"], new["sft"])}
 
 
 def train_distill(url: str, folder: Path, teacher: str, steps: int, max_operand: int | None = None,
@@ -283,8 +294,9 @@ def plot_rl(rows: list[dict], before: dict, after: dict, loss: str):
     return fig
 
 
-def plot_distill(rows: list[dict], scores: dict[str, dict]):
-    """Teacher KL per step (training batch and held-out prompts) and each model's held-out accuracy."""
+def plot_distill(rows: list[dict], scores: dict[str, dict], new: dict[str, dict] | None = None):
+    """Teacher KL per step (training batch and held-out prompts) and each model's held-out accuracy: one bar per
+    model, or with `new` (the new skill's scores) a pair per model, old skill and new."""
     import matplotlib.pyplot as plt
 
     fig, (kl_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -293,7 +305,14 @@ def plot_distill(rows: list[dict], scores: dict[str, dict]):
     kl_ax.axhline(0, color="grey", linewidth=0.5)
     kl_ax.set(xlabel="step", ylabel="student - teacher logprob per token", title="teacher KL")
     kl_ax.legend()
-    acc_ax.bar(list(scores), [s["correct"] for s in scores.values()], color=["C0", "C1", "C2"][: len(scores)])
+    if new is None:
+        acc_ax.bar(list(scores), [s["correct"] for s in scores.values()], color=["C0", "C1", "C2"][: len(scores)])
+    else:
+        at = range(len(scores))
+        acc_ax.bar([x - 0.2 for x in at], [s["correct"] for s in scores.values()], 0.4, label="old skill (sums)")
+        acc_ax.bar([x + 0.2 for x in at], [s["correct"] for s in new.values()], 0.4, label="new skill (doors)")
+        acc_ax.set_xticks(list(at), list(scores))
+        acc_ax.legend()
     acc_ax.set(ylabel="correct share", title="held-out accuracy (rlcli eval)", ylim=(0, 1))
     fig.tight_layout()
     return fig

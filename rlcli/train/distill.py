@@ -41,7 +41,7 @@ from rlcli.train.teacher_context import check as teacher_context_check
 RECIPE_NAME = "rlcli_train_distill"
 DistillLoss = Literal["importance_sampling", "ppo", "cispo", "gspo"]  # what the cookbook's distillation data suits
 RESUME_KEYS = ("model", "renderer", "loss", "batch_size", "group_size", "teacher", "teacher_url", "kl_coef",
-               "kl_discount", "reward_coef", "teacher_context", "eval_size", "seed")
+               "kl_discount", "reward_coef", "teacher_context", "eval_size", "seed", "keep", "keep_batch_size")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +67,11 @@ class DistillOptions(SamplingOptions):
     kl_discount: float = option(0.0, "discount for later tokens' signal (0: each token its own)", low=0, high=1,
                                 below=True)
     reward_coef: float = option(0.0, "add the prompts' graded reward times this (RL with a teacher; 0: off)", low=0)
+    keep: str | None = option(None, "a JSONL file of prompts (as --prompts FILE) whose answers the student must keep: "
+                                    "each step also distills --keep-batch-size of them toward the start weights "
+                                    "(--load-checkpoint), re-created as a second teacher; they go round as often as "
+                                    "the steps need")
+    keep_batch_size: int = option(4, "--keep prompts per step, beside --batch-size of --prompts", low=1)
     batch_size: int = BATCH(BATCH_SIZE)
     load_checkpoint: str | None = LOAD_CHECKPOINT(None)
     dataset_path: str | None = DATASET_PATH(None)
@@ -80,10 +85,13 @@ class DistillOptions(SamplingOptions):
                    "({question, answer} lines, or `rlcli import` conversations)")
         if self.reward_coef:
             yield from group_of_two(self.group_size)
+        if self.keep and not self.load_checkpoint:
+            yield ("--keep distills its prompts toward the weights the student starts from: pass --load-checkpoint "
+                   "RUN_FOLDER (the run that taught what --keep guards)")
         yield from super().problems()
 
 
-def describe(plan: Any, data: Data, s: DistillOptions, steps: int, teacher: Any) -> str:
+def describe(plan: Any, data: Data, s: DistillOptions, steps: int, teacher: Any, keep: Data | None) -> str:
     size = "synthetic" if data.size is None else f"{data.size} prompts"
     held_out = heldout.kept_out(data.held_out, s.eval_every, "prompts", "(teacher KL and correctness) scored")
     reward = f" + {s.reward_coef:g} x reward ({data.grader})" if s.reward_coef else ""
@@ -95,6 +103,9 @@ def describe(plan: Any, data: Data, s: DistillOptions, steps: int, teacher: Any)
         f"{f', discounted {s.kl_discount:g}' if s.kl_discount else ''}{reward}",
         rl_loop.describe_loss(plan),
         f"data: {data.label}: {size}, {data.batches} batches of {s.batch_size}; {held_out}",
+        *([f"keep: {keep.label}: {keep.size} prompts, {keep.batches} batches of {s.keep_batch_size} (round and round), "
+           f"distilled toward "
+           f"the start weights {s.load_checkpoint} (a second teacher, in a LoRA slot of its own)"] if keep else []),
         f"plan: {s.batch_size} prompts x {s.group_size} samples per step, {steps} step{'s' * (steps != 1)} "
         f"(max {s.max_tokens} tokens per sample, temperature {s.temperature}, lr {s.lr:g})",
         f"student: {s.model}  renderer: {s.renderer}  start: {s.load_checkpoint or f'fresh LoRA rank {s.lora_rank}'}",
@@ -109,6 +120,17 @@ def build_config(folder: Path, url: str, s: DistillOptions, plan: Any) -> Any:
                   lora_rank=s.lora_rank, kl_penalty_coef=s.kl_coef, kl_discount_factor=s.kl_discount,
                   loss_fn=plan.loss, loss_fn_config=dict(plan.config) or None, log_path=str(folder), base_url=url,
                   eval_every=s.eval_every, save_every=s.save_every, max_steps=s.max_steps)
+
+
+def keep_data(path: str | None, batch_size: int, max_steps: int | None) -> Data | None:
+    """--keep's prompts, all trained on (none held out): conversations or {question, answer} lines."""
+    if not path:
+        return None
+    from rlcli.problems import envs
+
+    if traces.is_traces_file(path):
+        return envs.load_data("file", path, batch_size, max_steps, eval_size=0, replay=traces.Spec(path))
+    return envs.load_data("file", path, batch_size, max_steps, eval_size=0)
 
 
 def train_distill(o: DistillOptions) -> run.Weights | None:
@@ -139,7 +161,8 @@ def train_distill(o: DistillOptions) -> run.Weights | None:
 
     data = envs.load_data(name, path, o.batch_size, o.max_steps, grader, held,
                           o.max_operand or heldout.ARITHMETIC_MAX, replay=conversations)
-    steps = min(data.batches, o.max_steps or data.batches)
+    keep = keep_data(o.keep, o.keep_batch_size, o.max_steps)
+    steps = min(data.batches, o.max_steps or data.batches)  # --keep's batches go round as often as needed
     o = replace(o, model=t.model, renderer=t.renderer, load_checkpoint=state)
     settings = kept(o, prompts=name if name != "file" else str(path), loss=plan.loss,
                     loss_config=dict(plan.config), passes=plan.passes, teacher=chosen.path or chosen.source,
@@ -148,8 +171,12 @@ def train_distill(o: DistillOptions) -> run.Weights | None:
     progress = distill_loop.DistillProgress(steps, plan.loss, plan.passes, with_reward=o.reward_coef > 0)
     loop = distill_loop.Run(teacher=chosen, reward_coef=o.reward_coef, batch_size=o.batch_size,
                             load_checkpoint=state, context=o.teacher_context,
-                            builder=envs.dataset_builder(data, t.model, t.renderer, o.batch_size, o.group_size))
-    job = run.Job(settings=settings, summary=describe(plan, data, o, steps, chosen),
+                            builder=envs.dataset_builder(data, t.model, t.renderer, o.batch_size, o.group_size),
+                            keep=keep and distill_loop.Keep(
+                                teachers.Teacher("state", str(o.keep), path=state, url=url, model=t.model),
+                                envs.dataset_builder(keep, t.model, t.renderer, o.keep_batch_size, o.group_size),
+                                o.keep_batch_size))
+    job = run.Job(settings=settings, summary=describe(plan, data, o, steps, chosen, keep),
                   digest=("dataset_sha256", data.sha256), same_input="the same --prompts", resume_keys=RESUME_KEYS,
                   progress=progress, report=distill_loop.final_report,
                   recipe=lambda folder, url: distill_loop.recipe(plan, progress,

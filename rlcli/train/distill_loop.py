@@ -46,6 +46,15 @@ def reference_advantages(student_T, teacher_T, mask_T, kl_coef: float, kl_discou
 # --- the loop ----------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class Keep:
+    """--keep: prompts distilled toward the student's start weights, whose teacher is those weights."""
+
+    teacher: teacher.Teacher
+    builder: Any
+    batch_size: int
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Run:
     """What the loop needs beyond the cookbook's Config."""
@@ -56,6 +65,7 @@ class Run:
     batch_size: int
     load_checkpoint: str | None
     context: str = "none"  # --teacher-context: answer puts the logged answer in the teacher's prompt
+    keep: Keep | None = None
 
 
 @contextlib.contextmanager
@@ -91,7 +101,8 @@ async def main(cfg: Any, r: Run) -> None:
 
         teacher_client = ContextTeacher(teacher_client, cfg.log_path)
         register = teacher_client.register
-    if r.teacher.kind == "state":  # it took the slot run.server_slots cleaned: clean the student's too
+    keep_client = await teacher.sampling_client(r.keep.teacher, service) if r.keep else None
+    if r.teacher.kind == "state" or r.keep:  # it took the slot run.server_slots cleaned: clean the student's too
         from rlcli.slots import ensure_clean_next_slot
 
         await asyncio.to_thread(ensure_clean_next_slot, cfg.base_url, cfg.model_name)
@@ -109,14 +120,20 @@ async def main(cfg: Any, r: Run) -> None:
     if test_set is not None and cfg.eval_every > 0:
         evaluators = [Unprefixed(RLTestSetEvaluator(test_set, max_tokens=cfg.max_tokens, num_groups_to_log=0)),
                       HeldOutKl(test_set, teacher_client, cfg.max_tokens)]
-    dataset = CompositeDataset([RewardScaled(train_set, r.reward_coef, register)], [r.batch_size])
+    datasets, sizes, teachers = [RewardScaled(train_set, r.reward_coef, register)], [r.batch_size], [teacher_client]
+    if r.keep:  # the cookbook asks each group's teacher by the index of the dataset it came from
+        keep_set, _ = await r.keep.builder()
+        datasets, sizes, teachers = ([*datasets, Cycled(RewardScaled(keep_set, 0.0), len(train_set))],
+                                     [*sizes, r.keep.batch_size],
+                                     [*teachers, keep_client])
+    dataset = CompositeDataset(datasets, sizes)
     steps = min(cfg.max_steps or len(dataset), len(dataset))
     manager = checkpoint_utils.CheckpointManager(training_client=student, service_client=service,
                                                  log_path=cfg.log_path, save_every=cfg.save_every,
                                                  store=ml_logger.store)
     await do_sync_training(start_batch=start, end_batch=steps, num_batches=steps, config=cfg,
                            training_client=student, checkpoint_mgr=manager, service_client=service,
-                           evaluators=evaluators, dataset=dataset, teacher_clients=[teacher_client],
+                           evaluators=evaluators, dataset=dataset, teacher_clients=teachers,
                            ml_logger=ml_logger, tokenizer=get_tokenizer(cfg.model_name))
     if start < steps:
         await manager.save_final_async(loop_state={"batch": steps})
@@ -165,6 +182,19 @@ class HeldOutKl:
         found = await asyncio.gather(*(self.one(env, sampling_client) for env in envs))
         tokens = sum(n for _, n in found)
         return {metrics.TEACHER_KL: sum(s for s, _ in found) / tokens} if tokens else {}
+
+
+class Cycled:
+    """A dataset read round and round for `length` batches: --keep's prompts last as long as --prompts."""
+
+    def __init__(self, dataset: Any, length: int):
+        self.dataset, self.length = dataset, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def get_batch(self, index: int) -> Sequence[Any]:
+        return self.dataset.get_batch(index % len(self.dataset))
 
 
 class RewardScaled:

@@ -27,7 +27,7 @@ from rlcli.options import option
 from rlcli.problems import heldout
 from rlcli.problems.heldout import Data, ProblemSet, choose_dataset
 from rlcli.problems.traces import ReplayOptions, judge_settings, spec_from_flags
-from rlcli.train import rl_loop, run
+from rlcli.train import greedy_score, rl_loop, run
 from rlcli.train.folder import last_checkpoint
 from rlcli.train.losses import Passes
 from rlcli.train.options import (
@@ -60,6 +60,8 @@ class RlOptions(SamplingOptions, ProblemSet, ReplayOptions):
     judge_url: str | None = option(None, "the Tinker server the judge runs on (default: the training server)")
     judge_openai: str | None = option(None, "an OpenAI-compatible endpoint (http://HOST/v1) as the judge instead")
     judge_model: str | None = option(None, "the model name the --judge-openai endpoint serves")
+    greedy_score: bool = option(False, "score the held-out problems greedily with the start weights before the first "
+                                       "step and the final weights after the last: one line in the final report")
     kl_coef: float = option(0.0, "penalize each sampled token's logprob above the base model's by this (the "
                                  "cookbook's KL penalty, centred on the batch mean; 0: off)", low=0)
 
@@ -88,6 +90,9 @@ def checkpoint_state(load_checkpoint: str | None) -> str | None:
 def describe(plan: Any, data: Data, s: RlOptions, steps: int) -> str:
     size = "synthetic" if data.size is None else f"{data.size} problems"
     held_out = heldout.kept_out(data.held_out, s.eval_every)
+    if s.greedy_score:
+        held_out = (f"{data.held_out} held-out problems kept out of training, answered greedily before the first step "
+                    f"and after the last{f', and scored every {s.eval_every} steps' if s.eval_every else ''}")
     return "\n".join([
         rl_loop.describe_loss(plan),
         f"data: {data.label}: {size}, {data.batches} batches of {s.batch_size}; grader {data.grader}; {held_out}",
@@ -114,6 +119,15 @@ def build_config(folder: Path, url: str, s: RlOptions, plan: Any, data: Data) ->
                         kl_penalty_coef=s.kl_coef, kl_reference_config=reference)
 
 
+def recipe(folder: Path, url: str, s: RlOptions, plan: Any, progress: RlProgress, data: Data,
+           start: str | None) -> Any:
+    """The cookbook's RL loop on this run's config; with --greedy-score, between the two greedy scores."""
+    loop = rl_loop.recipe(plan, progress, lambda: build_config(folder, url, s, plan, data))
+    if not s.greedy_score:
+        return loop
+    return greedy_score.scoring(loop, folder, url, start, s.model, s.renderer, data, s.max_tokens)
+
+
 def train_rl(o: RlOptions) -> run.Weights | None:
     """Train a LoRA with RL (tinker-cookbook's loop) and a loss computed on the server.
 
@@ -124,6 +138,7 @@ def train_rl(o: RlOptions) -> run.Weights | None:
     name, path, grader = ("replay", None, "auto") if spec else choose_dataset(o.dataset, o.dataset_path, o.grader,
                                                                               o.max_operand, held)
     state = checkpoint_state(o.load_checkpoint)
+    start = greedy_score.start_weights(o.load_checkpoint) if o.greedy_score else None
     url = resolve_base_url(o.base_url)
     plan = rl_loop.plan_losses(url, o.loss, o.loss_config, o.passes)  # first: an unservable loss fails early
     t = run.target("rl", o, url)
@@ -131,6 +146,8 @@ def train_rl(o: RlOptions) -> run.Weights | None:
 
     data = envs.load_data(name, path, o.batch_size, o.max_steps, grader, held,
                           o.max_operand or heldout.ARITHMETIC_MAX, spec and spec.on_server(url))
+    if o.greedy_score and not data.held_out:
+        raise UsageError("--greedy-score scores the held-out problems, and this run holds none out: pass --eval-size N")
     steps = min(data.batches, o.max_steps or data.batches)
     o = replace(o, model=t.model, renderer=t.renderer, load_checkpoint=state)
     settings = kept(o, dataset=name, loss=plan.loss, loss_config=dict(plan.config), passes=plan.passes,
@@ -138,7 +155,6 @@ def train_rl(o: RlOptions) -> run.Weights | None:
     progress = RlProgress(steps, plan.loss, plan.passes)
     job = run.Job(settings=settings, summary=describe(plan, data, o, steps), digest=("dataset_sha256", data.sha256),
                   same_input="the same --dataset", resume_keys=RESUME_KEYS, progress=progress,
-                  recipe=lambda folder, url: rl_loop.recipe(plan, progress,
-                                                            lambda: build_config(folder, url, o, plan, data)),
+                  recipe=lambda folder, url: recipe(folder, url, o, plan, progress, data, start),
                   report=rl_loop.final_report)
     return run.execute(job, t, o.resume, o.dry_run)

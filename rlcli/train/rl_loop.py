@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlcli.options import Opt
-from rlcli.train import metrics, run
+from rlcli.train import greedy_score, metrics, run
 from rlcli.train.folder import last_checkpoint, read_jsonl
 
 if TYPE_CHECKING:
@@ -117,6 +117,8 @@ def final_report(folder: Path) -> str:
     lines = []
     if trained:
         lines.append(reward_change([m[metrics.REWARD] for m in trained]))
+    if greedy := greedy_score.report_line(folder):
+        lines.append(greedy)
     if tested:
         plural, when = "s" * (len(tested) != 1), ", ".join(str(m[metrics.BATCH] + 1) for m in tested)
         lines.append(f"held-out correct {tested[0][metrics.TEST_CORRECT]:.2f} -> "

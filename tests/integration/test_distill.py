@@ -227,6 +227,25 @@ def test_a_checkpoint_teacher_in_its_own_slot_and_resume(server, sft_run, tmp_pa
     assert refused.returncode != 0 and "was run with teacher" in refused.stderr
 
 
+def test_keep_distills_its_prompts_toward_the_start_weights(server, sft_run, tmp_path):
+    """--keep: beside the sums (teacher: the base), each step distills the SFT chats' prompts toward the SFT weights
+    the student starts from, a second teacher in a slot of its own: on the first step the student is those weights,
+    so its teacher KL there is ~0 while the sums' is not; both slots are freed."""
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p},
+                                                      {"role": "assistant", "content": r}]}) + "\n"
+                             for p, r in DEMO_CHATS))
+    run = tmp_path / "keep"
+    proc = distill(server.env, server.url, run, "--prompts", "arithmetic", "--teacher", "base", "--load-checkpoint",
+                   str(sft_run), "--keep", str(chats), "--keep-batch-size", "2", *TINY, "--max-steps", "3")
+    assert "keep: replay traces" in proc.stderr and "(a second teacher" in proc.stderr
+    found = rows(run / "metrics.jsonl")
+    assert len(found) == 3  # --keep's 2 batches went round for the 3 steps --max-steps asks
+    first = found[0]
+    assert abs(first["teacher_kl/dataset_1"]) < 0.01 < first["teacher_kl/dataset_0"], first
+    assert (run / MODELS_FILE).read_text() == ""
+
+
 def test_a_teacher_on_a_second_server(server, stock_server, tmp_path):
     url, _ = stock_server
     run = tmp_path / "remote"

@@ -13,6 +13,7 @@ import math
 
 import pytest
 
+from rlcli.train.folder import RUN_INFO
 from tests import notebook_kernel
 from tests.conftest import REPO
 
@@ -93,19 +94,25 @@ def test_gsm8k_notebook_evaluates_before_and_after_training(server, tmp_path):
 
 @pytest.mark.timeout(900)
 def test_distill_notebook_records_both_skills_and_the_retained_gain(server, tmp_path):
-    result = execute("distill", tmp_path, dict(sft_epochs=1, steps=2, batch_size=2, group_size=2, max_tokens=4,
-                                               eval_size=2, eval_every=1, eval_samples=2, form_prompts=2,
-                                               base_url=server.url, run_dir=str(tmp_path / "run"), rl_steps=1,
-                                               rl_batch_size=2, rl_group_size=2, compress_steps=1,
-                                               compress_batch_size=2, compress_group_size=2))
+    result = execute("distill", tmp_path, dict(new_chats=8, sft_epochs=1, steps=2, batch_size=2, group_size=2,
+                                               max_tokens=4, eval_size=2, eval_every=1, eval_samples=2,
+                                               door_prompts=2, keep_batch_size=2, base_url=server.url,
+                                               run_dir=str(tmp_path / "run"), rl_steps=1, rl_batch_size=2,
+                                               rl_group_size=2, compress_steps=1, compress_batch_size=2,
+                                               compress_group_size=2))
     assert_finite(result, ("teacher_kl_first_fifth", "teacher_kl_last_fifth", "heldout_kl_first", "heldout_kl_last"))
-    assert result["steps"] == 2 and result["heldout_problems"] == 2 and result["form_prompts"] == 2
-    scores = [result[f"{kind}_{model}"] for kind in ("heldout_correct", "heldout_greedy", "form")
-              for model in ("base", "sft", "distilled")]
+    assert result["steps"] == 2 and result["heldout_problems"] == 2 and result["new_skill_prompts"] == 2
+    scores = [result[f"{kind}_{model}"] for kind in ("heldout_correct", "heldout_greedy", "new_skill",
+                                                     "new_skill_greedy") for model in ("base", "sft", "distilled")]
     assert all(0 <= v <= 1 for v in scores), result
-    gain = result["retained_gain"]  # distilled - SFT on the sums, within the interval of the two sampled scores
-    assert gain["low"] <= gain["gain"] <= gain["high"] and result["eval_samples"] == 2
-    assert gain["gain"] == pytest.approx(result["heldout_correct_distilled"] - result["heldout_correct_sft"])
+    # distilled - SFT on each skill, within the interval of the two sampled scores
+    for change, kind in ((result["retained_gain"], "heldout_correct"), (result["new_skill_change"], "new_skill")):
+        assert change["low"] <= change["gain"] <= change["high"]
+        assert change["gain"] == pytest.approx(result[f"{kind}_distilled"] - result[f"{kind}_sft"])
+    assert result["eval_samples"] == 2 and result["params"]["keep"]
+    # --keep: the door chats' prompts went into every distillation step beside the sums, toward the SFT weights
+    info = json.loads((tmp_path / "run" / "distill" / RUN_INFO).read_text())
+    assert info["keep"].endswith("doors-train.jsonl") and info["keep_batch_size"] == 2
     assert result["compress"]["steps"] == 1 and 0 <= result["compress"]["heldout_correct_student"] <= 1
 
 

@@ -116,6 +116,8 @@ def test_the_mask_travels_as_weights_and_explicit_weights_win():
     ({"teacher": "tinker://m/bogus/x/y"}, "is not a checkpoint path"),
     ({"teacher_context": "answer"}, "--teacher-context answer needs prompts with logged answers"),
     ({"teacher_context": "bogus"}, "--teacher-context bogus: choose from none, answer"),
+    ({"keep": "doors.jsonl"}, "--keep distills its prompts toward the weights the student starts from"),
+    ({"keep": "doors.jsonl", "load_checkpoint": "runs/sl", "keep_batch_size": 0}, "--keep-batch-size must be"),
 ])
 def test_bad_flags_fail_in_one_line_before_any_model(fake_server, embedded_model, tmp_path, flags, message):
     args = dict(prompts="arithmetic", teacher="base", base_url=DEAD_URL, model=embedded_model,
@@ -141,6 +143,27 @@ def test_dry_run_prints_the_plan(fake_server, embedded_model, tmp_path, capsys):
     assert "signal: -1 x (student - teacher logprob) per token, discounted 0.5" in out
     assert "loss: gspo 2-pass" in out and "2 prompts x 2 samples per step, 5 steps" in out
     assert "4 held-out prompts" in out and not (tmp_path / "run").exists()
+
+
+def test_keep_plans_a_second_teacher_the_start_weights(fake_server, embedded_model, tmp_path, capsys):
+    """--keep: each step also distills prompts toward the weights the student starts from, so what they taught
+    stays while --prompts moves it (notebooks/distill.ipynb); a step takes a batch of each, --keep's going round."""
+    sft = tmp_path / "sl"
+    sft.mkdir()
+    (sft / "checkpoints.jsonl").write_text(json.dumps({"name": "final", "state_path": "tinker://m1/weights/final"})
+                                           + "\n")
+    doors = tmp_path / "doors.jsonl"
+    doors.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Door {n}: code please."},
+                                                      {"role": "assistant", "content": "42"}]}) + "\n"
+                             for n in range(100, 110)))
+    assert distill.train_distill(distill.DistillOptions(
+        prompts="arithmetic", teacher="base", base_url=DEAD_URL, model=embedded_model, max_steps=8, batch_size=2,
+        group_size=2, eval_size=4, load_checkpoint=str(sft), keep=str(doors), keep_batch_size=3,
+        log_path=str(tmp_path / "run"), dry_run=True)) is None
+    out = capsys.readouterr().out
+    assert (f"keep: replay traces {doors}: 10 prompts, 4 batches of 3 (round and round), distilled toward the start "
+            "weights tinker://m1/weights/final (a second teacher") in out
+    assert "2 prompts x 2 samples per step, 8 steps" in out  # --keep's 4 batches go round: --prompts sets the steps
 
 
 def test_a_run_folder_or_a_sampler_checkpoint_teacher_is_a_training_state(tmp_path, capsys):
@@ -178,6 +201,18 @@ def test_progress_line():
     assert progress.line(row, 0, 9.0) == want
     with_reward = distill_loop.DistillProgress(4, "ppo", 1, with_reward=True)
     assert "reward -  correct -" in with_reward.line({metrics.BATCH: 1}, 1, 2.0)
+
+
+def test_keep_prompts_go_round_for_as_many_steps_as_the_prompts_take():
+    class Batches:
+        def __len__(self):
+            return 3
+
+        def get_batch(self, index):
+            return [f"batch {index}"]
+
+    cycled = distill_loop.Cycled(Batches(), 7)
+    assert len(cycled) == 7 and [cycled.get_batch(i)[0] for i in range(7)] == [f"batch {i % 3}" for i in range(7)]
 
 
 def test_rewards_are_scaled_and_the_rest_passes_through():

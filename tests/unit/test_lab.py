@@ -49,17 +49,32 @@ def test_difference_takes_its_interval_from_the_rounds():
     assert lab.difference(after, after) == pytest.approx({"gain": 0.0, "low": 0.0, "high": 0.0})
 
 
-def test_recover_result_records_both_skills_and_the_retained_gain():
+def test_recover_result_records_both_skills_and_their_changes():
     rows = [{"step": i, lab.TEACHER_KL: kl} for i, kl in enumerate([1.0, 0.5, 0.2, 0.1, 0.05])]
     rows += [{"step": 0, lab.TEST_TEACHER_KL: 1.2}, {"step": 4, lab.TEST_TEACHER_KL: 0.1}]
-    sampled = {name: {"correct": c, "problems": 18, "samples": 2, "correct_per_round": [c - 0.1, c + 0.1]}
-               for name, c in (("base", 0.3), ("sft", 0.2), ("distilled", 0.3))}
+
+    def scores(values: tuple[float, float, float], n: int) -> dict[str, dict]:
+        return {name: {"correct": c, "problems": n, "samples": 2, "correct_per_round": [c - 0.1, c + 0.1]}
+                for name, c in zip(("base", "sft", "distilled"), values, strict=True)}
+
+    sums, doors = scores((0.3, 0.2, 0.3), 18), scores((0.0, 1.0, 0.9), 16)
     greedy = {name: {"correct": c} for name, c in (("base", 0.5), ("sft", 0.2), ("distilled", 0.5))}
-    form = {name: {"correct": c, "problems": 16} for name, c in (("base", 0.0), ("sft", 1.0), ("distilled", 0.0))}
-    result = lab.recover_result(rows, sampled, greedy, form, {"steps": 5})
-    assert result["heldout_greedy_sft"] == 0.2 and result["form_sft"] == 1.0 and result["form_prompts"] == 16
+    result = lab.recover_result(rows, sums, greedy, doors, scores((0.0, 1.0, 1.0), 16), {"steps": 5})
+    assert result["heldout_greedy_sft"] == 0.2 and result["new_skill_sft"] == 1.0 and result["new_skill_prompts"] == 16
+    assert result["new_skill_greedy_distilled"] == 1.0 and result["new_skill_distilled"] == 0.9
     assert result["heldout_correct_distilled"] == 0.3 and result["eval_samples"] == 2 and result["steps"] == 5
     assert result["retained_gain"]["gain"] == pytest.approx(0.1) and result["retained_gain"]["low"] < 0.1
+    assert result["new_skill_change"]["gain"] == pytest.approx(-0.1) and result["new_skill_change"]["high"] > -0.1
+
+
+def test_door_chats_train_and_test_on_different_doors(tmp_path):
+    train, test = lab.door_chats(tmp_path, train=10, test=6)
+    chats = {path: [json.loads(line)["messages"] for line in path.read_text().splitlines()] for path in (train, test)}
+    assert [len(chats[train]), len(chats[test])] == [10, 6]
+    asked = {path: {m[0]["content"] for m in found} for path, found in chats.items()}
+    assert len(asked[train] | asked[test]) == 16  # every door once: none scored that SFT saw
+    assert all(m[0]["content"].startswith("Door ") and m[1]["content"] == "42" for m in chats[train] + chats[test])
+
 
 def test_a_failed_command_raises_with_its_last_lines():
     with pytest.raises(RuntimeError, match="exited 2"):

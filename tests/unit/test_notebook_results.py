@@ -27,13 +27,16 @@ def test_recorded_results_are_there_and_sane():
     distill = results["distill"]
     assert distill["teacher_kl_last_fifth"] < distill["teacher_kl_first_fifth"] / 2  # recover: the KL halves
     assert distill["heldout_kl_last"] < distill["heldout_kl_first"] and distill["steps"] == distill["params"]["steps"]
-    # SFT on the logged calculator traffic taught its reply form and cost the one-digit sums; distillation from the
-    # base on the sums' prompts brought them back beyond the noise of the two sampled evaluations.
-    assert distill["form_sft"] > distill["form_base"] and distill["heldout_greedy_sft"] < distill["heldout_greedy_base"]
-    gain = distill["retained_gain"]
+    # SFT taught the new skill (the door code) and cost the old one (the one-digit sums); distillation from the base
+    # on the sums' prompts, with the door chats kept toward the SFT weights (--keep), brought the sums back beyond
+    # the noise of the two sampled evaluations and kept the door code within it.
+    assert distill["new_skill_sft"] > distill["new_skill_base"] + 0.5
+    assert distill["heldout_greedy_sft"] < distill["heldout_greedy_base"] and distill["params"]["keep"]
+    gain, new = distill["retained_gain"], distill["new_skill_change"]
     assert gain["low"] > 0 and gain["gain"] == pytest.approx(distill["heldout_correct_distilled"]
                                                                 - distill["heldout_correct_sft"])
-    assert distill["heldout_greedy_distilled"] >= distill["heldout_greedy_sft"] and distill["eval_samples"] >= 8
+    assert new["high"] >= 0 and new["gain"] > -0.1 and distill["new_skill_greedy_distilled"] >= 0.9
+    assert distill["heldout_greedy_distilled"] > distill["heldout_greedy_sft"] and distill["eval_samples"] >= 8
     compress = distill["compress"]  # a rank-4 student of a rank-32 RL teacher: the KL falls
     assert compress["teacher_kl_last_fifth"] < compress["teacher_kl_first_fifth"]
     assert compress["heldout_correct_teacher"] > compress["heldout_correct_base"]

@@ -19,7 +19,7 @@ import pytest
 from rlcli.errors import UsageError
 from rlcli.problems import heldout
 from rlcli.train import folder as runs
-from rlcli.train import hooks, losses, metrics, renderers, rl, rl_loop, run, stats
+from rlcli.train import greedy_score, hooks, losses, metrics, renderers, rl, rl_loop, run, stats
 from rlcli.train.options import kept
 from tests.conftest import REPO
 
@@ -359,6 +359,35 @@ def test_final_report_compares_the_first_and_last_quarter_of_the_steps(tmp_path)
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"progress/batch": i, metrics.REWARD: r}) + "\n"
                                                     for i, r in enumerate(rewards)))
     assert rl_loop.final_report(tmp_path).startswith("reward +0.100 -> +0.400 over 8 steps")
+
+
+def test_greedy_score_is_one_line_of_the_final_report(tmp_path):
+    """`train rl --greedy-score` (make demo's RL) records the start and final weights' greedy scores in the run
+    folder; the report shows them as counts of the held-out problems."""
+    assert greedy_score.report_line(tmp_path) is None and "held-out greedy" not in rl_loop.final_report(tmp_path)
+    (tmp_path / greedy_score.RESULT).write_text(json.dumps({"start": 5 / 18, "final": 8 / 18, "problems": 18}))
+    line = "held-out greedy 5/18 -> 8/18 (start -> final weights, temperature 0, 18 problems never trained on)"
+    assert greedy_score.report_line(tmp_path) == line and line in rl_loop.final_report(tmp_path).splitlines()
+    (tmp_path / greedy_score.RESULT).write_text(json.dumps({"start": 0.5, "final": None, "problems": 4}))
+    assert greedy_score.report_line(tmp_path).startswith("held-out greedy 2/4 -> - (")  # no final sampler saved
+
+
+def test_greedy_score_starts_from_the_base_or_a_run_folders_sampler_weights(tmp_path):
+    assert greedy_score.start_weights(None) is None  # a fresh LoRA: the base model answers
+    rows = [{"name": "final", "state_path": "tinker://m/weights/final", "sampler_path": "tinker://m/final"}]
+    (tmp_path / "checkpoints.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert greedy_score.start_weights(str(tmp_path)) == "tinker://m/final"
+    for bad in ("tinker://m/weights/final", str(tmp_path / "none")):  # a bare state has no sampler weights to ask
+        with pytest.raises(UsageError, match="pass that run folder"):
+            greedy_score.start_weights(bad)
+
+
+def test_greedy_score_needs_held_out_problems(fake_server, capsys, embedded_model, tmp_path):
+    with pytest.raises(UsageError, match="holds none out: pass --eval-size"):
+        dry_run(capsys, embedded_model, tmp_path, dataset="arithmetic", eval_every=0, greedy_score=True)
+    out = dry_run(capsys, embedded_model, tmp_path, dataset="arithmetic", eval_every=0, eval_size=18,
+                  max_operand=9, greedy_score=True)
+    assert "18 held-out problems kept out of training, answered greedily before the first step and after" in out
 
 
 def test_an_explicit_eval_size_is_held_out_even_when_nothing_is_scored_during_the_run():
