@@ -51,6 +51,7 @@ import inspect
 import logging
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
@@ -313,10 +314,14 @@ def quiet_rl_sampling() -> Iterator[None]:
         rl_train.tqdm = original
 
 
+COOKBOOK_MODULES = r"tinker_cookbook(\.|$)"  # the modules whose deprecation warnings cookbook_logging silences
+
+
 @contextlib.contextmanager
 def cookbook_logging(progress: Any) -> Iterator[None]:
-    """Inside the block, a cookbook run's console shows warnings and `progress` lines only, and each
-    training step's metrics row gets progress.step_metrics() added, if it has them (one row per step).
+    """Inside the block, a cookbook run's console shows warnings and `progress` lines only (not the FutureWarnings
+    tinker raises at the cookbook's own calls), and each training step's metrics row gets progress.step_metrics()
+    added, if it has them (one row per step).
 
     The recipe's setup_logging points the root logger at a coloured INFO console and the run's
     logs.log; its configure_logging_module is replaced by one that keeps the file and lowers the
@@ -359,7 +364,11 @@ def cookbook_logging(progress: Any) -> Iterator[None]:
     # logs.log would bury it under tracebacks.
     raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False
     try:
-        yield
+        with warnings.catch_warnings():
+            # tinker 0.38 deprecates the `_async` methods the cookbook's recipes call (rlcli's own code calls their
+            # replacements): a warning per call site the user can do nothing about, on every run's console.
+            warnings.filterwarnings("ignore", category=FutureWarning, module=COOKBOOK_MODULES)
+            yield
     finally:
         logging.raiseExceptions = raise_exceptions
         ml_log.setup_logging, ml_log.configure_logging_module = original_setup, original_configure

@@ -57,6 +57,26 @@ def test_hooks_put_back_what_they_replace():
             ml_log.configure_logging_module) == before
 
 
+def test_cookbook_runs_hide_tinkers_deprecations_of_the_cookbooks_calls_only():
+    """Inside cookbook_logging a FutureWarning raised at a tinker_cookbook module's call is dropped; one raised at
+    rlcli's own code (which must call the replacements) still shows, and so does any other warning category."""
+    import warnings
+
+    def warn(module: str, category: type[Warning] = FutureWarning) -> None:
+        warnings.warn_explicit("DEPRECATED: x_async()", category, "f.py", 1, module=module)
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with hooks.cookbook_logging(object()):
+            warn("tinker_cookbook.checkpoint_utils")
+            warn("tinker_cookbook")
+            warn("rlcli.train.run")
+            warn("tinker_cookbook.rl.train", UserWarning)
+        warn("tinker_cookbook.completers")  # outside the block: shown
+    assert [(w.category, w.filename) for w in seen] == [(FutureWarning, "f.py"), (UserWarning, "f.py"),
+                                                         (FutureWarning, "f.py")]
+
+
 def test_a_save_the_server_refuses_is_one_line_and_leaves_no_record(tmp_path, monkeypatch):
     import asyncio
 
