@@ -47,7 +47,8 @@ class Citations:
 def kept(receipts: list[dict], text: str) -> set[str]:
     """The file names of the receipts the rule keeps (receipts as report.load_receipts reads them)."""
     cited = Citations(text)
-    return {r["_file"] for r in newest(receipts, by_label=False)} | {r["_file"] for r in receipts if r["_file"] in cited}
+    kept = {r["_file"] for r in newest(receipts, by_label=False)}
+    return kept | {r["_file"] for r in receipts if r["_file"] in cited}
 
 
 def surplus(folder: Path = RECEIPTS, root: Path = ROOT) -> list[Path]:
