@@ -61,9 +61,11 @@ def surplus(folder: Path = RECEIPTS, root: Path = ROOT) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prune", action="store_true", help="delete the receipts the rule does not keep")
-    parser.add_argument("--receipts", default=str(RECEIPTS))
+    parser.add_argument("--receipts", default=str(RECEIPTS),
+                        help="a checkout's benchmarks/receipts folder; its documents are that checkout's")
     args = parser.parse_args(argv)
-    extra = surplus(Path(args.receipts))
+    folder = Path(args.receipts)
+    extra = surplus(folder, folder.parent.parent)  # cited by the documents beside them, not this checkout's
     for path in extra:
         if args.prune:
             path.unlink()
