@@ -157,7 +157,7 @@ def created_model_id(session_id: str, model_seq_id: int) -> str:
 
 async def create_by_load(api, request, req, session):
     """A new model with the checkpoint's LoRA (and base model), then the load, filed in one commit. A retry of the
-    same request finds both and answers the same future."""
+    same request finds both and answers the same future (SkyRL's create_future finds the load by its seq_id, 0)."""
     from fastapi import HTTPException
     from skyrl.tinker import types
     from skyrl.tinker.db_models import ModelDB, SessionDB
