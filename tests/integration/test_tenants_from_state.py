@@ -1,0 +1,88 @@
+"""tinker 0.38's create_training_client_from_state on a team server (`serve start --tenants`): one load_weights that
+names the caller's session instead of a model, which rlcli_sdk.create_by_load answers by creating the model.
+
+The model such a load creates must become the caller's (the gate records it from the answer), or the caller could not
+train or sample it; and a load of another tenant's state must be refused like every other cross-tenant access: 404,
+in the words an id that does not exist gets. One server for the module (test_tenants.tenant_server: alice may hold
+2 models, bob 1).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests import sdk_scenario
+from tests.conftest import shared_compile_cache
+from tests.integration.test_tenants import call, tenant_server
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory, embedded_model):
+    with tenant_server(shared_compile_cache(tmp_path_factory.mktemp("rlcli-from-state-home")), embedded_model,
+                       []) as (srv, keys):
+        yield srv, keys
+
+
+@pytest.fixture(scope="module")
+def alice_state(team):
+    """alice's LoRA after one step, its state saved: (the state's path, the loss the saved model scores)."""
+    import tinker
+
+    srv, keys = team
+    service = tinker.ServiceClient(base_url=srv.url, api_key=keys["alice"])
+    trainer = service.create_lora_training_client(base_model=srv.model, rank=2, seed=0).result()
+    trainer.forward_backward([sdk_scenario.datum(tinker)], "cross_entropy").result()
+    trainer.optim_step(tinker.AdamParams(learning_rate=1e-2)).result()
+    path = trainer.save_state("alice-state").result().path
+    assert path.startswith(f"tinker://{trainer.model_id}/weights/")
+    return path, sdk_scenario.loss(tinker, trainer)
+
+
+def test_a_tenant_makes_a_client_from_its_state_and_samples_it(team, alice_state):
+    import tinker
+
+    srv, keys = team
+    path, saved_loss = alice_state
+    service = tinker.ServiceClient(base_url=srv.url, api_key=keys["alice"])
+    made = service.create_training_client_from_state(path).result()
+    assert ":train:" in made.model_id  # created by the load (tinker 0.38's naming), not by create_model
+    assert sdk_scenario.loss(tinker, made) == pytest.approx(saved_loss, rel=1e-3)
+    sequences = sdk_scenario.sample(tinker, made.save_weights_and_get_sampling_client().result())
+    ids = [s["sequence_id"] for s in sequences]
+    assert all(isinstance(i, str) and i.startswith("sample-") for i in ids) and len(set(ids)) == 2, ids
+    api = srv.url + "/api/v1"
+    # the created model is alice's: listed for her, hidden from bob, and counted against her limit of 2 models
+    runs = [r["training_run_id"] for r in call(f"{api}/training_runs", key=keys["alice"])[1]["training_runs"]]
+    assert made.model_id in runs
+    assert made.model_id not in json.dumps(call(f"{api}/training_runs", key=keys["bob"])[1])
+    assert call(f"{api}/get_info", "POST", {"model_id": made.model_id}, key=keys["bob"])[0] == 404
+    _, session, _ = call(f"{api}/create_session", "POST", {"tags": [], "sdk_version": "t"}, key=keys["alice"])
+    third = {"session_id": session["session_id"], "base_model": srv.model, "lora_config": {"rank": 1, "seed": 0}}
+    assert call(f"{api}/create_model", "POST", third, key=keys["alice"])[0] == 429
+
+
+def test_another_tenant_cannot_make_a_client_from_that_state(team, alice_state):
+    import tinker
+
+    srv, keys = team
+    path, _ = alice_state
+    absent = "tinker://model_nothere/weights/alice-state"
+    service = tinker.ServiceClient(base_url=srv.url, api_key=keys["bob"])
+    refusals = {}
+    for name, state in (("alice's", path), ("absent", absent)):
+        with pytest.raises(tinker.NotFoundError) as refused:
+            service.create_training_client_from_state(state).result()
+        refusals[name] = (refused.value.status_code, refused.value.body)
+    # the gate's answer to another tenant's id, word for word what an id that does not exist gets
+    assert refusals["alice's"] == refusals["absent"] and refusals["absent"][0] == 404, refusals
+    assert refusals["absent"][1] == {"detail": "Model not found"}, refusals
+    # the same on the wire, as the SDK sends it: bob's own session, alice's checkpoint
+    api = srv.url + "/api/v1"
+    _, session, _ = call(f"{api}/create_session", "POST", {"tags": [], "sdk_version": "t"}, key=keys["bob"])
+    load = {"session_id": session["session_id"], "model_seq_id": 0, "path": path, "optimizer": False}
+    assert call(f"{api}/load_weights", "POST", load, key=keys["bob"])[:2] == (404, {"detail": "Model not found"})
+    assert call(f"{api}/training_runs", key=keys["bob"])[1]["training_runs"] == []  # no model was made for bob
