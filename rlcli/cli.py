@@ -89,6 +89,12 @@ COMMANDS: dict[str, Any] = {
             "promote": "make an iteration's candidate the champion by hand",
             "rollback": "move the champion alias back (the export follows)",
         })),
+    "endpoint": ("OpenAI/Anthropic-compatible inference over the server's weights, traffic captured for the loop",
+                 {**_functions_of("rlcli.endpoint.commands", {
+                     "start": "start the endpoint in the background and wait until it answers",
+                     "stop": "stop the endpoint and its capture store",
+                     "status": "whether it runs, where, and what each model name answers from",
+                 }), "run": ("serve in the foreground until Ctrl-C", "rlcli.endpoint.serving:run")}),
     "model": ("the embedded tiny model", {
         "install": ("put the shipped model in RLCLI_HOME (no build) and print its folder", "rlcli.model:install"),
         "build": ("run the recipe that made the shipped model; say whether the bytes match",

@@ -30,9 +30,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "rlcli.locks")),
     ("data", ("rlcli.data",)),
     ("server", ("rlcli.client", "rlcli.slots", "rlcli.watchdog", "rlcli.server", "rlcli.tenants",
-                "rlcli.passthrough", "rlcli.model", "rlcli.sample", "rlcli.export")),
+                "rlcli.passthrough", "rlcli.model", "rlcli.sample", "rlcli.export", "rlcli.endpoint.commands")),
     ("problems", ("rlcli.problems",)),
     ("train", ("rlcli.train", "rlcli.harbor", "rlcli.model.recipe", "rlcli.model.pretrain")),
+    ("endpoint", ("rlcli.endpoint",)),  # its processes (endpoint.commands) are the server layer's: serve stop ends them
     ("loop", ("rlcli.loop",)),
     # The package itself: importing it sets the process up (rlcli/__init__.py), as the entry points do.
     ("commands", ("rlcli", "rlcli.__main__", "rlcli.cli", "rlcli.scripting", "rlcli.evaluate", "rlcli.demo",

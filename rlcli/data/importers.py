@@ -50,6 +50,7 @@ _RESPONSE_KEYS = (
 )
 _ERROR_KEYS = frozenset({"error", "status", "status_code"})
 # Keys that make the request/response search read the record itself as the request or the response.
+DROPPED = "dropped"  # {"dropped": REASON}: the messages format counts the line as dropped for REASON
 _PAIR_MARKS = frozenset({"messages", "choices", "content"})
 
 
@@ -268,13 +269,19 @@ def from_messages(record: Any, parts: Counter[str]) -> Conversation | str:
 
 
 def _messages(record: Any, parts: Counter[str]) -> Conversation:
+    if isinstance(record, dict) and isinstance(record.get(DROPPED), str) and "messages" not in record:
+        raise Skip(record[DROPPED])  # a line a converter upstream dropped, for its reason (the endpoint's drain)
     raw, tools = (record, None) if isinstance(record, list) else (None, None)
     if isinstance(record, dict):
         raw = record.get("messages", record.get("conversations"))
         tools = record.get("tools")
     if not isinstance(raw, list):
         raise Skip("unrecognized")
-    return tagged(conversation(_convert_all(raw, parts), tools, parts), tag_of(record))  # the shape's own `slice`
+    conv = tagged(conversation(_convert_all(raw, parts), tools, parts), tag_of(record))  # the shape's own `slice`
+    score = record.get("score") if isinstance(record, dict) else None
+    if isinstance(score, int | float) and not isinstance(score, bool):  # a verdict (the endpoint's ratings)
+        conv["score"] = float(score)
+    return conv
 
 
 def from_gemini(record: Any, parts: Counter[str]) -> Conversation | str:

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from rlcli.endpoint import capture
 from rlcli.errors import UsageError
 from rlcli.loop import data, evaluation, gate, settings, stages
 from rlcli.loop.ledger import Champion, Ledger, now, opened
@@ -105,7 +106,10 @@ def init(o: InitOptions) -> int:
         raise UsageError(f"{folder} exists and is not empty: pick a new loop folder")
     traces = str(o.traces)
     pattern = traces if Path(traces).is_absolute() else str(Path.cwd() / traces)
-    s = LoopSettings(**{f.name: getattr(o, f.name) for f in fields(LoopSettings)} | {"traces": pattern})
+    given = {f.name: getattr(o, f.name) for f in fields(LoopSettings)} | {"traces": pattern}
+    if traces.startswith(capture.CAPTURE_PREFIX):  # an endpoint's capture store: drained as rlcli's messages
+        given |= {"traces": capture.CAPTURE_PREFIX + str(capture.store_dir(traces)), "format": "messages"}
+    s = LoopSettings(**given)
     rows = data.check_regression(o.regression) if o.regression else []
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)  # traces and answers: the user's data
@@ -146,7 +150,7 @@ def run_once(folder: Path, ledger: Ledger) -> bool:
     s = settings.read(folder)
     n = ledger.open_iteration()
     if n is None:
-        files = data.new_files(ledger, s)
+        files = data.new_files(ledger, s, folder)
         if not files:
             say(f"nothing new: no trace file under {s.traces} that was not ingested before "
                 f"({len(ledger.files())} ingested); champion: {ledger.champion().label()}")
@@ -158,9 +162,10 @@ def run_once(folder: Path, ledger: Ledger) -> bool:
         say(f"iteration {n}: resuming after {done[-1] if done else 'its start'}")
     s, champ = _recorded(ledger, n)
     if ledger.stage(n, "ingest") is None:
-        info = data.ingest(folder, ledger, n, s, data.new_files(ledger, s))
+        info = data.ingest(folder, ledger, n, s, data.new_files(ledger, s, folder))
+        pairs = f", {info['pairs']} preference pairs" if info.get("pairs") else ""
         say(f"iteration {n}: ingested {info['lines']} lines of {info['files']} files -> {info['conversations']} "
-            "new conversations")
+            f"new conversations{pairs}")
     if ledger.stage(n, "split") is None:
         info = data.split(folder, ledger, n, s)
         say(f"iteration {n}: {info['train']} to train, {info['heldout']} held out")

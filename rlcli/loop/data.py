@@ -21,20 +21,40 @@ from rlcli.loop.ledger import Ledger, now
 from rlcli.loop.settings import LoopSettings
 
 REGRESSION = "regression.jsonl"
+PAIRS = "pairs.jsonl"  # iterations/N/pairs.jsonl: the preference pairs its files brought (the dpo stage's data)
+PAIRS_SUFFIX = ".pairs.jsonl"  # a drained capture file's pairs, beside it
 
 
 def iteration_dir(folder: Path, n: int) -> Path:
     return folder / "iterations" / f"{n:04d}"
 
 
-def trace_files(s: LoopSettings) -> list[Path]:
-    """The files the traces setting names now: a folder's *.jsonl (and .jsonl.gz), or a glob's matches."""
+CAPTURED = "captured"  # DIR/captured: what the loop drained from an endpoint's capture store (traces capture:DIR)
+
+
+def trace_files(s: LoopSettings, folder: Path | None = None) -> list[Path]:
+    """The files the traces setting names now: a folder's *.jsonl (and .jsonl.gz), or a glob's matches. With
+    traces capture:STORE, the exchanges the store recorded since the last drain are first written to
+    DIR/captured (given the loop's folder; without it, none are listed: `loop status` drains nothing)."""
+    from rlcli.endpoint import capture
+
+    if s.traces.startswith(capture.CAPTURE_PREFIX):
+        if folder is None:
+            return []
+        out = folder / CAPTURED
+        capture.drain(capture.store_dir(s.traces), out)
+        return sorted(p for p in out.glob("capture-*.jsonl") if not p.name.endswith(PAIRS_SUFFIX))
     root = Path(s.traces).expanduser()
     if root.is_dir():
         found = [*root.glob("*.jsonl"), *root.glob("*.jsonl.gz")]
     else:
         found = [Path(p) for p in glob.glob(str(root))]
     return sorted(p for p in found if p.is_file())
+
+
+def pairs_beside(path: Path) -> Path:
+    """A drained capture file's preference pairs: capture-R.jsonl -> capture-R.pairs.jsonl."""
+    return path.with_name(path.name.removesuffix(".jsonl") + PAIRS_SUFFIX)
 
 
 def sha256_of(path: Path) -> str:
@@ -45,11 +65,11 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def new_files(ledger: Ledger, s: LoopSettings) -> list[tuple[Path, str]]:
+def new_files(ledger: Ledger, s: LoopSettings, folder: Path | None = None) -> list[tuple[Path, str]]:
     """(path, content hash) of the files never ingested, each content once (a copy under another name is
     the same file)."""
     out, hashes = [], set()
-    for path in trace_files(s):
+    for path in trace_files(s, folder):
         digest = sha256_of(path)
         if digest not in hashes and not ledger.known_file(digest):
             hashes.add(digest)
@@ -97,7 +117,9 @@ def ingest(folder: Path, ledger: Ledger, n: int, s: LoopSettings, files: list[tu
                      stats.written - len(fresh)))
     tmp.unlink(missing_ok=True)
     write_jsonl(iteration_dir(folder, n) / "new.jsonl", kept)
-    info = {"files": len(files), "lines": sum(r[3] for r in rows), "conversations": len(kept)}
+    pairs = [p for path, _ in files for p in read_jsonl(pairs_beside(path))]
+    write_jsonl(iteration_dir(folder, n) / PAIRS, pairs)
+    info = {"files": len(files), "lines": sum(r[3] for r in rows), "conversations": len(kept), "pairs": len(pairs)}
     with ledger.transaction() as db:
         for r in rows:
             db.execute("INSERT INTO files (sha256, path, iteration, lines, written, dropped, duplicate, at) "

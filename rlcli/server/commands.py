@@ -94,9 +94,8 @@ class StartOptions(Record):
     base_model: str | None = option(None, "Hugging Face id or local model folder; default: rlcli's embedded tiny "
                                           "model")
     backend: Backend = BACKEND("jax")
-    host: str = option(config.DEFAULT_HOST, "address to bind; anything but loopback needs --tenants (keys checked) "
-                                            "or --insecure")
-    port: int = option(config.DEFAULT_PORT, "port to bind", low=1, high=65535)
+    host: str = process.HOST(config.DEFAULT_HOST)
+    port: int = process.PORT(config.DEFAULT_PORT)
     gpus: int | None = option(None, "GPUs per node (fsdp/megatron placement; jax: devices used)", low=1)
     nodes: int = option(1, "nodes for fsdp/megatron; more than one runs on an existing Ray cluster (--ray-address)",
                         low=1)
@@ -104,7 +103,7 @@ class StartOptions(Record):
     backend_config: str | None = option(None, "JSON object of SkyRL backend config keys; wins over "
                                               "--gpus/--nodes/--tp")
     checkpoints_base: str | None = option(None, "where checkpoints go (default: the server's state folder)")
-    wait: float = option(600.0, "seconds to wait for readiness; 0 returns once the processes are started", low=0)
+    wait: float = process.WAIT(600.0)
     python: str | None = PYTHON(None)
     venv: str | None = VENV(None)
     ray_address: str | None = option(None, "address of an existing Ray cluster (fsdp/megatron several nodes; jax "
@@ -116,8 +115,7 @@ class StartOptions(Record):
                                      "flag", low=1)
     tenants: bool = option(False, "check API keys (`rlcli tenant add`) and keep each tenant's models, futures and "
                                   "checkpoints its own; needed, or --insecure, for a --host other than loopback")
-    insecure: bool = option(False, "allow a non-loopback --host without --tenants (a trusted network only: SkyRL "
-                                   "checks no keys)")
+    insecure: bool = process.INSECURE(False)
     database_url: str | None = option(None, "SkyRL's database, e.g. postgresql://USER:PASSWORD@HOST:5432/DB "
                                             "(default: RLCLI_DATABASE_URL, else sqlite in the server's folder); the "
                                             "password goes to the server as PGPASSWORD, never argv")
@@ -321,6 +319,11 @@ def stop(o: Named) -> int:
         print(f"rlcli: no server {name!r} recorded under {state_dir}", file=sys.stderr)
         return 0
     ended = process.stop_group(state)
+    from rlcli.endpoint.commands import StopOptions, running
+    from rlcli.endpoint.commands import stop as stop_endpoint
+
+    if running(name):  # the endpoint over this server answers from it: it stops with it
+        stop_endpoint(StopOptions(name=name))
     print(f"rlcli: server {name!r} stopped" + (f" ({len(ended)} processes ended)" if ended else " (was not running)"),
           file=sys.stderr)
     state.ready = False

@@ -27,6 +27,10 @@ from rlcli.options import Opt
 from rlcli.server.runtime.shared import FORGET_ROUTE, READINESS_TAG
 
 NAME = Opt("which managed server (one state folder each)")  # `serve --name`, `tenant list --name`
+HOST = Opt("address to bind; anything but loopback needs --tenants (keys checked) or --insecure")
+PORT = Opt("port to bind", low=1, high=65535)
+INSECURE = Opt("allow a non-loopback --host without --tenants (a trusted network only: nobody's keys are checked)")
+WAIT = Opt("seconds to wait until it serves requests; 0 returns once the processes are started", low=0)
 
 STATE_FILE = "state.json"
 LOCK_FILE = "server.lock"

@@ -11,7 +11,8 @@ from tests.conftest import REPO
 
 README = (REPO / "README.md").read_text()
 MAX_LINES = 300
-TOPICS = ("serve", "team-server", "scaling", "loop", "harbor", "faults", "import", "train", "distill", "weights")
+TOPICS = ("serve", "team-server", "scaling", "loop", "harbor", "faults", "import", "train", "distill", "weights",
+          "endpoint")
 
 
 def test_the_readme_fits_on_a_few_screens():

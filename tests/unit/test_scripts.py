@@ -47,6 +47,7 @@ CALLS = {
     "harbor.py": (["train"], 2, "pass --dataset DIR"),
     "import.py": ([str(DEMO_TRACES), "--format", "openai", "--output", "{tmp}/out.jsonl"], 0, "wrote 64"),
     "loop.py": (["status", "{tmp}/no-loop"], 2, "is not a loop folder"),
+    "endpoint.py": (["status"], 3, "endpoint for server 'default': not running"),
     "model.py": (["install"], 0, "rlcli-tiny-qwen3-v1"),
     "sample.py": (["sample", "--checkpoint", "tinker://x", "--prompt", "hi", "--base-url", DEAD_URL], 2,
                   "is not a checkpoint path"),

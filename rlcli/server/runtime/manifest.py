@@ -173,6 +173,7 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
 # client object's life) and puts it back; "holds": texts the module's source must hold for the hook to work.
 T, TP, TS, CU = ("tinker:TrainingClient.", "tinker.lib.public_interfaces.", "tinker_cookbook.supervised.train:",
                  "tinker_cookbook.utils.ml_log:")
+CP = "tinker_cookbook.capture.proxy.app:"
 COOKBOOK = "hosted Tinker's client and recipes, fitted to SkyRL (docs/decisions.md): when SkyRL answers as hosted"
 HOOKS = tuple(Entry(target, why, REBINDING, CLIENT, COOKBOOK, ("holds", *texts) if texts else ())
               for target, why, *texts in (
@@ -212,6 +213,26 @@ HOOKS = tuple(Entry(target, why, REBINDING, CLIENT, COOKBOOK, ("holds", *texts) 
     ("tinker:TrainingClient.save_weights_and_get_sampling_client", "failed_saves: the save it watches", ""),
     ("tinker_cookbook.supervised.nll_evaluator:SamplerNLLEvaluator._compute_logprobs", "hosted_prompt_logprobs: the "
      "SL recipe's test NLL slices the hosted shape", "", "holds", "logprobs[1:]", "compute_logprobs_async("),
+)) + _entries(RELIED, CLIENT, (  # rlcli/endpoint: the capture proxy composed through its seams
+    (CP + "make_app", "endpoint: the app rlcli adds routes and middleware to", "", "param", "auth_token"),
+    (CP + "ProxyDeps", "endpoint: its renderer and sampling client are rlcli's", "", "fields", "renderer",
+     "sampling_client", "model_label", "default_max_tokens"),
+    (CP + "_complete", "endpoint: the one sample call per choice goes to the sampling client it is given, and string "
+     "stops are the renderer's plus the client's", "", "holds", "deps.sampling_client.sample_async(",
+     "isinstance(stop[0], str)"),
+    ("tinker_cookbook.capture:capture", "endpoint: the exchange id in every token row's scope", ""),
+    ("tinker_cookbook.capture:instrument_tinker", "endpoint: token rows of every sample", ""),
+    ("tinker_cookbook.capture.exporter:CaptureExporter", "endpoint: exchanges and feedback to the store", "", "holds",
+     "def enqueue(", "def force_flush(", "def shutdown("),
+    ("tinker_cookbook.capture.store.client:StoreSink", "endpoint: the exporter's sink", ""),
+    ("tinker_cookbook.capture.store.client:ensure_daemon", "endpoint: the store's URL", "", "param",
+     "idle_shutdown_minutes"),
+    ("tinker_cookbook.capture.store.db:CaptureDB.query_annotations", "the loop's drain reads the store's file", "",
+     "param", "run_id", "cursor", "limit"),
+    ("tinker_cookbook.capture.store.daemon:main", "endpoint: the store daemon started as its child", "", "holds",
+     '"--data-dir"'),
+    ("aiohttp.web_request:BaseRequest.clone", "endpoint: n choices, each a clone given the body with n removed",
+     "", "holds", "self._read_bytes"),
 ))
 ENTRIES += HOOKS + (Entry("transformers.models.auto.auto_factory:add_generation_mixin_to_remote_model",
                           "lean_imports: auto_factory imports without transformers' generation module", REBINDING,
@@ -268,7 +289,7 @@ def resolve(target: str):
 
 def _holds(kind: str, target, module: str, name: str) -> bool:
     if kind == "fields":
-        return name in getattr(target, "model_fields", {})
+        return name in getattr(target, "model_fields", {}) or name in getattr(target, "__dataclass_fields__", {})
     if kind == "calls":
         return name in getattr(inspect.unwrap(target), "__code__", compile("", "", "exec")).co_names
     if kind == "param":
