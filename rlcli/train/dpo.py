@@ -33,7 +33,7 @@ from rlcli.errors import UsageError
 from rlcli.options import option
 from rlcli.train import metrics, renderers, run
 from rlcli.train.folder import last_checkpoint, private_copy, read_jsonl
-from rlcli.train.options import BATCH, BATCH_SIZE, EPOCHS, LOAD_CHECKPOINT, LR, MAX_LENGTH, TrainOptions, kept
+from rlcli.train.options import BATCH, BATCH_SIZE, BETA, EPOCHS, LOAD_CHECKPOINT, LR, MAX_LENGTH, TrainOptions, kept
 
 RECIPE_NAME = "rlcli_train_dpo"
 RENDER_CHECK = 32  # pairs rendered before a real run; --dry-run renders all
@@ -49,8 +49,7 @@ class DpoOptions(TrainOptions):
 
     dataset: str | None = option(None, "JSONL file of preference pairs " + SHAPE + ", or - for stdin")
     lr: float | None = LR(None)
-    beta: float = option(0.1, "DPO's beta: how far the policy may move from the reference (higher: less far)",
-                         low=0, above=True)
+    beta: float = BETA(0.1)
     batch_size: int = BATCH(BATCH_SIZE)
     epochs: int = EPOCHS(1)
     max_length: int = MAX_LENGTH(2048)

@@ -21,6 +21,7 @@ RL_LR = 4e-5  # the cookbook's RL recipes use 1e-5..4e-5; its get_lr is calibrat
 LR = Opt("Adam learning rate (train sl: the peak, decayed linearly to 0; by default the cookbook's get_lr for the "
          "model's family, 5e-3 for the embedded model, as measured)", low=0, above=True)
 BATCH = Opt("examples (train sl), preference pairs (dpo) or problems (rl, distill: groups) per step", low=1)
+BETA = Opt("DPO's beta: how far the policy may move from the reference (higher: less far)", low=0, above=True)
 EPOCHS = Opt("passes over the data", low=1)
 MAX_LENGTH = Opt("longest example in tokens; longer ones are cut", low=1)
 LORA = Opt("LoRA rank (the server caps it; SkyRL's jax backend at 32 by default); a fresh LoRA only", low=1)
