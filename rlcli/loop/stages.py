@@ -136,10 +136,13 @@ def skip(ledger: Ledger, n: int, name: str, why: str) -> None:
 
 def pairs(folder: Path, ledger: Ledger, n: int, s: LoopSettings) -> list[dict[str, Any]]:
     """The dpo stage's preference pairs: this iteration's PAIRS (with train_on all, every earlier iteration's too,
-    oldest first). The trainer checks each line and drops repeats."""
-    if s.train_on == "all":
-        return data.all_rows(folder, ledger, PAIRS, n)
-    return data.read_jsonl(data.iteration_dir(folder, n) / PAIRS)
+    oldest first), each file checked by the trainer's reader (a line that is no pair stops the stage with one line
+    naming its file and line; the trainer drops pairs repeated across files)."""
+    from rlcli.train.dpo import read_pairs
+
+    upto = [it["n"] for it in ledger.iterations() if it["n"] <= n and ledger.stage(it["n"], "split") is not None]
+    files = [data.iteration_dir(folder, i) / PAIRS for i in (upto if s.train_on == "all" else [n])]
+    return [pair for path in files if path.is_file() for pair in read_pairs(str(path), required=False).records]
 
 
 def candidate(ledger: Ledger, n: int, unchanged: Champion | None = None) -> Champion | None:

@@ -96,7 +96,8 @@ def pair_problem(obj: Any) -> str | None:
     return None
 
 
-def parse_pairs(lines: Iterator[str], source: str) -> Pairs:
+def parse_pairs(lines: Iterator[str], source: str, required: bool = True) -> Pairs:
+    """The pairs of `lines`; a line that is no pair is an error naming it, and so (if required) is no pair at all."""
     records, numbers, seen, dropped, read = [], [], set(), Counter[str](), 0
     for number, obj in numbered_json_lines(lines, source):
         read += 1
@@ -112,19 +113,19 @@ def parse_pairs(lines: Iterator[str], source: str) -> Pairs:
             seen.add(key)
             records.append(record)
             numbers.append(number)
-    if not records:
+    if not records and required:
         what = f"no usable pair ({read} lines read, {sum(dropped.values())} dropped)" if read else "empty"
         raise UsageError(f"{source} is {what}: give one preference pair per line, {SHAPE}")
     payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
     return Pairs(source, records, numbers, read, dict(dropped), payload, hashlib.sha256(payload).hexdigest())
 
 
-def read_pairs(dataset: str, stdin: TextIO | None = None) -> Pairs:
+def read_pairs(dataset: str, stdin: TextIO | None = None, required: bool = True) -> Pairs:
     if dataset == "-":
-        return parse_pairs(iter(stdin or sys.stdin), "stdin")
+        return parse_pairs(iter(stdin or sys.stdin), "stdin", required)
     try:
         with open(Path(dataset).expanduser(), encoding="utf-8") as f:
-            return parse_pairs(iter(f), dataset)
+            return parse_pairs(iter(f), dataset, required)
     except (FileNotFoundError, IsADirectoryError):
         raise UsageError(f"no pairs file at {dataset}: pass a JSONL file, or - to read stdin") from None
     except UnicodeDecodeError as e:

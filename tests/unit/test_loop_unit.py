@@ -3,6 +3,7 @@ the commands' one-line refusals, and a run with nothing new."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -261,3 +262,21 @@ def test_the_dpo_stage_takes_this_iterations_pairs_and_with_none_passes_the_weig
         assert ledger.runs(n2) == [] and stages.candidate(ledger, n2) is None
         assert stages.candidate(ledger, n2, champ) == Champion(n2, champ.sampler_path, champ.state_path)
     assert "dpo skipped (no preference pairs" in capsys.readouterr().err
+
+
+def test_a_pairs_file_with_a_bad_line_stops_the_dpo_stage_with_one_line_naming_it(loop):
+    from dataclasses import replace
+
+    from rlcli.loop import stages
+
+    folder, _ = loop
+    n = _ingest(folder)
+    path = data.iteration_dir(folder, n) / stages.PAIRS
+    answer = {"role": "assistant", "content": "4"}
+    path.write_text(json.dumps({"messages": [], "chosen": answer, "rejected": answer}) + "\n")
+    with opened(folder) as ledger, pytest.raises(UsageError) as e:
+        stages.pairs(folder, ledger, n, replace(settings.read(folder), train="dpo"))
+    assert str(e.value).startswith(f"{path} line 1: the prompt (messages) is empty")
+    path.write_text("\n")  # an empty file is no pair, not an error
+    with opened(folder) as ledger:
+        assert stages.pairs(folder, ledger, n, settings.read(folder)) == []
