@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from rlcli.config import resolve_base_url
-from rlcli.data.validate import message_problem, numbered_json_lines
+from rlcli.data.validate import messages_problem, numbered_json_lines
 from rlcli.errors import UsageError
 from rlcli.options import option
 from rlcli.train import metrics, renderers, run
@@ -81,11 +81,8 @@ def pair_problem(obj: Any) -> str | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("messages"), list) or not {"chosen", "rejected"} <= set(obj):
         return f"expected {SHAPE}"
     prompt = obj["messages"]
-    if not prompt:
-        return "the prompt (messages) is empty"
-    for i, m in enumerate(prompt):
-        if problem := message_problem(m, i):
-            return problem
+    if problem := messages_problem(prompt, "the prompt (messages) is empty"):
+        return problem
     if prompt[-1]["role"] != "user":
         return f"the prompt's last turn is {prompt[-1]['role']!r}; it must end with the user turn both answers reply to"
     for key in ("chosen", "rejected"):
