@@ -45,6 +45,8 @@ COMMANDS: dict[str, Any] = {
         {
             "sl": ("supervised fine-tuning on chat JSONL (tinker-cookbook's recipe)", "rlcli.train.sl:train_sl"),
             "rl": ("RL with a server-side loss (fused GSPO: one forward_backward)", "rlcli.train.rl:train_rl"),
+            "dpo": ("DPO on preference pairs (tinker-cookbook's recipe), the starting weights as reference",
+                    "rlcli.train.dpo:train_dpo"),
             "harbor": ("agent RL on Harbor tasks in local Docker; the test verdict is the reward",
                        "rlcli.harbor.train:train_harbor"),
             "distill": ("on-policy distillation: the student's own samples, a teacher's logprobs as the signal",

@@ -193,7 +193,8 @@ HOMONYMS: dict[str, tuple[str, ...]] = {
                "JSON result", "export: the model's folder", "harbor run: the results' folder", "model build: the "
                "model's folder"),
     "format": ("the logs' shape (import, loop init)", "the export's (export)"),
-    "dataset": ("a problem set (train rl, eval)", "chats to imitate (train sl)", "Harbor tasks (train harbor)"),
+    "dataset": ("a problem set (train rl, eval)", "chats to imitate (train sl)", "Harbor tasks (train harbor)",
+                "preference pairs (train dpo)"),
     "base_model": ("the model a server serves (serve start)", "the model a LoRA was trained on (export)"),
     "loss": ("an RL loss (train rl, harbor)", "a distillation loss, fewer choices (train distill)"),
     "kl_coef": ("a KL penalty, 0: off (train rl)", "the teacher signal's weight (train distill)"),

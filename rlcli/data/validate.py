@@ -34,16 +34,20 @@ def _call_ok(call: Any) -> bool:
     return isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(fn.get("arguments"), str)
 
 
+def messages_problem(messages: list[Any], empty: str) -> str | None:
+    """What is wrong with a list of messages (`empty` when there are none), or None."""
+    if not messages:
+        return empty
+    return next(filter(None, (message_problem(m, i) for i, m in enumerate(messages))), None)
+
+
 def conversation_problem(record: Any) -> str | None:
     """What keeps one decoded line from being a trainable conversation, or None."""
     if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
         return 'expected an object {"messages": [...]}'
     messages = record["messages"]
-    if not messages:
-        return "the messages list is empty"
-    for i, m in enumerate(messages):
-        if problem := message_problem(m, i):
-            return problem
+    if problem := messages_problem(messages, "the messages list is empty"):
+        return problem
     if not any(m["role"] == "assistant" for m in messages):
         return "no assistant message to train on"
     return None

@@ -189,7 +189,7 @@ def _advance(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champ: Champ
     url = _url(s)
     stages.train(folder, ledger, n, s, champ, url)
     if ledger.stage(n, "evaluate") is None:
-        cand = stages.candidate(ledger, n)
+        cand = stages.candidate(ledger, n, champ)
         assert cand is not None
         evaluation.evaluate(folder, ledger, n, s, champ, cand, url)
     heldout, regression, slices = evaluation.recorded(ledger, n)
@@ -204,7 +204,7 @@ def _advance(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champ: Champ
             ledger.done(db, n, "gate", {"promote": promote, "why": why, "manual": s.gate == "manual"})
     verdict = ledger.stage(n, "gate") or {}
     if verdict["promote"]:
-        cand = stages.candidate(ledger, n)
+        cand = stages.candidate(ledger, n, champ)
         assert cand is not None
         if ledger.stage(n, "promote") is None:
             stages.move_to(folder, ledger, cand, s, url, f"iteration {n} passed the gate", n)

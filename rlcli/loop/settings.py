@@ -19,10 +19,10 @@ from rlcli.export import Format as ExportFormat
 from rlcli.options import BASE_URL, MAX_TOKENS, SAMPLES, SEED, TEMPERATURE, Record, option, sampled, specs
 from rlcli.problems.rewards import check_match
 from rlcli.problems.traces import MATCH
-from rlcli.train.options import BATCH, GROUP, LORA, SAVE, group_of_two
+from rlcli.train.options import BATCH, BETA, GROUP, LORA, SAVE, group_of_two
 
 FILE = "loop.toml"
-STAGES = ("sft", "rl", "distill")
+STAGES = ("sft", "rl", "distill", "dpo")
 Gate = Literal["auto", "pooled", "manual"]
 TrainOn = Literal["all", "new"]
 
@@ -38,9 +38,9 @@ class LoopSettings(Record):
     redact: bool = REDACT(True)
     dedupe: bool = DEDUPE(True)
     train: str = option("sft", "training stages in order, comma-separated: sft, rl (replay env), distill (from the "
-                               "champion)")
+                               "champion), dpo (on the preference pairs in iterations/N/pairs.jsonl)")
     train_on: TrainOn = option("all", "sft and rl train on all data so far (new and a replay of earlier; less "
-                                      "forgetting) or new")
+                                      "forgetting), dpo on every iteration's pairs so far; or new")
     replay: float = option(0.5, "with train_on all: the share of each iteration's training set replayed from "
                                 "earlier iterations, the rest this iteration's (0: every example so far once, in "
                                 "proportion)", low=0, high=1, below=True)
@@ -69,6 +69,8 @@ class LoopSettings(Record):
                                     "keeps the new", low=0)
     distill_steps: int = option(0, "the distill stage's steps (0: --steps; at most one pass over the earlier "
                                    "prompts)", low=0)
+    dpo_lr: float = option(0.0, "the dpo stage's learning rate (0: a tenth of --lr, else dpo's own default)", low=0)
+    dpo_beta: float = BETA(0.1)
     save_every: int = SAVE(2)
     lora_rank: int = LORA(32)
     group_size: int = GROUP(4)

@@ -1,7 +1,7 @@
 """The loop's model stages: train the candidate from the champion, promote (export, alias, hook). Evaluating
 both models is rlcli.loop.evaluation; the gate's arithmetic rlcli.loop.gate.
 
-Each trainer is called as a library function (rlcli.train.sl/rl/distill) on a record of its options that
+Each trainer is called as a library function (rlcli.train.sl/rl/distill/dpo) on a record of its options that
 `stage_options` makes from loop.toml's settings, in this process, with a run folder of its own under
 iterations/N/; it returns the weights it made. A killed `loop run` finds that folder's rlcli-run.json and
 calls the trainer again with resume=True (the trainer's own --resume). A stage is recorded in the ledger only
@@ -30,6 +30,7 @@ from rlcli.train.run import Weights
 
 CHAMPION_DIR = "champion"
 CHAMPION_FILE = "rlcli-champion.json"
+PAIRS = "pairs.jsonl"  # an iteration's preference pairs (rlcli.train.dpo's shape), written by its ingest
 
 
 def say(message: str) -> None:
@@ -64,6 +65,14 @@ def stage(kind: str, folder: Path, dataset: Path, start: str | None, teacher: Ch
 
         return train_rl, RlOptions(env="replay", dataset=str(dataset), match=s.match, batch_size=s.batch_size,
                                    group_size=s.group_size, max_tokens=s.max_tokens, lr=s.lr or RL_LR, **common)
+    if kind == "dpo":
+        from rlcli.train.dpo import LR_SHARE, DpoOptions, train_dpo
+
+        n = len(data.read_jsonl(dataset))
+        batch = min(s.batch_size, n)
+        return train_dpo, DpoOptions(dataset=str(dataset), batch_size=batch, beta=s.dpo_beta,
+                                     lr=s.dpo_lr or s.lr * LR_SHARE or None,
+                                     epochs=math.ceil(s.steps / max(n // batch, 1)), **common)
     from rlcli.train.distill import DistillOptions, train_distill
 
     return train_distill, DistillOptions(prompts=str(dataset), teacher=teacher.state_path or "base",
@@ -75,7 +84,7 @@ def stage(kind: str, folder: Path, dataset: Path, start: str | None, teacher: Ch
 def train(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Champion, url: str) -> None:
     """Each configured stage in turn, the next starting from the last one's state; sft and rl learn this
     iteration's train data (with train_on all, the earlier iterations' too: a replay against forgetting),
-    distill recovers the champion's behaviour on earlier iterations' data."""
+    distill recovers the champion's behaviour on earlier iterations' data, dpo learns the preference pairs."""
     where = data.iteration_dir(folder, n)
     new = where / "train.jsonl"
     if s.train_on == "all" or s.shuffle_answers:
@@ -91,13 +100,18 @@ def train(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Champ
             start = done.get("state_path") or start
             continue
         dataset = new
+        if kind == "dpo":
+            dataset, found = where / "dpo-pairs.jsonl", pairs(folder, ledger, n, s)
+            if not found:
+                skip(ledger, n, name, f"dpo skipped (no preference pairs in {where / PAIRS}): the weights pass "
+                                      "through unchanged")
+                continue
+            data.write_jsonl(dataset, found)
         if kind == "distill":
             dataset = where / "distill-prompts.jsonl"
             earlier = data.all_rows(folder, ledger, "train.jsonl", n - 1)
             if not earlier:
-                with ledger.transaction() as db:
-                    ledger.done(db, n, name, {"skipped": "no earlier iteration's data to recover"})
-                say(f"iteration {n}: {kind} skipped (no earlier data to recover)")
+                skip(ledger, n, name, f"{kind} skipped (no earlier data to recover)")
                 continue
             data.write_jsonl(dataset, earlier)
         run_dir = where / f"run-{i}-{kind}"
@@ -113,10 +127,31 @@ def train(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Champ
             ledger.done(db, n, name, {"state_path": made.state_path, "sampler_path": made.sampler_path})
 
 
-def candidate(ledger: Ledger, n: int) -> Champion | None:
-    """The last trained stage's weights, once every train stage is done."""
+def skip(ledger: Ledger, n: int, name: str, why: str) -> None:
+    """A stage with nothing to train on: recorded as done, with why, and said in one line."""
+    with ledger.transaction() as db:
+        ledger.done(db, n, name, {"skipped": why})
+    say(f"iteration {n}: {why}")
+
+
+def pairs(folder: Path, ledger: Ledger, n: int, s: LoopSettings) -> list[dict[str, Any]]:
+    """The dpo stage's preference pairs: this iteration's PAIRS (with train_on all, every earlier iteration's too,
+    oldest first), each file checked by the trainer's reader (a line that is no pair stops the stage with one line
+    naming its file and line; the trainer drops pairs repeated across files)."""
+    from rlcli.train.dpo import read_pairs
+
+    upto = [it["n"] for it in ledger.iterations() if it["n"] <= n and ledger.stage(it["n"], "split") is not None]
+    files = [data.iteration_dir(folder, i) / PAIRS for i in (upto if s.train_on == "all" else [n])]
+    return [pair for path in files if path.is_file() for pair in read_pairs(str(path), required=False).records]
+
+
+def candidate(ledger: Ledger, n: int, unchanged: Champion | None = None) -> Champion | None:
+    """The last trained stage's weights, once every train stage is done; where every stage was skipped, the weights
+    it started from (`unchanged`, the champion: the gate then sees no change)."""
     trained = ledger.runs(n)
-    return Champion(n, trained[-1]["sampler_path"], trained[-1]["state_path"]) if trained else None
+    if trained:
+        return Champion(n, trained[-1]["sampler_path"], trained[-1]["state_path"])
+    return None if unchanged is None else Champion(n, unchanged.sampler_path, unchanged.state_path)
 
 
 def export_champion(folder: Path, champ: Champion, s: LoopSettings, url: str) -> Path:

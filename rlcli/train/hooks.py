@@ -37,6 +37,9 @@ recipes still call; where a hook stands in for one, it calls the method that rep
   (its disk full, say) surfaced as a ValueError naming a request id; inside the block it ends the run
   with one line naming the save and the server's reason. So does the RL loop's save of the sampler
   weights it samples the next step from (`save_weights_and_get_sampling_client_async`).
+- `exact_custom_losses`: tinker's `forward_backward_custom` (the cookbook's DPO) sends its gradient as cross_entropy
+  weights, which SkyRL's jax backend divides by their per-sequence sum (x1e9 where it is negative), then reads a
+  `loss:sum` metric SkyRL does not send. Inside the block it takes rlcli.train.custom_loss's route instead.
 - `cookbook_logging`: the recipes log a rich table and a rendered example per step to the console;
   this keeps those in the run's logs.log, prints one line per step instead (a logger joined to the
   cookbook's MultiplexLogger), and adds rlcli's own figures to each step's metrics.jsonl row.
@@ -377,6 +380,19 @@ def cookbook_logging(progress: Any) -> Iterator[None]:
         root.handlers[:] = saved_handlers
         root.setLevel(saved_level)
 
+
+@contextlib.contextmanager
+def exact_custom_losses() -> Iterator[None]:
+    """Inside the block, TrainingClient.forward_backward_custom applies the loss's exact gradient on SkyRL's jax
+    backend (rlcli.train.custom_loss)."""
+    from rlcli.train import custom_loss
+
+    original = tinker.TrainingClient.forward_backward_custom
+    tinker.TrainingClient.forward_backward_custom = custom_loss.forward_backward_custom  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        tinker.TrainingClient.forward_backward_custom = original  # type: ignore[method-assign]
 
 
 def hosted_shape(logprobs: list, length: int) -> list:

@@ -16,3 +16,5 @@ LOSS, CLIP = "optim/loss", "optim/clip_fraction"  # rlcli's: the server's object
 TEACHER_KL = "teacher_kl"  # the distillation loop's: mean student - teacher logprob over sampled tokens
 TEST_TEACHER_KL = f"test/{TEACHER_KL}"  # rlcli's, the same on held-out prompts (rlcli.train.distill_loop)
 SAMPLED_TOKENS = "env/all/ac_tokens_per_turn"  # the RL recipes': mean sampled length
+DPO_LOSS, ACCURACY, MARGIN = "dpo_loss", "accuracy", "margin"  # the DPO recipe's, on a step's pairs before its update
+CHOSEN_REWARD, REJECTED_REWARD = "chosen_reward", "rejected_reward"  # its beta * (policy - reference) logprob, means

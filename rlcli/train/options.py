@@ -1,4 +1,4 @@
-"""The options every trainer shares, declared once: `train sl`, `rl`, `distill` and `harbor` take them from here
+"""The options every trainer shares, declared once: `train sl`, `dpo`, `rl`, `distill` and `harbor` take them from here
 (each record adds its own), and so does the loop's loop.toml where it sets them for its stages.
 
 Stdlib only: `rlcli train sl --help` imports this module.
@@ -20,7 +20,10 @@ RL_LR = 4e-5  # the cookbook's RL recipes use 1e-5..4e-5; its get_lr is calibrat
 
 LR = Opt("Adam learning rate (train sl: the peak, decayed linearly to 0; by default the cookbook's get_lr for the "
          "model's family, 5e-3 for the embedded model, as measured)", low=0, above=True)
-BATCH = Opt("examples (train sl) or problems (rl, distill: groups) per step", low=1)
+BATCH = Opt("examples (train sl), preference pairs (dpo) or problems (rl, distill: groups) per step", low=1)
+BETA = Opt("DPO's beta: how far the policy may move from the reference (higher: less far)", low=0, above=True)
+EPOCHS = Opt("passes over the data", low=1)
+MAX_LENGTH = Opt("longest example in tokens; longer ones are cut", low=1)
 LORA = Opt("LoRA rank (the server caps it; SkyRL's jax backend at 32 by default); a fresh LoRA only", low=1)
 MAX_STEPS = Opt("stop after this many steps in all (default: one pass over the data; arithmetic: 100)", low=1)
 SAVE = Opt("save a resumable checkpoint every N steps (0: only the final one)", low=0)

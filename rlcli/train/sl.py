@@ -29,7 +29,7 @@ from rlcli.errors import UsageError
 from rlcli.options import option
 from rlcli.train import metrics, renderers, run
 from rlcli.train.folder import last_checkpoint, private_copy, read_jsonl
-from rlcli.train.options import BATCH, BATCH_SIZE, LOAD_CHECKPOINT, LR, TrainOptions, kept
+from rlcli.train.options import BATCH, BATCH_SIZE, EPOCHS, LOAD_CHECKPOINT, LR, MAX_LENGTH, TrainOptions, kept
 
 RECIPE_NAME = "rlcli_train_sl"
 RENDER_CHECK = 64  # records rendered before a real run; --dry-run renders all
@@ -54,8 +54,8 @@ class SlOptions(TrainOptions):
                                        "stdin")
     lr: float | None = LR(None)
     batch_size: int = BATCH(BATCH_SIZE)
-    epochs: int = option(1, "passes over the data", low=1)
-    max_length: int = option(2048, "longest example in tokens; longer ones are cut", low=1)
+    epochs: int = EPOCHS(1)
+    max_length: int = MAX_LENGTH(2048)
     test_size: int = option(0, "hold out this many examples for evaluation (its NLL every --eval-every steps)",
                             low=0)
     load_checkpoint: str | None = LOAD_CHECKPOINT(None)

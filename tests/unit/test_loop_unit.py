@@ -3,6 +3,7 @@ the commands' one-line refusals, and a run with nothing new."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -235,3 +236,47 @@ def test_a_hook_killed_before_it_ran_runs_on_the_next_loop_run(loop, monkeypatch
     assert ran == [n]
     with opened(folder) as ledger:
         assert ledger.iteration(n)["decision"] == "promoted" and ledger.stage(n, "hook") is not None
+
+
+def test_the_dpo_stage_takes_this_iterations_pairs_and_with_none_passes_the_weights_through(loop, capsys):
+    from dataclasses import replace
+
+    from rlcli.loop import stages
+
+    folder, inbox = loop
+    n1 = _ingest(folder)
+    batches.write_batch(inbox / "b2.jsonl", 2, 24)
+    n2 = _ingest(folder)
+    pair = {"messages": [{"role": "user", "content": "2 + 2?"}], "chosen": {"role": "assistant", "content": "4"},
+            "rejected": {"role": "assistant", "content": "5"}}
+    data.write_jsonl(data.iteration_dir(folder, n1) / stages.PAIRS, [pair])
+    champ = Champion(1, "tinker://m/sampler_weights/a", "tinker://m/weights/a")
+    s = replace(settings.read(folder), train="dpo")
+    with opened(folder) as ledger:
+        assert stages.pairs(folder, ledger, n2, s) == [pair]  # train_on all: the earlier iteration's too
+        assert stages.pairs(folder, ledger, n2, replace(s, train_on="new")) == []
+        stages.train(folder, ledger, n2, replace(s, train_on="new"), champ, "http://127.0.0.1:9")
+        assert ledger.stage(n2, "train:0:dpo") == {"skipped": f"dpo skipped (no preference pairs in "
+                                                              f"{data.iteration_dir(folder, n2) / stages.PAIRS}): "
+                                                              "the weights pass through unchanged"}
+        assert ledger.runs(n2) == [] and stages.candidate(ledger, n2) is None
+        assert stages.candidate(ledger, n2, champ) == Champion(n2, champ.sampler_path, champ.state_path)
+    assert "dpo skipped (no preference pairs" in capsys.readouterr().err
+
+
+def test_a_pairs_file_with_a_bad_line_stops_the_dpo_stage_with_one_line_naming_it(loop):
+    from dataclasses import replace
+
+    from rlcli.loop import stages
+
+    folder, _ = loop
+    n = _ingest(folder)
+    path = data.iteration_dir(folder, n) / stages.PAIRS
+    answer = {"role": "assistant", "content": "4"}
+    path.write_text(json.dumps({"messages": [], "chosen": answer, "rejected": answer}) + "\n")
+    with opened(folder) as ledger, pytest.raises(UsageError) as e:
+        stages.pairs(folder, ledger, n, replace(settings.read(folder), train="dpo"))
+    assert str(e.value).startswith(f"{path} line 1: the prompt (messages) is empty")
+    path.write_text("\n")  # an empty file is no pair, not an error
+    with opened(folder) as ledger:
+        assert stages.pairs(folder, ledger, n, settings.read(folder)) == []

@@ -47,12 +47,13 @@ def test_no_flag_is_declared_twice():
 def test_the_trainers_share_their_common_options():
     from rlcli.harbor.train import HarborTrainOptions
     from rlcli.train.distill import DistillOptions
+    from rlcli.train.dpo import DpoOptions
     from rlcli.train.options import TrainOptions
     from rlcli.train.rl import RlOptions
     from rlcli.train.sl import SlOptions
 
     shared = {spec.name: spec.opt for spec in options.specs(TrainOptions)}
-    for record in (SlOptions, RlOptions, DistillOptions, HarborTrainOptions):
+    for record in (SlOptions, DpoOptions, RlOptions, DistillOptions, HarborTrainOptions):
         mine = {spec.name: spec.opt for spec in options.specs(record)}
         assert all(mine[name] is opt for name, opt in shared.items()), record
 

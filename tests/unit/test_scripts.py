@@ -57,6 +57,7 @@ CALLS = {
     "tenant.py": (["revoke", "nobody"], 2, "no tenant 'nobody'"),
     "train_distill.py": (["--prompts", "arithmetic", "--teacher", "base", "--kl-coef", "0"], 2,
                          "--kl-coef must be positive"),
+    "train_dpo.py": (["--dataset", "{tmp}/none.jsonl", "--beta", "0"], 2, "--beta must be positive"),
     "train_rl.py": (["--loss", "gspo", "--passes", "2", "--dataset", "arithmetic", "--base-url", DEAD_URL], 1,
                     "which losses it serves"),
     # The dry run itself (tokenizer, renderer: ~9 s of imports) is test_train_sl_unit's, in-process.

@@ -208,11 +208,15 @@ HOOKS = tuple(Entry(target, why, REBINDING, CLIENT, COOKBOOK, ("holds", *texts) 
     (CU + "setup_logging", "cookbook_logging: joins its MultiplexLogger", "configure_logging_module("),
     (CU + "MultiplexLogger", "cookbook_logging appends to its loggers", "self.loggers = loggers"),
     (CU + "configure_logging_module", "cookbook_logging: console to warnings"),
+    (T + "forward_backward_custom", "exact_custom_losses: the gradient SkyRL's jax reduction applies exactly"),
 )) + _entries(RELIED, CLIENT, (  # what the hooks call instead of the _async methods tinker 0.38 deprecates
     ("tinker:SamplingClient.compute_logprobs", "hosted_prompt_logprobs: the answer it pads", ""),
     ("tinker:TrainingClient.save_weights_and_get_sampling_client", "failed_saves: the save it watches", ""),
     ("tinker_cookbook.supervised.nll_evaluator:SamplerNLLEvaluator._compute_logprobs", "hosted_prompt_logprobs: the "
      "SL recipe's test NLL slices the hosted shape", "", "holds", "logprobs[1:]", "compute_logprobs_async("),
+    ("tinker_cookbook.preference.train_dpo:do_update", "exact_custom_losses, hosted_prompt_logprobs: the DPO "
+     "recipe's loss and its reference logprobs", "", "holds", "forward_backward_custom(data, dpo_loss_fn)",
+     "logprobs[1:]", "compute_logprobs_async("),
 )) + _entries(RELIED, CLIENT, (  # rlcli/endpoint: the capture proxy composed through its seams
     (CP + "make_app", "endpoint: the app rlcli adds routes and middleware to", "", "param", "auth_token"),
     (CP + "ProxyDeps", "endpoint: its renderer and sampling client are rlcli's", "", "fields", "renderer",
