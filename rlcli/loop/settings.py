@@ -18,7 +18,7 @@ from rlcli.errors import UsageError
 from rlcli.export import Format as ExportFormat
 from rlcli.options import BASE_URL, MAX_TOKENS, SAMPLES, SEED, TEMPERATURE, Record, option, sampled, specs
 from rlcli.problems.rewards import check_match
-from rlcli.problems.traces import MATCH
+from rlcli.problems.traces import MATCH, REWARD, Reward
 from rlcli.train.options import BATCH, BETA, GROUP, LORA, SAVE, group_of_two
 
 FILE = "loop.toml"
@@ -50,6 +50,7 @@ class LoopSettings(Record):
     heldout_share: float = option(0.25, "share of new prompts held out (by a stable hash of the prompt)", low=0,
                                   high=1, above=True, below=True)
     match: str = MATCH("normalized")
+    reward: Reward = REWARD("match")
     eval_limit: int = option(64, "at most this many problems per slice of each set (held-out, regression) in each "
                                  "evaluation, smallest prompt hash first", low=1)
     samples: int = SAMPLES(1)
@@ -87,6 +88,9 @@ class LoopSettings(Record):
         if not named or any(x not in STAGES for x in named):
             yield (f"--train {self.train!r}: give stages from {', '.join(STAGES)}, comma-separated "
                    "(e.g. sft,distill)")
+        if self.reward not in ("match", "verdict"):
+            yield (f"--reward {self.reward}: the loop's rl stage scores by match or verdict (ratings an endpoint "
+                   "captured: `loop init --traces capture:DIR --reward verdict`)")
         yield from group_of_two(self.group_size)
         yield from sampled(self.samples, self.temperature)
         check_match(self.match)

@@ -63,7 +63,8 @@ def stage(kind: str, folder: Path, dataset: Path, start: str | None, teacher: Ch
     if kind == "rl":
         from rlcli.train.rl import RlOptions, train_rl
 
-        return train_rl, RlOptions(env="replay", dataset=str(dataset), match=s.match, batch_size=s.batch_size,
+        return train_rl, RlOptions(env="replay", dataset=str(dataset), match=s.match, reward=s.reward,
+                                   batch_size=s.batch_size,
                                    group_size=s.group_size, max_tokens=s.max_tokens, lr=s.lr or RL_LR, **common)
     if kind == "dpo":
         from rlcli.train.dpo import LR_SHARE, DpoOptions, train_dpo
