@@ -33,6 +33,14 @@ SL_DEMO = $(RLCLI) import rlcli/data/demo/demo-traces.openai.jsonl -f openai \
 # draws on. Targets add --max-steps and --eval-every.
 RL_DEMO = $(RLCLI) train rl --loss gspo --dataset arithmetic --max-operand 9 --base-url $(URL) --batch-size 8 \
 	--group-size 8 --lr 1e-3 --max-tokens 8 --eval-size 18 --save-every 0 --greedy-score
+# The demo ends as an application would meet the trained model: one call of the `openai` package to rlcli's endpoint
+# (`rlcli endpoint`), which answers from the RL run's final weights under the name "demo".
+ENDPOINT_PORT ?= 8100
+OPENAI_CALL = $(BIN)/python -c 'import openai, sys; client = openai.OpenAI(base_url=sys.argv[1], api_key="demo"); \
+	raw = client.chat.completions.with_raw_response.create(model="demo", max_tokens=16, temperature=0, \
+	messages=[{"role": "user", "content": "What is 3 + 4?"}]); \
+	print("openai SDK -> rlcli endpoint, weights", raw.headers["x-rlcli-weights"], "answered:", \
+	repr(raw.parse().choices[0].message.content))'
 # The last sampler checkpoint a run folder recorded (rlcli's one lookup of checkpoints.jsonl; no log scraping).
 FINAL_SAMPLER = $(BIN)/python -c 'import sys, pathlib; from rlcli.train.folder import last_checkpoint; \
 	print(last_checkpoint(pathlib.Path(sys.argv[1]), "sampler_path")["sampler_path"])'
@@ -90,15 +98,16 @@ wheel-check: venv server-venv
 	TORCH_INDEX=$(TORCH_INDEX) bash scripts/wheel_check.sh
 
 # Start the server; import -> SFT (its loss falls), then RL scored on held-out sums before and after (one line);
-# export the final weights and sample them; stop the server whether the jobs passed or not.
+# export the final weights; an OpenAI-SDK call answered by them through `rlcli endpoint`; stop the server (and the
+# endpoint with it) whether the jobs passed or not.
 demo: venv server-venv model
 	$(RLCLI) serve start --port $(PORT)
 	@status=0; runs=$${RLCLI_HOME:-$$HOME/.rlcli}/runs/demo-$$(date +%Y%m%d-%H%M%S); \
 	  { $(SL_DEMO) --log-path $$runs/sl && $(RL_DEMO) --max-steps 8 --eval-every 0 --log-path $$runs/rl \
 	    && final=$$($(FINAL_SAMPLER) $$runs/rl) \
 	    && $(RLCLI) export $$final --format merged -o $$runs/export --base-url $(URL) \
-	    && $(RLCLI) sample --checkpoint $$final --prompt "What is 3 + 4?" --max-tokens 16 --temperature 0 \
-	         --base-url $(URL); } || status=$$?; \
+	    && $(RLCLI) endpoint start --port $(ENDPOINT_PORT) --models demo=$$final --no-record >/dev/null \
+	    && $(OPENAI_CALL) http://127.0.0.1:$(ENDPOINT_PORT)/v1; } || status=$$?; \
 	  $(RLCLI) serve stop; exit $$status
 
 sl: venv server-venv model

@@ -86,3 +86,35 @@ def test_another_tenant_cannot_make_a_client_from_that_state(team, alice_state):
     load = {"session_id": session["session_id"], "model_seq_id": 0, "path": path, "optimizer": False}
     assert call(f"{api}/load_weights", "POST", load, key=keys["bob"])[:2] == (404, {"detail": "Model not found"})
     assert call(f"{api}/training_runs", key=keys["bob"])[1]["training_runs"] == []  # no model was made for bob
+
+
+def test_the_endpoint_answers_each_tenant_from_its_own_weights(team, tmp_path):
+    """`rlcli endpoint` over a --tenants server: a tenant's key is required, passed on to SkyRL (whose gate keeps
+    each tenant to its own weights), and a revoked key is refused from the next request."""
+    import tinker
+
+    from rlcli.server.private import free_port
+    from tests.conftest import run_rlcli
+    from tests.integration.test_endpoint import post
+
+    srv, keys = team
+    service = tinker.ServiceClient(base_url=srv.url, api_key=keys["carol"])
+    trainer = service.create_lora_training_client(base_model=srv.model, rank=2, seed=0).result()
+    weights = trainer.save_weights_for_sampler("carol-weights").result().path
+    started = run_rlcli("endpoint", "start", "--port", str(free_port()), "--capture", str(tmp_path / "capture"),
+                        env=srv.env)
+    assert started.returncode == 0, started.stderr
+    chat = started.stdout.strip() + "/v1/chat/completions"
+    ask = {"messages": [{"role": "user", "content": "What is 2 + 3?"}], "max_tokens": 4}
+    try:
+        code, body, _ = post(chat, {**ask, "model": "base"})
+        assert code == 401 and "tenant" in body["error"]["message"], body
+        code, body, headers = post(chat, {**ask, "model": weights}, key=keys["carol"])
+        assert code == 200 and headers["x-rlcli-weights"] == weights, body
+        code, body, _ = post(chat, {**ask, "model": weights}, key=keys["bob"])
+        assert code == 404 and body["error"]["code"] == "model_not_found", body
+        assert post(chat, {**ask, "model": "base"}, key=keys["bob"])[0] == 200
+        run_rlcli("tenant", "revoke", "bob", env=srv.env, check=True)
+        assert post(chat, {**ask, "model": "base"}, key=keys["bob"])[0] == 401
+    finally:
+        run_rlcli("endpoint", "stop", env=srv.env)
