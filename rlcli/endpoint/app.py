@@ -26,12 +26,14 @@ from typing import Any
 
 from aiohttp import web
 
+from rlcli.client import NOT_LOADED
 from rlcli.endpoint import capture
 from rlcli.endpoint.models import Answerer, Models, UnknownModel
 
 log = logging.getLogger("rlcli.endpoint")
 CHAT_PATHS = ("/v1/chat/completions", "/v1/messages")
 MAX_N = 16
+HELD = 2  # models the endpoint loads to serve weights whose run's model is gone
 HEADER_EXCHANGE, HEADER_MODEL, HEADER_WEIGHTS, HEADER_ITERATION = (
     "x-rlcli-exchange-id", "x-rlcli-model", "x-rlcli-weights", "x-rlcli-champion-iteration")
 _EXCHANGE_KEY = "rlcli_exchange"
@@ -97,6 +99,8 @@ class RoutingSampler:
         self._services: dict[str, Any] = {}
         self._clients: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._pending: dict[tuple[str, str], asyncio.Future] = {}
+        self._reloading: dict[tuple[str, str], asyncio.Future] = {}
+        self._held: OrderedDict[tuple[str, str], str] = OrderedDict()  # weights reloaded -> the model holding them
 
     async def client(self, answerer: Answerer, key: str | None) -> Any:
         import tinker
@@ -130,6 +134,63 @@ class RoutingSampler:
         finally:
             del self._pending[slot]
 
+    async def reload(self, answerer: Answerer, key: str | None, stale: Any) -> Any:
+        """Weights whose run's model is unloaded (a finished run frees its slot; SkyRL samples a checkpoint only
+        while its model is loaded): their training state loaded into a model the endpoint holds, its weights saved
+        for the sampler. Requests waiting on the same weights share one reload; at most HELD such models are kept
+        (the least recently used is unloaded: the slots are the trainers' too)."""
+        key = key or self.default_key
+        slot = (key, answerer.weights)
+        if self._clients.get(slot) is not stale:  # another request reloaded them meanwhile
+            return await self.client(answerer, key)
+        if slot in self._reloading:
+            return await asyncio.shield(self._reloading[slot])
+        future = asyncio.get_running_loop().create_future()
+        self._reloading[slot] = future
+        try:
+            made, model_id = await asyncio.to_thread(self._load_state, answerer, key)
+            self._clients[slot] = made
+            self._held[slot] = model_id
+            while len(self._held) > HELD:
+                old, old_model = self._held.popitem(last=False)
+                self._clients.pop(old, None)
+                await asyncio.to_thread(self._unload, old_model, old[0])
+            future.set_result(made)
+            return made
+        except BaseException as e:
+            future.set_exception(e)
+            future.exception()
+            raise
+        finally:
+            del self._reloading[slot]
+
+    def _load_state(self, answerer: Answerer, key: str) -> tuple[Any, str]:
+        import tinker
+
+        from rlcli.client import parse_tinker_path
+
+        run, _, name = parse_tinker_path(answerer.sampler_path or "")
+        state = answerer.state_path or f"tinker://{run}/weights/{name}"
+        log.info("%s: its model is unloaded; loading %s to serve it", answerer.sampler_path, state)
+        service = tinker.ServiceClient(base_url=self.base_url, api_key=key)
+        trainer = service.create_training_client_from_state(state).result()
+        return trainer.save_weights_and_get_sampling_client().result(), trainer.model_id
+
+    def _unload(self, model_id: str, key: str) -> None:
+        from rlcli.client import request_json
+
+        try:
+            request_json(f"{self.base_url}/api/v1/unload_model", {"model_id": model_id}, timeout=10,
+                         headers={"X-API-Key": key})
+        except OSError as e:  # the server frees it when it stops, or the next unload says why
+            log.warning("could not unload %s: %s", model_id, e)
+
+    def unload_all(self) -> None:
+        """At shutdown: free the slots of the models the endpoint loaded."""
+        for (key, _), model_id in self._held.items():
+            self._unload(model_id, key)
+        self._held.clear()
+
     async def sample_async(self, prompt: Any, num_samples: int, sampling_params: Any) -> Any:
         exchange = _exchange.get()
         if exchange is None:
@@ -144,7 +205,13 @@ class RoutingSampler:
             client_stops = [s for s in stop if s not in self.renderer.ids]
             sampling_params = sampling_params.model_copy(update={"stop": list(self.renderer.ids.values())})
         sampler = await self.client(exchange.answerer, exchange.key)
-        response = await sampler.sample(prompt=prompt, num_samples=num_samples, sampling_params=sampling_params)
+        try:
+            response = await sampler.sample(prompt=prompt, num_samples=num_samples, sampling_params=sampling_params)
+        except Exception as e:  # tinker raises its own classes; the server's reason is in the message
+            if NOT_LOADED not in str(e) or not exchange.answerer.sampler_path:
+                raise
+            sampler = await self.reload(exchange.answerer, exchange.key, sampler)
+            response = await sampler.sample(prompt=prompt, num_samples=num_samples, sampling_params=sampling_params)
         seqs = [_Sequence(list(s.tokens), s.stop_reason, list(s.logprobs) if s.logprobs else None)
                 for s in response.sequences]
         seqs = [self._cut(s, client_stops) for s in seqs]

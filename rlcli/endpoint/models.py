@@ -34,6 +34,7 @@ class Answerer:
     name: str
     sampler_path: str | None
     iteration: int | None = None
+    state_path: str | None = None  # the training state saved with the weights (a loop records it)
 
     @property
     def weights(self) -> str:
@@ -87,11 +88,11 @@ class Models:
             return Answerer(name, name)
         loop = next(iter(self.loops)) if name == CHAMPION and self.loops else name
         if loop in self.loops:
-            iteration, path = self._champion(self.loops[loop])
-            return Answerer(name, path, iteration)
+            iteration, path, state = self._champion(self.loops[loop])
+            return Answerer(name, path, iteration, state)
         raise UnknownModel(name)
 
-    def _champion(self, folder: Path) -> tuple[int, str | None]:
+    def _champion(self, folder: Path) -> tuple[int, str | None, str | None]:
         """The loop's champion now: the ledger's last alias move (iteration 0: the base model)."""
         with self._lock:
             db = self._ledgers.get(folder)
@@ -99,7 +100,8 @@ class Models:
                 db = sqlite3.connect(f"file:{folder / LEDGER}?mode=ro", uri=True, timeout=30,
                                      check_same_thread=False)
                 self._ledgers[folder] = db
-            row = db.execute("SELECT iteration, sampler_path FROM aliases ORDER BY id DESC LIMIT 1").fetchone()
+            row = db.execute("SELECT iteration, sampler_path, state_path FROM aliases ORDER BY id DESC LIMIT 1"
+                             ).fetchone()
         if not row or not row[0] or not row[1]:
-            return 0, None
-        return int(row[0]), str(row[1])
+            return 0, None, None
+        return int(row[0]), str(row[1]), row[2]

@@ -12,6 +12,7 @@ import stat
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -269,3 +270,29 @@ def test_endpoint_stop_ends_its_store(endpoint, server, tmp_path):
     assert len(members) == 2  # the endpoint and its store daemon, in the endpoint's own group
     assert run_rlcli("endpoint", "stop", "--name", "other", env=env).returncode == 0
     assert group_members(rec["pid"]) == []
+
+
+def test_weights_whose_model_was_unloaded_are_served_again(endpoint, server):
+    """A finished run unloads its model; its saved weights still answer (the endpoint loads the state saved with
+    them, once, however many requests wait)."""
+    import concurrent.futures
+
+    import tinker
+
+    from rlcli.client import unload_models
+    from tests import sdk_scenario
+
+    service = tinker.ServiceClient(base_url=server.url, api_key="tml-self-hosted")
+    trainer = service.create_lora_training_client(base_model=server.model, rank=2, seed=1).result()
+    trainer.forward_backward([sdk_scenario.datum(tinker)], "cross_entropy").result()
+    trainer.optim_step(tinker.AdamParams(learning_rate=5e-2)).result()
+    trainer.save_state("finished").result()
+    path = trainer.save_weights_for_sampler("finished").result().path
+    assert unload_models(server.url, [trainer.model_id]) == []
+    client = openai_client(endpoint)
+    ask = {"model": path, "messages": [{"role": "user", "content": "What is 2 + 3?"}], "max_tokens": 4}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: client.chat.completions.with_raw_response.create(**ask), range(4)))
+    assert all(a.headers["x-rlcli-weights"] == path for a in answers)
+    log = Path(endpoint["env"]["RLCLI_HOME"]) / "endpoints" / "default.log"
+    assert log.read_text().count(f"{path}: its model is unloaded") == 1
