@@ -135,8 +135,9 @@ def _merge(feedback: list[dict[str, Any]]) -> dict[str, Any]:
 
 def rows_for_loop(payload: dict[str, Any], fb: dict[str, Any], parts: Counter[str]) -> tuple[list, list]:
     """(conversations, preference pairs) of one exchange with its feedback. A rating is the conversation's
-    score (0..1: (rating + 1) / 2, the replay env's verdict reads it); an edited or preferred answer is the
-    conversation trained on (the served one is not) and the pair (it chosen, the served one rejected)."""
+    score (0..1: (rating + 1) / 2, the replay env's verdict reads it). An edited or preferred answer replaces the
+    served one in the conversation, scored 1 (the user's own answer), and makes the pair (it chosen, the served
+    one rejected): the served answer's rating is then the pair's to carry, not the conversation's."""
     conv = conversation_of(payload, parts)
     if isinstance(conv, str):  # kept as a line the import counts as dropped, for this reason
         return [{DROPPED: conv, "exchange": payload.get("exchange")}], []
@@ -147,8 +148,8 @@ def rows_for_loop(payload: dict[str, Any], fb: dict[str, Any], parts: Counter[st
         prompt = conv["messages"][:-1]
         pairs.append({"messages": prompt, "chosen": {"role": "assistant", "content": better},
                       "rejected": served, "exchange": payload.get("exchange")})
-        conv = {**conv, "messages": [*prompt, {"role": "assistant", "content": better}]}
-    if "rating" in fb:
+        conv = {**conv, "messages": [*prompt, {"role": "assistant", "content": better}], "score": 1.0}
+    elif "rating" in fb:
         conv = {**conv, "score": (float(fb["rating"]) + 1) / 2}
     convs.append({**conv, "exchange": payload.get("exchange")})
     return convs, pairs

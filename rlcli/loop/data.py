@@ -118,7 +118,11 @@ def ingest(folder: Path, ledger: Ledger, n: int, s: LoopSettings, files: list[tu
     tmp.unlink(missing_ok=True)
     write_jsonl(iteration_dir(folder, n) / "new.jsonl", kept)
     pairs = [p for path, _ in files for p in read_jsonl(pairs_beside(path))]
-    write_jsonl(iteration_dir(folder, n) / PAIRS, pairs)
+    if pairs:  # beside pairs put there otherwise; a resumed ingest adds none twice
+        target = iteration_dir(folder, n) / PAIRS
+        had = read_jsonl(target)
+        seen = {json.dumps(p, sort_keys=True) for p in had}
+        write_jsonl(target, had + [p for p in pairs if json.dumps(p, sort_keys=True) not in seen])
     info = {"files": len(files), "lines": sum(r[3] for r in rows), "conversations": len(kept), "pairs": len(pairs)}
     with ledger.transaction() as db:
         for r in rows:
@@ -136,6 +140,15 @@ def prompt_of(conv: dict[str, Any]) -> list[dict[str, Any]]:
     return messages[:last]
 
 
+def rated_bad(conv: dict[str, Any]) -> bool:
+    """A conversation whose reply was judged bad (an endpoint's rating, a log's feedback score): never a held-out
+    problem's reference, never imitated by sft; rl's verdict reward learns from it."""
+    from rlcli.problems.rewards import GOOD_SCORE
+
+    score = conv.get("score")
+    return isinstance(score, int | float) and score < GOOD_SCORE
+
+
 def held_out(conv: dict[str, Any], share: float) -> bool:
     """Stable: the first 8 bytes of the prompt's SHA-256 as a fraction below share."""
     from rlcli.problems.traces import prompt_key
@@ -147,7 +160,7 @@ def split(folder: Path, ledger: Ledger, n: int, s: LoopSettings) -> dict[str, An
     """New conversations into train and held-out; a prompt held out before stays held out (same hash). Each
     held-out problem's slice is recorded with it."""
     convs = read_jsonl(iteration_dir(folder, n) / "new.jsonl")
-    flags = [held_out(c, s.heldout_share) for c in convs]
+    flags = [held_out(c, s.heldout_share) and not rated_bad(c) for c in convs]
     test = [c for c, held in zip(convs, flags, strict=True) if held]
     train = [c for c, held in zip(convs, flags, strict=True) if not held]
     write_jsonl(iteration_dir(folder, n) / "train.jsonl", train)

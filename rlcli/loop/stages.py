@@ -30,7 +30,7 @@ from rlcli.train.run import Weights
 
 CHAMPION_DIR = "champion"
 CHAMPION_FILE = "rlcli-champion.json"
-PAIRS = "pairs.jsonl"  # an iteration's preference pairs (rlcli.train.dpo's shape), written by its ingest
+PAIRS = data.PAIRS  # an iteration's preference pairs (rlcli.train.dpo's shape), written by its ingest
 
 
 def say(message: str) -> None:
@@ -101,6 +101,10 @@ def train(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Champ
             start = done.get("state_path") or start
             continue
         dataset = new
+        if kind == "sft" and (bad := sum(map(data.rated_bad, rows := data.read_jsonl(new)))):
+            dataset = where / "sft-rows.jsonl"
+            data.write_jsonl(dataset, [r for r in rows if not data.rated_bad(r)])
+            say(f"iteration {n}: sft leaves out {bad} conversations rated bad (the rl stage's verdict uses them)")
         if kind == "dpo":
             dataset, found = where / "dpo-pairs.jsonl", pairs(folder, ledger, n, s)
             if not found:

@@ -296,3 +296,33 @@ def test_weights_whose_model_was_unloaded_are_served_again(endpoint, server):
     assert all(a.headers["x-rlcli-weights"] == path for a in answers)
     log = Path(endpoint["env"]["RLCLI_HOME"]) / "endpoints" / "default.log"
     assert log.read_text().count(f"{path}: its model is unloaded") == 1
+
+
+@pytest.mark.slow
+def test_feedback_trains_the_next_iteration(endpoint, server, tmp_path):
+    """Served answers and their feedback, drained by a loop: a rating is the rl stage's verdict, a correction the
+    dpo stage's pair (and the conversation sft and the gate learn from)."""
+    client = openai_client(endpoint)
+    url = endpoint["url"] + "/v1/feedback"
+    served = []
+    for i in range(12):
+        answer = client.chat.completions.create(model="base", max_tokens=48, temperature=0,
+                                                messages=[{"role": "user", "content": f"What is {i} + {i}?"}])
+        served.append(answer.id)
+        right = str(2 * i) in (answer.choices[0].message.content or "")
+        body = {"id": answer.id, "rating": 1} if right else {"id": answer.id, "rating": -1, "edited": str(2 * i)}
+        assert post(url, body)[0] == 200
+    captured(endpoint["capture"], served)
+    loop = tmp_path / "learns"
+    run_rlcli("loop", "init", str(loop), "--traces", f"capture:{endpoint['capture']}", "--train", "dpo,rl",
+              "--reward", "verdict", "--match", "number", "--steps", "2", "--batch-size", "4", "--group-size", "2",
+              "--max-tokens", "8", "--eval-limit", "4", "--base-url", server.url, env=server.env, check=True)
+    proc = run_rlcli("loop", "run", str(loop), "--once", env=server.env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from rlcli.loop.ledger import opened
+
+    with opened(loop) as ledger:
+        ingest = ledger.stage(1, "ingest")
+        kinds = [r["kind"] for r in ledger.runs(1)]
+    assert ingest["pairs"] >= 1 and "preference pairs" in proc.stderr, proc.stderr[-2000:]
+    assert kinds == ["dpo", "rl"], proc.stderr[-2000:]

@@ -128,7 +128,7 @@ def test_the_drain_counts_every_exchange_once_with_its_feedback(tmp_path):
     first = capture.drain(store, out)
     lines = [json.loads(x) for x in first.read_text().splitlines()]
     assert [(x["exchange"], x.get("score"), x.get("dropped")) for x in lines] == [
-        ("chatcmpl-1", 1.0, None), ("chatcmpl-2", None, "truncated"), ("chatcmpl-3", None, None)]
+        ("chatcmpl-1", 1.0, None), ("chatcmpl-2", None, "truncated"), ("chatcmpl-3", 1.0, None)]
     assert lines[2]["messages"][-1] == {"role": "assistant", "content": "8"}
     pairs = [json.loads(x) for x in pairs_beside(first).read_text().splitlines()]
     assert [(p["chosen"]["content"], p["rejected"]["content"]) for p in pairs] == [("8", "7")]
@@ -153,6 +153,13 @@ def test_the_loop_import_counts_a_dropped_exchange_for_its_reason(tmp_path):
                     str(tmp_path / "out.jsonl"))
     assert (stats.read, stats.written, dict(stats.dropped)) == (2, 1, {"truncated": 1})
     assert json.loads((tmp_path / "out.jsonl").read_text())["score"] == 0.75
+
+
+def test_a_reply_rated_bad_is_neither_a_reference_nor_imitated():
+    from rlcli.loop.data import rated_bad
+
+    assert [rated_bad(c) for c in ({"score": 0.0}, {"score": 0.25}, {"score": 0.5}, {"score": 1}, {})] == [
+        True, True, False, False, False]
 
 
 def test_the_drain_says_when_there_is_no_store(tmp_path):
