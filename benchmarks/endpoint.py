@@ -12,8 +12,8 @@ kept-alive connection each, so neither connection setup nor an SDK's own costs a
   warm-up, `requests` rounds alternate a, b (b, a the next round). Recorded: every timing, p50/p90 of each, the
   overhead p50(a) - p50(b) and the median of the per-round differences, and both arms' completion token counts.
 - Throughput: 1, 8 and 32 clients, each sending distinct short chats back to back for `seconds` (greedy, 16 tokens),
-  to the endpoint and, as the reference, through bare SamplingClients (threads of this process); each after an
-  untimed pass as long (the server compiles a sampling program per batch shape it meets, seconds each on CPU).
+  to the endpoint and, as the reference, through bare SamplingClients (threads of this process); an untimed pass of
+  both first, as long (the server compiles a sampling program per batch shape it meets, seconds each on CPU).
   Recorded: requests/s, completion tokens/s, latency p50/p90 and errors per client count, every latency, and 8
   clients' requests/s over 1's for both.
 - Promotions under load: 8 clients send to model `champion` for `seconds` while a thread moves the loop's champion
@@ -230,18 +230,20 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def throughput(endpoint: str, bare: Bare, seconds: float) -> dict[str, Any]:
     """Per client count, the endpoint and, as the reference, bare SamplingClients (threads of this process): an
-    untimed pass (the server compiles a sampling program per batch shape it meets, seconds each on CPU), then the
-    timed one. The untimed pass's figures are kept, its errors counted too."""
+    untimed pass of each (the server compiles a sampling program per batch shape it meets, seconds each on CPU), then
+    a timed pass of each. The untimed passes' figures are kept, their errors counted too."""
     out: dict[str, Any] = {"endpoint": {}, "bare": {}}
+    arms = {"endpoint": via_endpoint(endpoint, "base"), "bare": via_bare(bare)}
     for k in CLIENTS:
-        for arm, clients_of in (("endpoint", via_endpoint(endpoint, "base")), ("bare", via_bare(bare))):
-            warm = figures(load(clients_of, k, seconds, at_least=1))
+        warm = {arm: figures(load(clients_of, k, seconds, at_least=1)) for arm, clients_of in arms.items()}
+        for arm, clients_of in arms.items():
             got = out[arm][str(k)] = {**figures(load(clients_of, k, seconds)), "warm_up": {
-                key: warm[key] for key in ("requests", "errors", "wall_s", "latency_ms", "first_errors")}}
-            got["errors"] += warm["errors"]
-            print(f"{arm}, {k} clients: {got['requests_per_s']:.2f} req/s, p50 {got['latency_ms'].get('p50', 0):.0f} "
-                  f"ms, {got['errors']} errors", flush=True)
-    for arm in ("endpoint", "bare"):
+                key: warm[arm][key] for key in ("requests", "errors", "wall_s", "latency_ms", "first_errors")}}
+            got["errors"] += warm[arm]["errors"]
+            print(f"{arm}, {k} clients: {got['requests_per_s']:.2f} req/s, latency p50 "
+                  f"{got['latency_ms'].get('p50', 0):.0f} ms, max {got['latency_ms'].get('max', 0):.0f} ms, "
+                  f"{got['errors']} errors", flush=True)
+    for arm in arms:
         out[arm]["ratio_8_over_1"] = out[arm]["8"]["requests_per_s"] / out[arm]["1"]["requests_per_s"]
     return out
 
@@ -316,7 +318,12 @@ def measure(server: PrivateServer, root: Path, requests: int, seconds: float) ->
 
 def headline(results: dict[str, Any]) -> dict[str, Any]:
     t, p = results["throughput"], results["promotions"]
+    one = {arm: t[arm]["1"]["latency_ms"]["p50"] for arm in t}
     return {"overhead_p50_ms": results["overhead"]["overhead_p50_ms"], "overhead_target_ms": 5,
+            "overhead_per_round_median_ms": results["overhead"]["per_round_difference_median_ms"],
+            # the same figure from the 1-client passes: blocks of back-to-back requests, not alternating ones,
+            # so work the endpoint leaves behind (capture export) slows its own arm, not the bare one after it
+            "overhead_p50_ms_one_client_passes": one["endpoint"] - one["bare"],
             "requests_per_s": {arm: {k: t[arm][str(k)]["requests_per_s"] for k in CLIENTS} for arm in t},
             "ratio_8_over_1": {arm: t[arm]["ratio_8_over_1"] for arm in t},
             "errors": {k: t["endpoint"][str(k)]["errors"] for k in CLIENTS},
@@ -341,7 +348,9 @@ def main(requests: int = 50, seconds: float = 20, label: str = "", out: str | No
             "headline": headline(results), "results": results}
     receipt = write_receipt("endpoint", body, Path(out) if out else None)
     h = body["headline"]
-    print(f"overhead over a bare sample: p50 {h['overhead_p50_ms']:.1f} ms (target <= 5 ms)")
+    print(f"overhead over a bare sample: p50 {h['overhead_p50_ms']:.1f} ms alternating, median per round "
+          f"{h['overhead_per_round_median_ms']:.1f} ms, 1-client passes "
+          f"{h['overhead_p50_ms_one_client_passes']:.1f} ms (target <= 5 ms)")
     rates = h["requests_per_s"]
     print("requests/s with 1/8/32 clients: endpoint " + "/".join(f"{v:.1f}" for v in rates["endpoint"].values())
           + ", bare SamplingClients " + "/".join(f"{v:.1f}" for v in rates["bare"].values())
