@@ -5,12 +5,15 @@ concurrent clients, and whether a request fails while the loop's champion moves.
 
 One private server on the embedded model; the endpoint over it as `rlcli endpoint start` runs it (a subprocess,
 capture on, a loop folder made by `rlcli loop init`), stopped at the end. Clients speak raw HTTP (http.client), one
-kept-alive connection each, so neither connection setup nor an SDK's own costs are timed.
+kept-alive connection each, so neither connection setup nor an HTTP SDK's own costs (openai's) are timed.
 - Overhead: the same chat both ways, greedy, max_tokens 16: (a) POST /v1/chat/completions to the endpoint, model
   `base`; (b) a bare tinker `SamplingClient.sample` in this process of the same prompt, rendered as the endpoint
-  renders it (rlcli's renderer choice, the cookbook's renderer, its stop tokens), same SamplingParams. After a
-  warm-up, `requests` rounds alternate a, b (b, a the next round). Recorded: every timing, p50/p90 of each, the
-  overhead p50(a) - p50(b) and the median of the per-round differences, and both arms' completion token counts.
+  renders it (rlcli's renderer choice, the cookbook's renderer, its stop tokens), same SamplingParams; rendered once,
+  as rendering is part of what the endpoint adds. After a warm-up, `requests` rounds alternate a, b (b, a the next
+  round). Recorded: every timing, p50/p90 of each, the overhead p50(a) - p50(b) and the median of the per-round
+  differences, and both arms' completion token counts. The 1-client throughput passes give the overhead again
+  from blocks of back-to-back requests, where work the endpoint does after answering (the capture's export, on the
+  same cores) falls on its own arm, not on the bare request that follows it.
 - Throughput: 1, 8 and 32 clients, each sending distinct short chats back to back for `seconds` (greedy, 16 tokens),
   to the endpoint and, as the reference, through bare SamplingClients (threads of this process); an untimed pass of
   both first, as long (the server compiles a sampling program per batch shape it meets, seconds each on CPU).
