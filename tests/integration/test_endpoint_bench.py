@@ -31,8 +31,8 @@ def test_both_arms_sample_the_same_tokens(results):
 
 
 def test_every_client_count_is_served_without_errors(results):
+    t = results["throughput"]["endpoint"]
     for k in endpoint.CLIENTS:
-        t = results["throughput"]["endpoint"]
         assert t[str(k)]["errors"] == 0, t[str(k)]["first_errors"] or t[str(k)]["warm_up"]["first_errors"]
         assert t[str(k)]["warm_up"]["requests"] >= k  # one request of each client at least
 
