@@ -356,19 +356,20 @@ async def _chat(request: web.Request, handler: Any, api: str, s: Settings) -> we
     finally:
         _exchange.reset(token)
     if response.status == 200:
+        answer = None
         if isinstance(response, web.Response) and response.body is not None:
-            response = _relabel(response, exchange)
-        _record(s, exchange, body, response, started)
+            answer = _relabel(response, exchange)
+        _record(s, exchange, body, answer, started)
     return response
 
 
-def _relabel(response: web.Response, exchange: Exchange) -> web.Response:
+def _relabel(response: web.Response, exchange: Exchange) -> dict[str, Any]:
     """The non-streamed body names the exchange id (what feedback names) and the model as asked."""
     data = json.loads(response.body)
     data["id"] = exchange.id
     data["model"] = exchange.answerer.name
     response.body = json.dumps(data).encode()
-    return response
+    return data
 
 
 async def _fan_out(request: web.Request, handler: Any, body: dict[str, Any], n: int) -> web.StreamResponse:
@@ -430,16 +431,16 @@ async def _stream_choices(request: web.Request, merged: dict[str, Any], usage: b
     return resp
 
 
-def _record(s: Settings, exchange: Exchange, body: dict[str, Any], response: web.StreamResponse,
+def _record(s: Settings, exchange: Exchange, body: dict[str, Any], answer: dict[str, Any] | None,
             started: float) -> None:
+    """The exchange into the capture store's queue (the exporter sends it from its own thread). answer: the
+    non-streamed body; a streamed one is rebuilt from the sampled tokens."""
     s.recent[exchange.id] = None
     while len(s.recent) > 100_000:
         s.recent.popitem(last=False)
     if s.sink is None:
         return
-    if isinstance(response, web.Response) and response.body is not None:
-        answer = json.loads(response.body)
-    else:
+    if answer is None:
         answer = _rebuilt(exchange, s.sampler.renderer)
     a = exchange.answerer
     record = capture.exchange_record(
