@@ -26,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from rlcli.client import NOT_LOADED, parse_tinker_path, unload_models
 from rlcli.endpoint import capture
 from rlcli.endpoint.models import Answerer, Models, UnknownModel
 
@@ -97,6 +98,8 @@ class RoutingSampler:
         self._services: dict[str, Any] = {}
         self._clients: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._pending: dict[tuple[str, str], asyncio.Future] = {}
+        self._reloaded: dict[tuple[str, str], str] = {}  # weights served again from their state: the model holding them
+        self._reloading = asyncio.Lock()
 
     async def client(self, answerer: Answerer, key: str | None) -> Any:
         import tinker
@@ -143,14 +146,54 @@ class RoutingSampler:
         if stop and isinstance(stop[0], str) and self.renderer.ids:
             client_stops = [s for s in stop if s not in self.renderer.ids]
             sampling_params = sampling_params.model_copy(update={"stop": list(self.renderer.ids.values())})
-        sampler = await self.client(exchange.answerer, exchange.key)
-        response = await sampler.sample(prompt=prompt, num_samples=num_samples, sampling_params=sampling_params)
+        response = await self._sample(exchange.answerer, exchange.key, prompt, num_samples, sampling_params)
         seqs = [_Sequence(list(s.tokens), s.stop_reason, list(s.logprobs) if s.logprobs else None)
                 for s in response.sequences]
         seqs = [self._cut(s, client_stops) for s in seqs]
         exchange.samples[_choice.get()] = {"prompt_tokens": prompt.to_ints(), "tokens": seqs[0].tokens,
                                            "logprobs": seqs[0].logprobs, "stop_reason": seqs[0].stop_reason}
         return _Response(seqs)
+
+    async def _sample(self, answerer: Answerer, key: str | None, prompt: Any, num_samples: int, params: Any) -> Any:
+        sampler = await self.client(answerer, key)
+        try:
+            return await sampler.sample(prompt=prompt, num_samples=num_samples, sampling_params=params)
+        except Exception as e:  # tinker raises its own classes; the server's reason is in the message
+            if not answerer.sampler_path or NOT_LOADED not in str(e):
+                raise
+        sampler = await self._reload(answerer, key or self.default_key)
+        return await sampler.sample(prompt=prompt, num_samples=num_samples, sampling_params=params)
+
+    async def _reload(self, answerer: Answerer, key: str) -> Any:
+        """Serve weights whose model is gone (a finished training run, a loop's promoted candidate, is unloaded)
+        from the training state saved under the same name, in a model of the endpoint's own. One such model at a
+        time: the server's LoRA slots are few, and a champion that moved on frees its slot."""
+        slot = (key, answerer.weights)
+        async with self._reloading:
+            if slot in self._reloaded and slot in self._clients:  # another request reloaded it meanwhile
+                return self._clients[slot]
+            made, model_id = await asyncio.to_thread(self._load_state, answerer.sampler_path or "", key)
+            for old, old_model in list(self._reloaded.items()):
+                self._clients.pop(old, None)
+                del self._reloaded[old]
+                await asyncio.to_thread(unload_models, self.base_url, [old_model])
+            self._clients[slot], self._reloaded[slot] = made, model_id
+            return made
+
+    def release(self) -> None:
+        """Free the slots of the models the endpoint loaded (at its stop)."""
+        unload_models(self.base_url, list(self._reloaded.values()))
+        self._reloaded.clear()
+
+    def _load_state(self, sampler_path: str, key: str) -> tuple[Any, str]:
+        import tinker
+
+        run_id, _, name = parse_tinker_path(sampler_path)
+        state = f"tinker://{run_id}/weights/{name}"
+        trainer = tinker.ServiceClient(base_url=self.base_url, api_key=key).create_training_client_from_state(
+            state).result()
+        log.info("%s was no longer loaded: serving it again from %s", sampler_path, state)
+        return trainer.save_weights_and_get_sampling_client().result(), trainer.model_id
 
     def _cut(self, seq: _Sequence, stops: list[str]) -> _Sequence:
         """The sequence up to and including the token where a client stop string first appears; the proxy

@@ -3,6 +3,7 @@ the cookbook's instrumented SDK and exporter, the app, the loopback bind."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -131,6 +132,7 @@ def run(o: EndpointOptions) -> int:
     application = endpoint_app.build(renderer, settings, base_model)
 
     async def drain(_: web.Application) -> None:
+        await asyncio.to_thread(sampler.release)
         if exporter is not None:
             exporter.force_flush(timeout=5)
             exporter.shutdown()
