@@ -451,7 +451,7 @@ def wilson(right: int, n: int, z: float = 1.96) -> tuple[float, float]:
         return 0.0, 1.0
     p = right / n
     centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+    return max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n))  # rounding
 
 
 def served_accuracy(answers: list[dict]) -> dict:
