@@ -396,9 +396,11 @@ def plot_loop(rows: list[dict]):
 # --- the served loop: an application's traffic through the endpoint becomes the next champion -----------------
 
 
-def served_loop(url: str, folder: Path, *init: str, **settings: Any) -> tuple[Path, Path]:
-    """`rlcli loop init FOLDER/loop --traces capture:FOLDER/capture INIT...` (its regression set: batch 1's door
-    code, rlcli.loop.batches), then `settings` over loop.toml's; (loop, capture folder)."""
+def served_loop(url: str, folder: Path, *init: str, regression: str = "sums", regression_size: int = 64,
+                **settings: Any) -> tuple[Path, Path]:
+    """`rlcli loop init FOLDER/loop --traces capture:FOLDER/capture INIT...` with a regression set of
+    `regression_size` (rlcli.loop.batches: one-digit sums, or doors: batch 1's door code), then `settings` over
+    loop.toml's; (loop, capture folder)."""
     from dataclasses import replace
 
     from rlcli.loop import batches
@@ -406,8 +408,12 @@ def served_loop(url: str, folder: Path, *init: str, **settings: Any) -> tuple[Pa
 
     loop, store = folder / "loop", folder / "capture"
     folder.mkdir(parents=True, exist_ok=True)
-    regression = batches.write_skill_regression(folder / "doors.jsonl", 1, 16)
-    rlcli("loop", "init", str(loop), "--traces", f"capture:{store}", "--regression", str(regression),
+    regression_file = folder / f"{regression}.jsonl"
+    if regression == "doors":
+        batches.write_skill_regression(regression_file, 1, regression_size)
+    else:
+        batches.write_regression(regression_file, regression_size)
+    rlcli("loop", "init", str(loop), "--traces", f"capture:{store}", "--regression", str(regression_file),
           "--base-url", url, *init)
     if settings:
         loop_settings.write(loop, replace(loop_settings.read(loop), **settings))

@@ -135,7 +135,7 @@ def test_continual_loop_notebook_records_three_iterations(server, tmp_path):
 
 @pytest.mark.timeout(900)
 def test_served_loop_notebook_serves_asks_and_runs_the_loop_on_the_capture(server, tmp_path):
-    result = execute("served_loop", tmp_path, dict(questions=8, steps=2, base_url=server.url,
+    result = execute("served_loop", tmp_path, dict(questions=8, steps=2, regression_size=8, base_url=server.url,
                                                    run_dir=str(tmp_path / "run")))
     phases = result["phases"]
     assert list(phases) == ["before (asked)", "after (not asked before)", "after (asked again)"]
