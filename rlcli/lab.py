@@ -487,7 +487,7 @@ def served_result(phases: dict[str, list[dict]], rows: list[dict], params: dict)
 
 def plot_served(phases: dict[str, list[dict]]):
     """Left: each phase's served accuracy with its Wilson interval. Right: the champion iteration that answered each
-    request, in the order they were served."""
+    request, over time."""
     import matplotlib.pyplot as plt
 
     fig, (acc_ax, it_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -498,13 +498,11 @@ def plot_served(phases: dict[str, list[dict]]):
                      [s["high"] - s["accuracy"] for s in scores.values()]], capsize=5)
     acc_ax.set_xticks(list(at), [f"{name}\n(n={s['n']})" for name, s in scores.items()], fontsize=8)
     acc_ax.set(ylabel="served answers right", title="accuracy of what the endpoint served (95% Wilson)", ylim=(0, 1.05))
-    start = 0
     for i, (name, answers) in enumerate(phases.items()):
-        x = range(start, start + len(answers))
-        it_ax.plot(x, [a["iteration"] for a in answers], ".", color=f"C{i}", label=name)
-        start += len(answers)
-    it_ax.set(xlabel="request (in order)", ylabel="champion iteration that answered", yticks=[0, 1, 2],
-              title="the champion per request")
+        it_ax.plot([a["at"] for a in answers], [a["iteration"] for a in answers], ".", color=f"C{i}", label=name)
+    top = max(a["iteration"] for answers in phases.values() for a in answers)
+    it_ax.set(xlabel="seconds since the start (the gap: the loop's iteration)", ylabel="champion iteration",
+              yticks=range(top + 2), title="the champion that answered each request")
     it_ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
