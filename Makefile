@@ -162,7 +162,7 @@ bench: venv server-venv model
 
 # The notebooks at laptop size through papermill (each starts and stops its own server); the executed copies,
 # outputs and plots included, go to notebooks/results/ beside the results they record.
-NOTEBOOKS = fused_vs_2pass learning_curve gsm8k distill continual_loop
+NOTEBOOKS = fused_vs_2pass learning_curve gsm8k distill continual_loop served_loop
 notebooks: venv server-venv model
 	@mkdir -p notebooks/results; for nb in $(NOTEBOOKS); do \
 	  echo "papermill notebooks/$$nb.ipynb -> notebooks/results/$$nb.ipynb"; \

@@ -44,19 +44,19 @@ def server(base_url: str | None, model: str | None = None) -> Iterator[str]:
         yield srv.url
 
 
-def python(args: list[str], name: str, timeout: float = 3600) -> str:
-    """Run `python ARGS` (named `name`); its output's last lines are shown; a failure raises with them."""
+def python(args: list[str], name: str, timeout: float = 3600, shown: int = 8) -> str:
+    """Run `python ARGS` (named `name`); its output's last `shown` lines are shown; a failure raises with them."""
     proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
-    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-shown:])
     if proc.returncode != 0:
         raise RuntimeError(f"{name} exited {proc.returncode}:\n{tail}")
     print(tail)
     return proc.stdout
 
 
-def rlcli(*args: str, timeout: float = 3600) -> str:
+def rlcli(*args: str, timeout: float = 3600, shown: int = 8) -> str:
     """Run an rlcli command as a person would (`rlcli train rl ...`); its standard output."""
-    return python(["-m", "rlcli.cli", *args], f"rlcli {' '.join(args)}", timeout)
+    return python(["-m", "rlcli.cli", *args], f"rlcli {' '.join(args)}", timeout, shown)
 
 
 def flags(**options: Any) -> list[str]:
@@ -389,6 +389,121 @@ def plot_loop(rows: list[dict]):
                         xytext=(0, 8), ha="center", fontsize=8)
         ax.set(xlabel="iteration", ylabel="correct share", title=f"{name} problems", ylim=(-0.05, 1.1), xticks=x)
         ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+# --- the served loop: an application's traffic through the endpoint becomes the next champion -----------------
+
+
+def served_loop(url: str, folder: Path, *init: str, regression: str = "sums", regression_size: int = 64,
+                **settings: Any) -> tuple[Path, Path]:
+    """`rlcli loop init FOLDER/loop --traces capture:FOLDER/capture INIT...` with a regression set of
+    `regression_size` (rlcli.loop.batches: one-digit sums, or doors: batch 1's door code), then `settings` over
+    loop.toml's; (loop, capture folder)."""
+    from dataclasses import replace
+
+    from rlcli.loop import batches
+    from rlcli.loop import settings as loop_settings
+
+    loop, store = folder / "loop", folder / "capture"
+    folder.mkdir(parents=True, exist_ok=True)
+    regression_file = folder / f"{regression}.jsonl"
+    if regression == "doors":
+        batches.write_skill_regression(regression_file, 1, regression_size)
+    else:
+        batches.write_regression(regression_file, regression_size)
+    rlcli("loop", "init", str(loop), "--traces", f"capture:{store}", "--regression", str(regression_file),
+          "--base-url", url, *init)
+    if settings:
+        loop_settings.write(loop, replace(loop_settings.read(loop), **settings))
+    return loop, store
+
+
+@contextlib.contextmanager
+def endpoint(url: str, loop: Path, store: Path, model: str | None = None, max_tokens: int = 16) -> Iterator[str]:
+    """`rlcli endpoint start --loops LOOP --capture STORE` over the server at `url` serving `model` (default: the
+    embedded model, as `server`'s), on a free port, under a name of its own (a person's default endpoint is left
+    alone); its URL, stopped when the block ends."""
+    import os
+
+    from rlcli.model import ensure_embedded_model
+    from rlcli.server.private import free_port
+
+    name = f"notebook-{os.getpid()}"
+    model = model or str(ensure_embedded_model(quiet=True))
+    served = rlcli("endpoint", "start", "--base-url", url, "--model", model, "--name", name, "--port", str(free_port()),
+                   "--loops", str(loop), "--capture", str(store), "--max-tokens", str(max_tokens))
+    try:
+        yield served.strip().splitlines()[-1]
+    finally:
+        rlcli("endpoint", "stop", "--name", name)
+
+
+def served_questions(batch: int, n: int, seed: int = 0) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(asked, held out): n (question, right answer) pairs of a trace batch's traffic (rlcli.loop.batches: a quarter
+    one-digit sums, the rest its skill), and n more of the same kinds, none of them asked before."""
+    from rlcli.loop import batches
+
+    asked = batches.chats(batch, n, seed)
+    seen = {q for q, _ in asked}
+    later = [(q, a) for q, a in batches.chats(batch, 4 * n, seed + 1) if q not in seen]
+    return asked, later[:n]
+
+
+def wilson(right: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The ~95% Wilson interval of a share right/n: sound at 0 and at n, where the normal one collapses."""
+    if n == 0:
+        return 0.0, 1.0
+    p = right / n
+    centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n))  # rounding
+
+
+def served_accuracy(answers: list[dict]) -> dict:
+    """The share of served answers that were right, with its Wilson interval and n; and per kind of question (its
+    template, as the loop's slices name them)."""
+    from rlcli.loop.slices import template
+
+    def share(some: list[dict]) -> dict:
+        right = sum(a["right"] for a in some)
+        low, high = wilson(right, len(some))
+        return {"accuracy": right / max(1, len(some)), "low": low, "high": high, "n": len(some)}
+
+    kinds: dict[str, list[dict]] = {}
+    for a in answers:
+        kinds.setdefault(template({"messages": [{"role": "user", "content": a["question"]}]}), []).append(a)
+    return {**share(answers), "by_kind": {kind: share(some) for kind, some in sorted(kinds.items())}}
+
+
+def served_result(phases: dict[str, list[dict]], rows: list[dict], params: dict) -> dict:
+    """What the served-loop notebook records: per phase of traffic its served accuracy and the weights that
+    answered, and the loop's iteration (decision, per slice champion -> candidate)."""
+    return {"phases": {name: {**served_accuracy(a), "weights": sorted({x["weights"] for x in a}),
+                              "champion_iterations": sorted({x["iteration"] for x in a})}
+                       for name, a in phases.items()},
+            **{k: v for k, v in loop_result(rows, params).items() if k != "params"}, "params": params}
+
+
+def plot_served(phases: dict[str, list[dict]]):
+    """Left: each phase's served accuracy with its Wilson interval. Right: the champion iteration that answered each
+    request, over time."""
+    import matplotlib.pyplot as plt
+
+    fig, (acc_ax, it_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
+    scores = {name: served_accuracy(a) for name, a in phases.items()}
+    at = range(len(scores))
+    acc_ax.bar(at, [s["accuracy"] for s in scores.values()], color=[f"C{i}" for i in at],
+               yerr=[[s["accuracy"] - s["low"] for s in scores.values()],
+                     [s["high"] - s["accuracy"] for s in scores.values()]], capsize=5)
+    acc_ax.set_xticks(list(at), [f"{name}\n(n={s['n']})" for name, s in scores.items()], fontsize=8)
+    acc_ax.set(ylabel="served answers right", title="accuracy of what the endpoint served (95% Wilson)", ylim=(0, 1.05))
+    for i, (name, answers) in enumerate(phases.items()):
+        it_ax.plot([a["at"] for a in answers], [a["iteration"] for a in answers], ".", color=f"C{i}", label=name)
+    top = max(a["iteration"] for answers in phases.values() for a in answers)
+    it_ax.set(xlabel="seconds since the start (the gap: the loop's iteration)", ylabel="champion iteration",
+              yticks=range(top + 2), title="the champion that answered each request")
+    it_ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 

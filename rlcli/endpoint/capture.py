@@ -133,15 +133,31 @@ def _merge(feedback: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _uncut(payload: dict[str, Any]) -> dict[str, Any]:
+    """The exchange with its answer's cut at max_tokens (OpenAI finish_reason, Anthropic stop_reason) unmarked."""
+    response = payload.get("response")
+    if not isinstance(response, dict):
+        return payload
+    if isinstance(response.get("choices"), list):
+        choices = [{**c, "finish_reason": "stop"} if isinstance(c, dict) and c.get("finish_reason") == "length"
+                   else c for c in response["choices"]]
+        return {**payload, "response": {**response, "choices": choices}}
+    if response.get("stop_reason") == "max_tokens":
+        return {**payload, "response": {**response, "stop_reason": "end_turn"}}
+    return payload
+
+
 def rows_for_loop(payload: dict[str, Any], fb: dict[str, Any], parts: Counter[str]) -> tuple[list, list]:
     """(conversations, preference pairs) of one exchange with its feedback. A rating is the conversation's
     score (0..1: (rating + 1) / 2, the replay env's verdict reads it). An edited or preferred answer replaces the
     served one in the conversation, scored 1 (the user's own answer), and makes the pair (it chosen, the served
     one rejected): the served answer's rating is then the pair's to carry, not the conversation's."""
-    conv = conversation_of(payload, parts)
+    better = fb.get("edited") or fb.get("preferred")
+    # A served answer cut at max_tokens is no reply to train on, but a user's better one is: the cut answer is
+    # then only the pair's rejected side, so its cut does not drop the exchange.
+    conv = conversation_of(_uncut(payload) if better else payload, parts)
     if isinstance(conv, str):  # kept as a line the import counts as dropped, for this reason
         return [{DROPPED: conv, "exchange": payload.get("exchange")}], []
-    better = fb.get("edited") or fb.get("preferred")
     served = conv["messages"][-1]
     convs, pairs = [], []
     if better:

@@ -180,6 +180,36 @@ def test_the_champion_switches_in_place(endpoint, sampler_path):
     assert by_path.headers["x-rlcli-weights"] == sampler_path
 
 
+def test_a_champion_whose_model_was_unloaded_is_served_from_its_state(endpoint, server):
+    """A loop's promoted candidate is a finished training run: its model is unloaded, its sampler weights with it.
+    The endpoint serves it again from the state saved under the same name, instead of failing every request."""
+    import tinker
+
+    from rlcli.client import unload_models
+    from rlcli.loop.ledger import Champion, opened
+    from tests import sdk_scenario
+
+    service = tinker.ServiceClient(base_url=server.url, api_key="tml-self-hosted")
+    trainer = service.create_lora_training_client(base_model=server.model, rank=2, seed=1).result()
+    trainer.forward_backward([sdk_scenario.datum(tinker)], "cross_entropy").result()
+    trainer.optim_step(tinker.AdamParams(learning_rate=5e-2)).result()
+    state = trainer.save_state("gone").result().path  # as the loop's trainers save: state and sampler, one name
+    path = trainer.save_weights_for_sampler("gone").result().path
+    assert not unload_models(server.url, [trainer.model_id])
+    with opened(endpoint["loop"]) as ledger, ledger.transaction() as db:
+        ledger.move_alias(db, Champion(2, path, state), "promoted by the test")
+    try:
+        client = openai_client(endpoint)
+        ask = {"model": "champion", "messages": [{"role": "user", "content": "What is 2 + 3?"}], "max_tokens": 4}
+        for _ in range(2):  # the second from the model the first loaded
+            served = client.chat.completions.with_raw_response.create(**ask)
+            assert served.headers["x-rlcli-weights"] == path and served.headers["x-rlcli-champion-iteration"] == "2"
+            assert served.parse().choices[0].message.content is not None
+    finally:
+        with opened(endpoint["loop"]) as ledger, ledger.transaction() as db:
+            ledger.move_alias(db, Champion(0), "rolled back by the test")
+
+
 def captured(folder, ids: list[str], within: float = 30) -> None:
     """Wait until the store holds these exchanges: the endpoint's exporter sends its queue every second."""
     from rlcli.endpoint import capture

@@ -92,3 +92,26 @@ def test_results_carry_no_paths_of_this_machine(tmp_path, monkeypatch):
     book.write_text(json.dumps({"text": f"saved to {lab.ROOT}/runs and {Path.home()}/.rlcli"}))
     lab.make_portable(str(book))
     assert json.loads(book.read_text()) == {"text": "saved to runs and ~/.rlcli"}
+
+
+def test_wilson_interval_holds_the_share_and_stays_inside_0_1():
+    assert lab.wilson(0, 10)[0] == 0 and 0.2 < lab.wilson(0, 10)[1] < 0.35  # no collapse to [0, 0] at 0 right
+    low, high = lab.wilson(9, 10)
+    assert low < 0.9 < high <= 1 and lab.wilson(10, 10)[1] == pytest.approx(1)
+    assert lab.wilson(50, 100)[1] - lab.wilson(50, 100)[0] < lab.wilson(5, 10)[1] - lab.wilson(5, 10)[0]
+
+
+def test_served_questions_hold_out_only_questions_not_asked():
+    asked, held_out = lab.served_questions(2, 32)
+    assert len(asked) == len(held_out) == 32 and not {q for q, _ in asked} & {q for q, _ in held_out}
+    assert {a for q, a in held_out if q.startswith("Chest")} == {"77"}
+
+
+def test_served_accuracy_per_kind_of_question():
+    answers = [{"question": "Chest 101: how many coins?", "right": True},
+               {"question": "Chest 202: how many coins?", "right": False},
+               {"question": "What is 1 + 2?", "right": True}]
+    score = lab.served_accuracy(answers)
+    assert score["accuracy"] == pytest.approx(2 / 3) and score["n"] == 3
+    assert score["by_kind"]["Chest #: how many coins?"]["accuracy"] == 0.5
+    assert score["by_kind"]["What is # + #?"] == {**score["by_kind"]["What is # + #?"], "accuracy": 1.0, "n": 1}

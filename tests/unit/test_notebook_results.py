@@ -13,7 +13,8 @@ NOTEBOOKS = REPO / "notebooks"
 
 def test_recorded_results_are_there_and_sane():
     results = {p.stem: json.loads(p.read_text()) for p in (NOTEBOOKS / "results").glob("*.json")}
-    assert set(results) == {"fused_vs_2pass", "learning_curve", "gsm8k", "distill", "continual_loop"}, sorted(results)
+    assert set(results) == {"fused_vs_2pass", "learning_curve", "gsm8k", "distill", "continual_loop",
+                            "served_loop"}, sorted(results)
     for name in results:
         assert (NOTEBOOKS / "results" / f"{name}.ipynb").is_file(), f"no executed copy of {name}"
     fused = results["fused_vs_2pass"]
@@ -48,3 +49,11 @@ def test_recorded_results_are_there_and_sane():
     assert (REPO / "benchmarks" / "receipts" / bench["receipt"]).is_file()
     assert sum(bench["decisions"].values()) == 7 and len(bench["targets"]) == 4  # 5 skills, 2 bad candidates
     assert bench["targets"]["every bad candidate is rejected"]
+    served = results["served_loop"]  # the endpoint's traffic, corrected by its user, became the next champion
+    before, new, again = (served["phases"][k] for k in ("before (asked)", "after (not asked before)",
+                                                         "after (asked again)"))
+    assert served["decisions"] == ["promoted"] and before["weights"] == ["base"]
+    assert new["champion_iterations"] == again["champion_iterations"] == [1] and new["weights"][0].startswith("tinker://")
+    assert new["low"] > before["high"] and again["low"] > before["high"]  # beyond both Wilson intervals
+    gained = [x for x in served["slices"][0] if x["low"] > 0]  # the gate's per-slice line that promoted it
+    assert gained and all(x["new"] and x["n"] >= 7 for x in gained)
