@@ -184,6 +184,17 @@ def gpu_check_row(r: dict) -> tuple[str, str]:
     return f"GPU check, {size}{r.get('model', {}).get('dtype', '')} model (jax)", text
 
 
+def endpoint_row(r: dict) -> tuple[str, str]:
+    h = r["headline"]
+    rps = h["requests_per_s"]["endpoint"]
+    moves = r.get("results", {}).get("promotions", {})
+    served = f" of {moves['requests']}" if isinstance(moves, dict) and "requests" in moves else ""
+    return ("`rlcli endpoint` (OpenAI API), tiny model",
+            f"overhead over a bare sample **{h['overhead_p50_ms']:.1f} ms** p50; requests/s with 1 / 8 / 32 clients "
+            f"{rps['1']:.0f} / {rps['8']:.0f} / {rps['32']:.0f} ({h['ratio_8_over_1']['endpoint']:.1f}× at 8); "
+            f"**{h['failures_during_promotions']}** failed{served} while the champion moved")
+
+
 # benchmark -> (can this receipt be shown, its row); the table's order
 ROWS: dict[str, tuple[Callable[[dict], bool], Callable[[dict], tuple[str, str]]]] = {
     "fused-vs-2pass": (lambda r: "runs" in r and not r.get("origin"), fused_row),
@@ -193,6 +204,7 @@ ROWS: dict[str, tuple[Callable[[dict], bool], Callable[[dict], tuple[str, str]]]
     "overhead": (lambda r: "results" in r, overhead_row),
     "import": (lambda r: "ratio" in r, import_row),
     "cli-startup": (lambda r: "--help" in r.get("results", {}), cli_startup_row),
+    "endpoint": (lambda r: "headline" in r and "requests_per_s" in r["headline"], endpoint_row),
 }
 
 
