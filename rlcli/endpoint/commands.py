@@ -125,8 +125,8 @@ def _alive(rec: dict) -> bool:
 
 
 def _read(server: str) -> dict | None:
-    try:
-        return json.loads(state_file(server).read_text())
+    try:  # read without making the folder: `serve status` asks on every call
+        return json.loads((config.rlcli_home() / "endpoints" / f"{server}.json").read_text())
     except (OSError, ValueError):
         return None
 
@@ -134,6 +134,12 @@ def _read(server: str) -> dict | None:
 def running(server: str) -> bool:
     rec = _read(server)
     return bool(rec and _alive(rec))
+
+
+def endpoint_url(server: str) -> str | None:
+    """Where the endpoint over this server answers, if it runs."""
+    rec = _read(server)
+    return rec["url"] if rec and _alive(rec) else None
 
 
 def stop(o: StopOptions) -> int:

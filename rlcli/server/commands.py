@@ -374,6 +374,10 @@ def status(o: Named) -> int:
         detail += "; it exited unexpectedly: see `rlcli serve logs`"
     elif members:
         detail += f" pids={members}"
+    from rlcli.endpoint.commands import endpoint_url
+
+    if url := endpoint_url(name):
+        detail += f"; endpoint {url} (`rlcli endpoint status`)"
     print(f"{word}: {detail}")
     return 0 if word == "running" else 3
 

@@ -151,6 +151,13 @@ def test_refusals_answer_the_openai_shape_before_sampling(endpoint, body, status
     assert "Traceback" not in json.dumps(answer)
 
 
+def test_status_lines_name_it(endpoint):
+    serve = run_rlcli("serve", "status", env=endpoint["env"])
+    assert f"endpoint {endpoint['url']}" in serve.stdout, serve.stdout
+    own = run_rlcli("endpoint", "status", env=endpoint["env"])
+    assert own.returncode == 0 and "champion -> base" in own.stdout and "loop:shop -> " in own.stdout, own.stdout
+
+
 def test_errors_without_a_route_or_body(endpoint):
     code, answer, _ = post(endpoint["url"] + "/v1/chat/completions", b"{not json")
     assert code == 400 and "valid JSON" in answer["error"]["message"]
