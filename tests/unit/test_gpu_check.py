@@ -11,22 +11,114 @@ import numpy as np
 import pytest
 
 from benchmarks.gpu import gpu_check as check
-from benchmarks.gpu import wheelset
+from benchmarks.gpu import roofline, sampling, wheelset
 from rlcli.server import server_venv
 from rlcli.train.losses import gspo_reference
 
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size")
 
-def test_the_default_plan_is_qwen3_1_7b_in_bf16_sized_for_the_main_server():
-    plan = check.plan_from_args(check.parse_args([]))
+
+def test_the_1_7b_plan_is_qwen3_1_7b_in_bf16_sized_for_the_main_server():
+    plan = check.plan_from_args(check.parse_args(["--size", "1.7b"]))
     assert plan.size == "1.7b" and plan.dtype == "bfloat16"
-    assert {k: plan.arch[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                      "num_key_value_heads", "head_dim", "intermediate_size")} == {
+    assert {k: plan.arch[k] for k in SHAPE_KEYS} == {
         "hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
         "head_dim": 128, "intermediate_size": 6144}
     assert plan.arch["tie_word_embeddings"] is True
     # bench_loss holds three LoRA clients at once, and SkyRL keeps slot 0 for itself
     assert plan.main_slots >= 4 and all(s >= 2 for s in plan.slots)
     assert plan.budget_s < 540  # leaves a margin under a 10-minute limit for the phase that is running
+    assert plan.phases[0] == "breakdown" and plan.vocab == 151_936
+
+
+def test_the_default_is_the_4b_with_its_real_vocabulary_breakdown_first_then_the_1_7b_pairs():
+    stages = check.stages_from_args(check.parse_args([]))
+    four, pairs = stages
+    assert four.size == "4b" and four.dtype == "bfloat16" and four.vocab == 151_936
+    assert {k: four.arch[k] for k in SHAPE_KEYS} == {
+        "hidden_size": 2560, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "intermediate_size": 9728}
+    assert four.arch["tie_word_embeddings"] is True
+    # the most wanted numbers first: the sampling breakdown at the RL run's shapes, then the RL step split
+    assert four.phases == ("breakdown", "run") and four.run_steps >= 2
+    assert {(8, 32), (64, 32), (8, 1), (64, 1)} <= set(four.breakdown.shapes)
+    assert (four.bench.prompts, four.bench.samples, four.bench.max_tokens) == (8, 8, 32)
+    assert pairs.arch == check.QWEN3_1_7B and {"pairs", "exactness"} <= set(pairs.phases) and pairs.then is None
+    assert four.budget_s < 540
+    line = check.plan_line(stages)
+    assert "4b: 4.02B params, vocab 151,936" in line and "then 1.7b-pairs" in line
+
+
+def test_the_dry_run_covers_every_phase_of_the_4b_check():
+    tiny, four = check.stages_from_args(check.parse_args(["--size", "tiny"])), check.stages_from_args(
+        check.parse_args([]))
+    assert [p.phases for p in tiny] == [p.phases for p in four][:1] + [(*four[1].phases, "slots")]
+    assert all(p.vocab > 2048 for p in tiny)  # the model's vocabulary wider than the tokenizer's, as the 4B's
+
+
+def test_the_parameter_count_matches_the_built_1_7b_and_qwen3_4b_s_model_card():
+    # the first GPU receipt's model: 1,413,604,352 parameters (vocab 2,048)
+    assert roofline.param_count(check.QWEN3_1_7B, 2048)["total"] == 1_413_604_352
+    four = roofline.param_count(check.QWEN3_4B, check.QWEN3_VOCAB)
+    assert round(four["total"] / 1e9, 1) == 4.0 and round(four["non_embedding"] / 1e9, 1) == 3.6
+
+
+def test_the_padded_length_is_the_samplers_bucketing():
+    assert [roofline.padded_length(n) for n in (1, 32, 33, 48, 49, 57, 64, 65, 89, 96, 97, 200)] == [
+        32, 32, 48, 48, 64, 64, 64, 96, 96, 96, 128, 256]
+    assert roofline.cache_length(57, 32) == 96  # prompt 57 -> 64, + 32 new -> 96
+
+
+def test_the_roofline_of_a_4b_decode_at_batch_64_on_an_h200():
+    peaks = roofline.device_peaks("NVIDIA H200", None)
+    assert (peaks["bandwidth_Bps"], peaks["source"]) == (4.8e12, "datasheet table")
+    bound = roofline.decode_bound(check.QWEN3_4B, check.QWEN3_VOCAB, "bfloat16", 64, 96, peaks)
+    assert bound["weight_bytes"] == 2 * 4_022_468_096
+    assert bound["kv_bytes"] == 64 * 96 * 36 * 2 * 8 * 128 * 2
+    assert bound["bound_s"] == bound["memory_s"] == pytest.approx((bound["weight_bytes"] + bound["kv_bytes"]) / 4.8e12)
+    assert 1.8e-3 < bound["bound_s"] < 1.9e-3  # 8.0 GB of weights + 0.9 GB of KV at 4.8 TB/s
+    measured = roofline.against_bound(2 * bound["bound_s"], bound)
+    assert measured["times_bound"] == pytest.approx(2.0)
+
+
+def test_a_device_the_table_does_not_know_takes_the_probe_and_says_so():
+    assert roofline.device_peaks("NVIDIA H100 PCIe", None)["bandwidth_Bps"] == 2.0e12  # not the SXM's
+    probe = {"copy_Bps": 2e10, "matmul_flops": 1e11}
+    cpu = roofline.device_peaks("cpu", probe)
+    assert cpu["bandwidth_Bps"] == 2e10 and "placeholder" in cpu["source"]
+    assert roofline.device_peaks("cpu", None)["bandwidth_Bps"] is None
+
+
+def test_the_breakdown_splits_a_request_into_its_parts():
+    def reps(client, engine):
+        return [{"client_s": client, "engine_s": engine, "tokens": [32] * 8}] * 3
+
+    raw = {"handovers": [{"client_s": 0.2}, {"client_s": 0.4}, {"client_s": 0.3}],
+           "shapes": {"8x1": {"samples": 8, "max_tokens": 1, "first": {"client_s": 5.0}, "reps": reps(0.15, 0.1)},
+                      "8x32": {"samples": 8, "max_tokens": 32, "first": {"client_s": 9.0},
+                               "reps": reps(0.8, 0.72)}},
+           "after_new_weights": {"shape": "8x1", "sample": {"engine_s": 0.35}}}
+    split = sampling.derive(raw, 57, check.QWEN3_4B, check.QWEN3_VOCAB, "bfloat16",
+                            roofline.device_peaks("NVIDIA H200", None), [])["8x32"]
+    assert split["decode_per_token_s"] == pytest.approx(0.02) and split["prefill_s"] == 0.1
+    assert split["waiting_s"] == pytest.approx(0.08) and split["compile_s"] == pytest.approx(8.2)
+    # the policy's first hand-over apart, the later ones' median
+    assert split["first_handover_s"] == 0.2 and split["handover_s"] == pytest.approx(0.35)
+    assert split["weight_load_s"] == pytest.approx(0.25)
+    # prefill + (N - 1) decode + waiting is the warm request
+    assert split["prefill_s"] + split["decode_s"] + split["waiting_s"] == pytest.approx(split["warm_request_s"])
+    assert split["with_handover_s"] == pytest.approx(0.8 + 0.35 + 0.25)
+    assert split["roofline"]["times_bound"] > 1 and "8x1" not in sampling.derive(
+        raw, 57, check.QWEN3_4B, check.QWEN3_VOCAB, "bfloat16", {}, [])
+
+
+def test_the_jax_that_ran_is_checked_against_the_lock():
+    locked = check.locked_jax()
+    assert locked and locked.startswith("0.12")
+    assert check.jax_vs_lock(locked)["same"]
+    old = check.jax_vs_lock("0.11.2")
+    assert not old["same"] and "0.11.2" in old["note"] and locked in old["note"]
 
 
 def test_arguments_override_the_plan():
