@@ -6,9 +6,10 @@ one receipt.
     .venv/bin/python -m benchmarks.gpu.gpu_check --plan                  # what the GPU run would do
 
 A size is a list of stages, each a model and a server with its phases in order (most wanted first); the
-default, 4b, samples and trains a Qwen3-4B-shaped model, then a shorter fused-vs-2-pass stage on the 1.7B
-shape. Phases; the receipt OUT_DIR/gpu-check-<UTC time>.json is rewritten as each ends, so a run cut short
-still leaves one; optional phases start only while the time budget lasts:
+default, 4b, samples and trains a Qwen3-4B-shaped model (breakdown, RL run, then fused vs 2-pass), then
+measures the 1.7B shape's sampling at batch 64 while the budget lasts. Phases; the receipt
+OUT_DIR/gpu-check-<UTC time>.json is rewritten as each ends, so a run cut short still leaves one; optional
+phases start only while the time budget lasts:
   preflight  the server's Python imports SkyRL's API, engine and jax backend, names jax's devices, says which
              jax ran against the lock's, and probes the device (a copy and a bf16 matmul: roofline.py)
              (a GPU check whose jax sees no GPU stops here, in seconds)
@@ -106,24 +107,25 @@ RL_SHAPE = Config(size="1.7b", prompts=8, samples=8, fewshot=1, max_tokens=32, w
 TINY_SHAPE = Config(size="tiny", prompts=2, samples=4, fewshot=1, max_tokens=16, warmup=1, pairs=3, floor_reps=2,
                     lr=1e-4, rank=32, seed=0)
 PLANS = {
-    # The headline: the 4B's sampling breakdown and RL step split first, then fused vs 2-pass on the 1.7B
-    # (shorter than the 1.7B size's: 4 pairs, no slot sweep) while the budget lasts.
-    "4b": Plan("4b", QWEN3_4B, "bfloat16", replace(RL_SHAPE, size="4b"), run_steps=3, slots=(), budget_s=500.0,
-               vocab=QWEN3_VOCAB, phases=("breakdown", "run"), then="1.7b-pairs"),
-    "1.7b-pairs": Plan("1.7b-pairs", QWEN3_1_7B, "bfloat16", replace(RL_SHAPE, pairs=4, floor_reps=2), run_steps=0,
-                       slots=(), vocab=QWEN3_VOCAB, phases=("breakdown", "batch", "pairs", "exactness"),
-                       breakdown=Breakdown(shapes=((64, 1), (64, 32)), reps=3, handovers=2)),
-    # The 1.7B alone (the first receipt's check), its target shape measured first.
+    # The headline: the 4B's sampling breakdown and RL step split first, then its fused-vs-2-pass exactness
+    # and a short pairs timing on the same server (no second start), then, while the budget lasts, the 1.7B's
+    # breakdown at batch 64: the shape of issue 48's targets.
+    "4b": Plan("4b", QWEN3_4B, "bfloat16", replace(RL_SHAPE, size="4b", pairs=4, floor_reps=2), run_steps=3,
+               slots=(), budget_s=530.0, vocab=QWEN3_VOCAB, phases=("breakdown", "run", "batch", "exactness", "pairs"),
+               then="1.7b-target"),
+    "1.7b-target": Plan("1.7b-target", QWEN3_1_7B, "bfloat16", RL_SHAPE, run_steps=0, slots=(), vocab=QWEN3_VOCAB,
+                        phases=("breakdown",), breakdown=Breakdown(shapes=((64, 1), (64, 32)), reps=3, handovers=3)),
+    # The 1.7B alone (the first receipt's check, with the real vocabulary), its target shape measured first.
     "1.7b": Plan("1.7b", QWEN3_1_7B, "bfloat16", RL_SHAPE, run_steps=3, budget_s=470.0, vocab=QWEN3_VOCAB,
                  phases=("breakdown", "run", "batch", "pairs", "exactness", "slots")),
-    # The dry run on CPU: every phase and both stages of the 4b size, a 2-layer model whose vocabulary (4,096)
-    # is larger than the tokenizer's (2,048), as the 4B's is.
+    # The dry run on CPU: both stages of the 4b size and every phase (the slot sweep too), a 2-layer model whose
+    # vocabulary (4,096) is wider than the tokenizer's (2,048), as the 4B's is.
     "tiny": Plan("tiny", TINY, "bfloat16", TINY_SHAPE, run_steps=2, slots=(), budget_s=900.0, vocab=4096,
-                 phases=("breakdown", "run"), then="tiny-pairs",
-                 breakdown=Breakdown(shapes=((4, 1), (4, 8), (8, 1), (8, 8)), reps=2, handovers=2)),
-    "tiny-pairs": Plan("tiny-pairs", TINY, "bfloat16", TINY_SHAPE, run_steps=0, slots=(8,), slot_reps=2,
-                       vocab=4096, phases=("breakdown", "batch", "pairs", "exactness", "slots"),
-                       breakdown=Breakdown(shapes=((8, 1), (8, 8)), reps=2, handovers=2)),
+                 phases=("breakdown", "run", "batch", "exactness", "pairs"), then="tiny-target",
+                 breakdown=Breakdown(shapes=((4, 1), (4, 8), (8, 1), (8, 8)), reps=2, handovers=3)),
+    "tiny-target": Plan("tiny-target", TINY, "bfloat16", TINY_SHAPE, run_steps=0, slots=(8,), slot_reps=2,
+                        vocab=4096, phases=("breakdown", "slots"),
+                        breakdown=Breakdown(shapes=((8, 1), (8, 8)), reps=2, handovers=2)),
 }
 SIZES = ("4b", "1.7b", "tiny")  # what --size offers; the others are later stages
 

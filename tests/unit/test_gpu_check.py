@@ -32,28 +32,33 @@ def test_the_1_7b_plan_is_qwen3_1_7b_in_bf16_sized_for_the_main_server():
     assert plan.phases[0] == "breakdown" and plan.vocab == 151_936
 
 
-def test_the_default_is_the_4b_with_its_real_vocabulary_breakdown_first_then_the_1_7b_pairs():
+def test_the_default_is_the_4b_with_its_real_vocabulary_breakdown_first_then_the_1_7b_target_shape():
     stages = check.stages_from_args(check.parse_args([]))
-    four, pairs = stages
+    four, target = stages
     assert four.size == "4b" and four.dtype == "bfloat16" and four.vocab == 151_936
     assert {k: four.arch[k] for k in SHAPE_KEYS} == {
         "hidden_size": 2560, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
         "head_dim": 128, "intermediate_size": 9728}
     assert four.arch["tie_word_embeddings"] is True
     # the most wanted numbers first: the sampling breakdown at the RL run's shapes, then the RL step split
-    assert four.phases == ("breakdown", "run") and four.run_steps >= 2
+    assert four.phases[:2] == ("breakdown", "run") and four.run_steps >= 2
+    assert {"batch", "pairs", "exactness"} <= set(four.phases) and four.phases.index("exactness") < four.phases.index(
+        "pairs")
     assert {(8, 32), (64, 32), (8, 1), (64, 1)} <= set(four.breakdown.shapes)
     assert (four.bench.prompts, four.bench.samples, four.bench.max_tokens) == (8, 8, 32)
-    assert pairs.arch == check.QWEN3_1_7B and {"pairs", "exactness"} <= set(pairs.phases) and pairs.then is None
+    assert target.arch == check.QWEN3_1_7B and (64, 32) in target.breakdown.shapes and target.then is None
     assert four.budget_s < 540
     line = check.plan_line(stages)
-    assert "4b: 4.02B params, vocab 151,936" in line and "then 1.7b-pairs" in line
+    assert "4b: 4.02B params, vocab 151,936" in line and "then 1.7b-target" in line
 
 
-def test_the_dry_run_covers_every_phase_of_the_4b_check():
-    tiny, four = check.stages_from_args(check.parse_args(["--size", "tiny"])), check.stages_from_args(
-        check.parse_args([]))
-    assert [p.phases for p in tiny] == [p.phases for p in four][:1] + [(*four[1].phases, "slots")]
+def test_the_dry_run_covers_every_phase_of_the_gpu_sizes():
+    tiny = check.stages_from_args(check.parse_args(["--size", "tiny"]))
+    assert [p.phases for p in tiny][0] == check.PLANS["4b"].phases and len(tiny) == 2
+    covered = {name for p in tiny for name in p.phases}
+    for size in ("4b", "1.7b"):
+        stages = check.stages_from_args(check.parse_args(["--size", size]))
+        assert {name for p in stages for name in p.phases} <= covered
     assert all(p.vocab > 2048 for p in tiny)  # the model's vocabulary wider than the tokenizer's, as the 4B's
 
 
