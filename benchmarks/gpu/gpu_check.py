@@ -657,11 +657,13 @@ def phase_need(plan: Plan, name: str) -> float:
     return 10.0 + 25.0 * len(plan.breakdown.shapes) if name == "breakdown" else PHASE_NEED_S[name]
 
 
-def stage_need(receipt: Receipt, plan: Plan) -> float:
-    """A later stage's model and server (the first stage's times, at most) and its first phase."""
+def stage_need(receipt: Receipt, plan: Plan, first: Plan) -> float:
+    """A later stage's model and server, from the first stage's times scaled by the weights' bytes (at least
+    half: importing and starting the engine does not shrink with the model), and its first phase."""
     phases = receipt.body["phases"]
-    first = sum(phases.get(k, {}).get("seconds", 60.0) for k in ("model", "server"))
-    return first + phase_need(plan, plan.phases[0])
+    took = sum(phases.get(k, {}).get("seconds", 60.0) for k in ("model", "server"))
+    scale = max(0.5, min(1.0, describe_stage(plan)["weight_bytes"] / describe_stage(first)["weight_bytes"]))
+    return took * scale + phase_need(plan, plan.phases[0])
 
 
 class Stage:
@@ -825,9 +827,9 @@ def run_check(stages: list[Plan], out: Path, tokenizer: Path, python: str | None
     receipt.body["device_peaks"] = peaks = roofline.device_peaks(device_name(receipt, info), info.get("probe"))
     for i, plan in enumerate(stages):
         prefix = f"{plan.size}/" if i else ""
-        if i and CLOCK.left() < stage_need(receipt, plan):
-            skip(receipt, f"{prefix}stage", f"needs ~{stage_need(receipt, plan):.0f}s, {CLOCK.left():.0f}s of "
-                                            f"the budget left")
+        need = stage_need(receipt, plan, stages[0]) if i else 0.0
+        if CLOCK.left() < need:
+            skip(receipt, f"{prefix}stage", f"needs ~{need:.0f}s, {CLOCK.left():.0f}s of the budget left")
             continue
         run_stage(receipt, plan, prefix, work, out, tokenizer, peaks)
     exact = next((v["result"] for k, v in receipt.body["phases"].items()

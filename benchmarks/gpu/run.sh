@@ -6,7 +6,8 @@
 #
 # Installs the wheels carried in benchmarks/gpu/wheels/ (`make gpu-wheels`) into a folder of their own
 # (never over the image's packages), then runs `python -m benchmarks.gpu.gpu_check` with the image's Python,
-# for the server too.
+# for the server too: by default the 4B stage (sampling breakdown, RL step split, fused vs 2-pass) and then
+# the 1.7B's breakdown at batch 64, within a 530 s budget for starting phases (`--plan` prints it).
 # Its output also goes to OUT_DIR/gpu-check.log. Environment: GPU_CHECK_PYTHON (default python3),
 # GPU_CHECK_SITE (default /tmp/site: where the wheels go), GPU_CHECK_PATH (more PYTHONPATH entries after
 # it, for the CPU stand-in of the image, README.md).

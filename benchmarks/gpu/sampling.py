@@ -7,7 +7,8 @@ the engine logs its own time for each (`(timing) process_batch_requests(sample, 
 
   hand-over        save_weights_and_get_sampling_client alone (client wall; the engine's save time beside it),
                    the median of those after the policy's first (which is kept apart: it is slower)
-  weight load      the first sample after a new hand-over minus a repeated one of the same shape (engine)
+  weight load      the first sample after a new hand-over minus a repeated one of the same shape (engine;
+                   slightly negative where the load is below the engine log's millisecond resolution)
   prefill          the engine's time at max_tokens 1: prefill, the first token, and the engine's fixed
                    per-request work (padding, transfers to and from the device, building the result)
   decode per token (engine at max_tokens N - engine at max_tokens 1) / (N - 1)

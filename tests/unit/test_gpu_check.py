@@ -208,3 +208,11 @@ def test_the_closure_names_what_nothing_provides():
 @pytest.mark.skipif(not any(wheelset.WHEELS.glob("*.whl")), reason="no wheels downloaded (make gpu-wheels)")
 def test_the_downloaded_wheels_are_complete_for_the_image(capsys):
     assert wheelset.check(wheelset.WHEELS) == 0, capsys.readouterr().err
+
+
+def test_a_later_stage_starts_only_if_its_model_server_and_first_phase_fit():
+    four, target = check.stages_from_args(check.parse_args([]))
+    receipt = type("R", (), {"body": {"phases": {"model": {"seconds": 30.0}, "server": {"seconds": 110.0}}}})()
+    # the 1.7B's weights are under half the 4B's: half the 4B's start, plus its breakdown (two shapes)
+    assert check.stage_need(receipt, target, four) == pytest.approx(0.5 * 140 + 10 + 25 * 2)
+    assert check.stage_need(receipt, four, four) == pytest.approx(140 + check.phase_need(four, "breakdown"))
