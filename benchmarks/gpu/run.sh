@@ -32,6 +32,13 @@ if ! "$python" -c 'import sys, flax; sys.exit(tuple(map(int, flax.__version__.sp
     "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
         $wheels/fallback/*.whl
 fi
+# The lock's jax (0.12) where someone brought its CUDA wheels (jax, jaxlib, the plugin for the image's CUDA)
+# in wheels/jax/: they go in front of the image's; `make gpu-wheels` never fetches them (README.md says why)
+if ls $wheels/jax/*.whl >/dev/null 2>&1; then
+    echo "gpu-check: installing the jax wheels of $wheels/jax/ in front of the image's jax"
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+        $wheels/jax/*.whl
+fi
 echo "gpu-check: wheels installed in $(( $(date +%s) - start ))s"
 set -o pipefail
 "$python" -m benchmarks.gpu.gpu_check --out "$out" --python "$python" "$@" 2>&1 | tee "$out/gpu-check.log"
