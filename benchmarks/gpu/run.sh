@@ -6,7 +6,8 @@
 #
 # Installs the wheels carried in benchmarks/gpu/wheels/ (`make gpu-wheels`) into a folder of their own
 # (never over the image's packages), then runs `python -m benchmarks.gpu.gpu_check` with the image's Python,
-# for the server too.
+# for the server too: by default the 4B stage (sampling breakdown, RL step split, fused vs 2-pass) and then
+# the 1.7B's breakdown at batch 64, within a 530 s budget for starting phases (`--plan` prints it).
 # Its output also goes to OUT_DIR/gpu-check.log. Environment: GPU_CHECK_PYTHON (default python3),
 # GPU_CHECK_SITE (default /tmp/site: where the wheels go), GPU_CHECK_PATH (more PYTHONPATH entries after
 # it, for the CPU stand-in of the image, README.md).
@@ -30,6 +31,13 @@ if ! "$python" -c 'import sys, flax; sys.exit(tuple(map(int, flax.__version__.sp
     echo "gpu-check: the image's flax is older than 0.12.10; installing the carried one"
     "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
         $wheels/fallback/*.whl
+fi
+# The lock's jax (0.12) where someone brought its CUDA wheels (jax, jaxlib, the plugin for the image's CUDA)
+# in wheels/jax/: they go in front of the image's; `make gpu-wheels` never fetches them (README.md says why)
+if ls $wheels/jax/*.whl >/dev/null 2>&1; then
+    echo "gpu-check: installing the jax wheels of $wheels/jax/ in front of the image's jax"
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+        $wheels/jax/*.whl
 fi
 echo "gpu-check: wheels installed in $(( $(date +%s) - start ))s"
 set -o pipefail
