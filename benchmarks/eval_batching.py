@@ -1,7 +1,8 @@
 """Held-out evaluation, 2 models x N problems (issue 48): one request at a time (the baseline), every request sent
 at once uncapped (how the cookbook's test-set evaluator asked in `train rl --eval-every` and `train distill` before
 issue 48), and at most IN_FLIGHT waiting (rlcli.problems.score: `rlcli eval`, `--greedy-score`, the loop, and now the
-trainers' held-out evaluation through score.HeldOutEvaluator).
+trainers' held-out evaluation through score.HeldOutEvaluator). Then the trainers' evaluators themselves, as a run
+calls them (temperature 1): the cookbook's RLTestSetEvaluator against score.HeldOutEvaluator.
 
     .venv/bin/python -m benchmarks.eval_batching [--problems 400] [--rounds 2] [--max-tokens 32] [--out DIR]
 
@@ -10,7 +11,8 @@ untrained: what is timed is the asking, not what the model knows), scored one af
 trainer scores them. The problems: `rlcli eval --dataset arithmetic --max-operand 99 --eval-size N`'s held-out sums,
 graded by their env, answered greedily (so the arms' answers can be compared). A first pass of each arm builds the
 sampling programs (recorded, not timed); then `rounds` timed passes, the order turned around each round. Recorded:
-every pass's wall time, the medians and their ratios, and how many greedy replies agree with one at a time's.
+every pass's wall time, the medians and their ratios, how many greedy replies agree with one at a time's, and each
+evaluator's mean correct share (sampled: close, not equal).
 Writes benchmarks/receipts/eval-batching-<date>.json (or in --out).
 """
 
@@ -31,10 +33,12 @@ from rlcli.model import ensure_embedded_model
 from rlcli.server.private import private_server
 
 ARMS = ("one_at_a_time", "uncapped", "capped")
+EVALUATORS = ("cookbook", "rlcli")
 
 
-def held_out(model: str, count: int) -> tuple[list, Any]:
-    """`rlcli eval --dataset arithmetic --max-operand 99 --eval-size count`'s problems, and their renderer."""
+def held_out(model: str, count: int) -> tuple[Any, list, Any]:
+    """`rlcli eval --dataset arithmetic --max-operand 99 --eval-size count`'s test set, its problems, their
+    renderer."""
     from tinker_cookbook import renderers as cookbook
     from tinker_cookbook.tokenizer_utils import get_tokenizer
 
@@ -46,7 +50,7 @@ def held_out(model: str, count: int) -> tuple[list, Any]:
     _, test = asyncio.run(envs.dataset_builder(data, model, renderer, 1, 1)())
     problems = score.problems_of(test)
     assert len(problems) == count, f"only {len(problems)} held-out problems"
-    return problems, cookbook.get_renderer(renderer, get_tokenizer(model))
+    return test, problems, cookbook.get_renderer(renderer, get_tokenizer(model))
 
 
 def score_both(policies: dict[str, Any], problems: list, renderer: Any, arm: str) -> tuple[float, list[str]]:
@@ -62,6 +66,19 @@ def score_both(policies: dict[str, Any], problems: list, renderer: Any, arm: str
     return time.perf_counter() - start, replies
 
 
+def evaluate_both(clients: dict[str, Any], test: Any, max_tokens: int, arm: str) -> tuple[float, float]:
+    """Both models, one after the other, through a trainer's held-out evaluator: (seconds, mean correct share)."""
+    from tinker_cookbook.rl.metric_util import RLTestSetEvaluator
+
+    from rlcli.problems.score import HeldOutEvaluator
+
+    kind = RLTestSetEvaluator if arm == "cookbook" else HeldOutEvaluator
+    start = time.perf_counter()
+    correct = [asyncio.run(kind(test, max_tokens=max_tokens, num_groups_to_log=0)(c))["test/env/all/correct"]
+               for c in clients.values()]
+    return time.perf_counter() - start, sum(correct) / len(correct)
+
+
 def main(problems: int = 400, rounds: int = 2, max_tokens: int = 32, label: str = "", out: str | None = None) -> None:
     import tinker
     from tinker_cookbook.completers import TinkerTokenCompleter
@@ -69,7 +86,7 @@ def main(problems: int = 400, rounds: int = 2, max_tokens: int = 32, label: str 
     stop_servers_on_sigterm()
     os.environ.setdefault("TINKER_API_KEY", "tml-bench")
     model = str(ensure_embedded_model())
-    probs, renderer = held_out(model, problems)
+    test, probs, renderer = held_out(model, problems)
     with private_server(model) as server:
         service = tinker.ServiceClient(base_url=server.url)
         training = service.create_lora_training_client(base_model=model, rank=8).result()
@@ -81,19 +98,33 @@ def main(problems: int = 400, rounds: int = 2, max_tokens: int = 32, label: str 
         for arm in ARMS:  # builds every sampling program the arms need
             first[arm], replies[arm] = score_both(policies, probs, renderer, arm)
             print(f"first pass {arm}: {first[arm]:.2f}s", flush=True)
+        for arm in EVALUATORS:
+            first[f"evaluator_{arm}"], _ = evaluate_both(clients, test, max_tokens, arm)
         raw = alternating(ARMS, rounds, lambda a: score_both(policies, probs, renderer, a)[0])
+        correct: dict[str, list[float]] = {arm: [] for arm in EVALUATORS}
+
+        def evaluated(arm: str) -> float:
+            seconds, share = evaluate_both(clients, test, max_tokens, arm)
+            correct[arm].append(share)
+            return seconds
+
+        raw_evaluators = alternating(EVALUATORS, rounds, evaluated)
     results = {arm: summary(v) for arm, v in raw.items()}
+    evaluators = {arm: summary(v) for arm, v in raw_evaluators.items()}
     speedup = {arm: results["one_at_a_time"]["median"] / results[arm]["median"] for arm in ARMS[1:]}
     speedup["capped_over_uncapped"] = results["uncapped"]["median"] / results["capped"]["median"]
+    speedup["evaluator_rlcli_over_cookbook"] = evaluators["cookbook"]["median"] / evaluators["rlcli"]["median"]
     agree = {arm: sum(a == b for a, b in zip(replies["one_at_a_time"], replies[arm], strict=True)) for arm in ARMS[1:]}
     body = {"label": label, "versions": {**versions("tinker", "tinker-cookbook"), "server": server_versions()},
             "config": {"problems": problems, "models": 2, "rounds": rounds, "max_tokens": max_tokens,
                        "dataset": "arithmetic, --max-operand 99, held out", "temperature": 0,
                        "model": "rlcli-tiny-qwen3-v1", "server": "`rlcli serve start` defaults"},
-            "raw": {"seconds": raw, "first_pass_s": first}, "results": results, "speedup": speedup,
+            "raw": {"seconds": raw, "evaluator_seconds": raw_evaluators, "first_pass_s": first},
+            "results": results, "evaluators": evaluators, "evaluator_correct": correct, "speedup": speedup,
             "greedy_replies_agree_with_one_at_a_time": {arm: f"{n}/{2 * problems}" for arm, n in agree.items()}}
     receipt = write_receipt("eval-batching", body, Path(out) if out else None)
     print(f"2 models x {problems} problems: " + ", ".join(f"{arm} {r['median']:.2f}s" for arm, r in results.items())
+          + "; evaluators (temperature 1): " + ", ".join(f"{arm} {r['median']:.2f}s" for arm, r in evaluators.items())
           + "; speed-ups " + ", ".join(f"{k} {v:.1f}x" for k, v in speedup.items()))
     print(f"greedy replies agree with one at a time: {agree}; receipt: {receipt}")
 
