@@ -4,7 +4,9 @@ A problem is a tinker-cookbook env group (a problem set's held-out split, or log
 the model answers through a token completer, and the env's step says what the answer earned. `rlcli eval` takes
 the means (`means`: the cookbook's trajectory metrics, as its RL test-set evaluator reports them, under `test/`);
 the loop's gate compares two models problem by problem (`Scored`: with k answers, the share right). The caller
-opens the sampler and chooses the renderer: nothing here imports a trainer.
+opens the sampler and chooses the renderer: nothing here imports a trainer. Every scoring asks the same way
+(`capped`): all problems at once, at most IN_FLIGHT requests waiting; so does the trainers' held-out evaluation
+(`HeldOutEvaluator`, the cookbook's test-set evaluator with its requests capped).
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ from typing import Any
 
 from tinker_cookbook import renderers
 from tinker_cookbook.exceptions import AllTrajectoriesFailedError
-from tinker_cookbook.rl.metric_util import compute_trajectory_metrics, dataset_to_env_group_builders
+from tinker_cookbook.rl.metric_util import (
+    RLTestSetEvaluator,
+    compute_trajectory_metrics,
+    dataset_to_env_group_builders,
+)
 from tinker_cookbook.rl.rollouts import do_group_rollout
 from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, TrajectoryGroup
 from tinker_cookbook.utils import logtree
@@ -42,6 +48,34 @@ def problems_of(dataset: RLDataset) -> list[EnvGroupBuilder]:
     return dataset_to_env_group_builders(dataset)
 
 
+def capped(policy: Any, in_flight: int = IN_FLIGHT) -> Any:
+    """`policy` (a token completer) with at most `in_flight` of its calls waiting at once (IN_FLIGHT says why).
+    Make it inside the event loop that calls it: its semaphore belongs to that loop."""
+    room = asyncio.Semaphore(in_flight)
+
+    async def limited(*args: Any, **kwargs: Any) -> Any:
+        async with room:
+            return await policy(*args, **kwargs)
+
+    return limited
+
+
+class HeldOutEvaluator(RLTestSetEvaluator):
+    """The cookbook's test-set evaluator (`train rl --eval-every`, `train distill`'s held-out correctness), asking as
+    every scoring here does: its own evaluator sends every problem's request at once, uncapped, so 400 held-out
+    problems were batches of whatever sizes their arrival made, each new size a new sampling program to build
+    (benchmarks/eval_batching.py). Same rollouts, same metrics; with a rollout executor, the cookbook's own path."""
+
+    async def __call__(self, sampling_client: Any, **kwargs: Any) -> dict[str, float]:
+        from tinker_cookbook.completers import TinkerTokenCompleter
+        from tinker_cookbook.rl.rollouts import get_rollout_executor
+
+        if get_rollout_executor() is not None:
+            return await super().__call__(sampling_client, **kwargs)
+        policy = TinkerTokenCompleter(sampling_client, max_tokens=self.max_tokens)  # as the cookbook's: temperature 1
+        return await self.eval_token_completer(capped(policy), **kwargs)
+
+
 def answer(problems: Sequence[EnvGroupBuilder], policy: Any, one_at_a_time: bool = False,
            in_flight: int = IN_FLIGHT) -> list[TrajectoryGroup | None]:
     """Each problem answered by `policy` (a token completer) and graded by its env; None where every answer
@@ -51,11 +85,7 @@ def answer(problems: Sequence[EnvGroupBuilder], policy: Any, one_at_a_time: bool
     batching; the baseline of benchmarks/loop_scoring.py)."""
 
     async def every() -> list[TrajectoryGroup | None]:
-        room = asyncio.Semaphore(1 if one_at_a_time else in_flight)
-
-        async def limited(*args: Any, **kwargs: Any) -> Any:
-            async with room:
-                return await policy(*args, **kwargs)
+        limited = capped(policy, 1 if one_at_a_time else in_flight)
 
         async def one(problem: EnvGroupBuilder) -> TrajectoryGroup | None:
             try:

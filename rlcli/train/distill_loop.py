@@ -86,7 +86,6 @@ async def main(cfg: Any, r: Run) -> None:
     from tinker_cookbook import checkpoint_utils
     from tinker_cookbook.distillation.datasets import CompositeDataset
     from tinker_cookbook.distillation.train_on_policy import do_sync_training
-    from tinker_cookbook.rl.metric_util import RLTestSetEvaluator
     from tinker_cookbook.tokenizer_utils import get_tokenizer
     from tinker_cookbook.utils import ml_log
 
@@ -118,7 +117,9 @@ async def main(cfg: Any, r: Run) -> None:
     train_set, test_set = await r.builder()
     evaluators = []
     if test_set is not None and cfg.eval_every > 0:
-        evaluators = [Unprefixed(RLTestSetEvaluator(test_set, max_tokens=cfg.max_tokens, num_groups_to_log=0)),
+        from rlcli.problems.score import HeldOutEvaluator  # the cookbook's, asking as every scoring does
+
+        evaluators = [Unprefixed(HeldOutEvaluator(test_set, max_tokens=cfg.max_tokens, num_groups_to_log=0)),
                       HeldOutKl(test_set, teacher_client, cfg.max_tokens)]
     datasets, sizes, teachers = [RewardScaled(train_set, r.reward_coef, register)], [r.batch_size], [teacher_client]
     if r.keep:  # the cookbook asks each group's teacher by the index of the dataset it came from
@@ -153,7 +154,8 @@ class Unprefixed:
 
 class HeldOutKl:
     """teacher_kl on held-out prompts: one student sample per prompt (temperature 1), the teacher's
-    logprobs of it, the mean of student - teacher logprob over all sampled tokens."""
+    logprobs of it, the mean of student - teacher logprob over all sampled tokens. Every prompt is asked at once,
+    at most IN_FLIGHT at a time (rlcli.problems.score.capped)."""
 
     def __init__(self, test_set: Any, teacher_client: Any, max_tokens: int):
         from tinker_cookbook.rl.metric_util import dataset_to_env_group_builders
@@ -178,8 +180,11 @@ class HeldOutKl:
     async def __call__(self, sampling_client: Any) -> dict[str, float]:
         import asyncio
 
+        from rlcli.problems.score import capped
+
         envs = [env for b in self.builders for env in await b.make_envs()]
-        found = await asyncio.gather(*(self.one(env, sampling_client) for env in envs))
+        one = capped(self.one)
+        found = await asyncio.gather(*(one(env, sampling_client) for env in envs))
         tokens = sum(n for _, n in found)
         return {metrics.TEACHER_KL: sum(s for s, _ in found) / tokens} if tokens else {}
 

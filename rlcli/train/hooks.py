@@ -17,6 +17,9 @@ recipes still call; where a hook stands in for one, it calls the method that rep
   through `forward_backward_async` only.
 - `quiet_rl_sampling`: the RL loop draws a tqdm bar per sampling batch; it would bury the one
   progress line per step.
+- `capped_evaluation`: the RL loop's held-out evaluator (`--eval-every`) sends every problem at once, uncapped;
+  inside the block main builds rlcli.problems.score's HeldOutEvaluator instead, which asks at most IN_FLIGHT at
+  once, as every other scoring in rlcli does (same rollouts and metrics).
 - `seeded_lora`, `seeded_sampling`: the recipes create their LoRA with no seed (SkyRL then draws one at
   random) and sample with none (the same); inside the block a LoRA gets the run's seed, and each sample
   request without one gets a seed derived from the run's seed, the sampling client's order of creation,
@@ -315,6 +318,18 @@ def quiet_rl_sampling() -> Iterator[None]:
         yield
     finally:
         rl_train.tqdm = original
+
+
+@contextlib.contextmanager
+def capped_evaluation() -> Iterator[None]:
+    from rlcli.problems.score import HeldOutEvaluator
+
+    original = rl_train.RLTestSetEvaluator
+    rl_train.RLTestSetEvaluator = HeldOutEvaluator  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        rl_train.RLTestSetEvaluator = original  # type: ignore[misc]
 
 
 COOKBOOK_MODULES = r"tinker_cookbook(\.|$)"  # the modules whose deprecation warnings cookbook_logging silences

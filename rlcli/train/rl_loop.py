@@ -43,8 +43,9 @@ def describe_loss(plan: Any) -> str:
 def routed(plan: Any, progress: RlProgress) -> Iterator[None]:
     """Inside the block, every tinker.TrainingClient gets `plan`'s loss route and has its step statistics
     recorded (for `progress`, which hands them to the step's metrics row), sampling draws no bars, the
-    loss is reduced over each sequence's response tokens (the mask sent as weights), and prompt logprobs
-    come in the shape the cookbook slices (rlcli.train.hooks)."""
+    loss is reduced over each sequence's response tokens (the mask sent as weights), prompt logprobs
+    come in the shape the cookbook slices, and held-out problems are asked as every scoring asks
+    (rlcli.train.hooks)."""
     from rlcli.train import hooks
     from rlcli.train.losses import install_loss_route
     from rlcli.train.stats import StepStats
@@ -56,8 +57,8 @@ def routed(plan: Any, progress: RlProgress) -> Iterator[None]:
         install_loss_route(client, plan)
         stats.watch(client)  # outside the route: it sees the recipe's data and the result the recipe reads
 
-    with (hooks.on_training_client(on_client), hooks.quiet_rl_sampling(), hooks.response_weights(),
-          hooks.hosted_prompt_logprobs()):
+    with (hooks.on_training_client(on_client), hooks.quiet_rl_sampling(), hooks.capped_evaluation(),
+          hooks.response_weights(), hooks.hosted_prompt_logprobs()):
         yield
 
 

@@ -164,14 +164,24 @@ def test_resume_continues_from_the_final_checkpoint_and_another_run_starts_from_
     assert (after / MODELS_FILE).read_text() == ""
 
 
+def sample_batches(server, since: int) -> list[int]:
+    """The requests in each sample batch the engine logged after byte `since` of its log."""
+    with open(server.log, "rb") as f:
+        f.seek(since)
+        return [int(n) for n in re.findall(rb"process_batch_requests\(sample, n=(\d+)\)", f.read())]
+
+
 def test_eval_scores_the_base_model_and_a_finished_run_on_the_held_out_problems(server, ppo_run, tmp_path):
     """`rlcli eval` on train rl's held-out one-digit sums: the base model (pretrained on one-digit sums; with
-    room for its wordy answers to finish, graded right it scores well above 0), then a finished run's
-    weights, served again from its saved state."""
+    room for its wordy answers to finish, graded right it scores well above 0), asked in batched requests, then a
+    finished run's weights, served again from its saved state."""
     flags = ["--dataset", "arithmetic", "--max-operand", "9", "--eval-size", "18", "--max-tokens", "40",
              "--base-url", server.url]
+    since = server.log.stat().st_size
     proc = run_rlcli("eval", *flags, "-o", str(tmp_path / "base.json"), env=server.env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    batches = sample_batches(server, since)
+    assert sum(batches) == 18 and max(batches) > 1, batches  # not one request after another
     base = json.loads(proc.stdout)
     assert base == json.loads((tmp_path / "base.json").read_text())
     assert base["problems"] == 18 and base["samples"] == 1 and base["temperature"] == 0
@@ -215,3 +225,38 @@ def test_the_demos_rl_raises_held_out_correctness(server, tmp_path):
     scores = json.loads((run / "greedy_scores.json").read_text())
     assert scores["problems"] == 18 and scores["final"] > scores["start"], (scores, proc.stdout)
     assert f"held-out greedy {round(scores['start'] * 18)}/18 -> {round(scores['final'] * 18)}/18" in proc.stdout
+
+
+def test_held_out_evaluation_asks_in_batches_of_at_most_in_flight(server, monkeypatch):
+    """train rl's and train distill's held-out evaluator (score.HeldOutEvaluator) on 80 held-out sums: the engine
+    samples them in batches of several requests, never more than IN_FLIGHT; greedy, it scores what one request at
+    a time scores (a batch can move a near tie, hence one problem's slack)."""
+    import asyncio
+
+    import tinker
+    from tinker_cookbook.completers import TinkerTokenCompleter
+
+    from rlcli.config import PLACEHOLDER_API_KEY
+    from rlcli.problems import envs, score
+    from rlcli.train import run
+
+    monkeypatch.setenv("RLCLI_HOME", server.env["RLCLI_HOME"])
+    monkeypatch.setenv("TINKER_API_KEY", server.env.get("TINKER_API_KEY", PLACEHOLDER_API_KEY))
+    renderer = run.prepare_model(server.model, None)
+    data = envs.load_data("arithmetic", None, 1, None, "arithmetic", 80, 99)
+    _, test = asyncio.run(envs.dataset_builder(data, server.model, renderer, 1, 1)())
+    client = tinker.ServiceClient(base_url=server.url).create_sampling_client(base_model=server.model).result()
+    evaluator = score.HeldOutEvaluator(test, max_tokens=16, num_groups_to_log=0)
+    since = server.log.stat().st_size
+    assert asyncio.run(evaluator(client))["test/env/all/total_episodes"] == 80
+    batches = sample_batches(server, since)
+    assert sum(batches) == 80 and 1 < max(batches) <= score.IN_FLIGHT, batches
+
+    async def greedy() -> dict[str, float]:
+        return await evaluator.eval_token_completer(score.capped(TinkerTokenCompleter(client, 16, temperature=0.0)))
+
+    batched = asyncio.run(greedy())["test/env/all/correct"]
+    problems = score.problems_of(test)
+    one_by_one = score.means(problems, score.answer(problems, TinkerTokenCompleter(client, 16, temperature=0.0),
+                                                    one_at_a_time=True))["test/env/all/correct"]
+    assert abs(batched - one_by_one) <= 1 / 80, (batched, one_by_one)

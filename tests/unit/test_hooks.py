@@ -49,12 +49,17 @@ def test_hooks_put_back_what_they_replace():
     from tinker_cookbook.rl import train
     from tinker_cookbook.utils import ml_log
 
-    before = (tinker.TrainingClient.__init__, train.tqdm, ml_log.setup_logging, ml_log.configure_logging_module)
-    with hooks.on_training_client(print), hooks.quiet_rl_sampling(), hooks.cookbook_logging(object()):
+    from rlcli.problems.score import HeldOutEvaluator
+
+    before = (tinker.TrainingClient.__init__, train.tqdm, ml_log.setup_logging, ml_log.configure_logging_module,
+              train.RLTestSetEvaluator)
+    with (hooks.on_training_client(print), hooks.quiet_rl_sampling(), hooks.cookbook_logging(object()),
+          hooks.capped_evaluation()):
         assert tinker.TrainingClient.__init__ is not before[0] and train.tqdm is not before[1]
         assert ml_log.setup_logging is not before[2] and ml_log.configure_logging_module is not before[3]
+        assert train.RLTestSetEvaluator is HeldOutEvaluator
     assert (tinker.TrainingClient.__init__, train.tqdm, ml_log.setup_logging,
-            ml_log.configure_logging_module) == before
+            ml_log.configure_logging_module, train.RLTestSetEvaluator) == before
 
 
 def test_cookbook_runs_hide_tinkers_deprecations_of_the_cookbooks_calls_only():

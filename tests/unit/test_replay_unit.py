@@ -291,6 +291,39 @@ def test_the_scorer_asks_every_problem_at_once_and_k_answers_each(tokenized):
     assert len(score.answer(one_each * 3, policy, in_flight=5)) == 12 and most[0] == 5  # never more than the cap
 
 
+def test_the_trainers_held_out_evaluator_asks_as_the_scorer_does(tokenized):
+    """score.HeldOutEvaluator (train rl --eval-every, train distill): the cookbook's test-set evaluator asking at
+    most IN_FLIGHT requests at once, where the cookbook's own sends every problem at once; the same metrics."""
+    from types import SimpleNamespace
+
+    from tinker_cookbook.rl.metric_util import RLTestSetEvaluator
+
+    from rlcli.problems import replay, score
+
+    problem = traces.read_traces(str(DEMO)).problems[0]
+    tokens = tokenized[1].encode(problem.text + "<|im_end|>", add_special_tokens=False)
+    waiting, most = [0], [0]
+
+    class Client:  # a sampling client answering the logged reply after a moment
+        async def sample_async(self, prompt, num_samples, sampling_params):
+            waiting[0] += 1
+            most[0] = max(most[0], waiting[0])
+            await asyncio.sleep(0.01)
+            waiting[0] -= 1
+            return SimpleNamespace(sequences=[SimpleNamespace(tokens=tokens, logprobs=[0.0] * len(tokens),
+                                                              stop_reason="stop")])
+
+    groups = replay.one_each([problem] * (score.IN_FLIGHT + 16), tokenized[0], traces.Spec("", match="normalized"))
+    found = {}
+    for kind in (RLTestSetEvaluator, score.HeldOutEvaluator):
+        most[0] = 0
+        evaluator = kind(replay.ReplayDataset(groups, len(groups)), max_tokens=8, num_groups_to_log=0)
+        found[kind] = asyncio.run(evaluator(Client())), most[0]
+    assert found[RLTestSetEvaluator][1] == len(groups) and found[score.HeldOutEvaluator][1] == score.IN_FLIGHT
+    assert found[RLTestSetEvaluator][0] == found[score.HeldOutEvaluator][0]
+    assert found[score.HeldOutEvaluator][0]["test/env/all/correct"] == 1.0
+
+
 # --- the command --------------------------------------------------------------------------------------
 
 

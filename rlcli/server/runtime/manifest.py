@@ -193,6 +193,8 @@ HOOKS = tuple(Entry(target, why, REBINDING, CLIENT, COOKBOOK, ("holds", *texts) 
     (TS + "Config.submit_ahead", "rlcli runs SL with submit_ahead=0", '"batch": submitted.batch_idx,',
      "checkpoint_mgr.maybe_save_async(", "start_batch = resume_info.batch"),
     ("tinker_cookbook.rl.train:tqdm", "quiet_rl_sampling", "tqdm(total="),
+    ("tinker_cookbook.rl.train:RLTestSetEvaluator", "capped_evaluation: main builds the held-out evaluator by this "
+     "name", "RLTestSetEvaluator(\n"),
     ("tinker_cookbook.rl.train:main", "the RL loop submits through forward_backward_async and logs one row per step "
      "with progress/batch", "training_client.forward_backward_async(", '"progress/batch"'),
     ("tinker:SamplingClient.compute_logprobs_async", "hosted_prompt_logprobs: pads SkyRL's N-1 answer"),
