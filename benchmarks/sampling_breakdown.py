@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from statistics import median
 
 import fire
 import numpy as np
@@ -49,10 +48,6 @@ def make_prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
     """count prompts of PROMPT_TOKENS ordinary token ids (clear of the special tokens at the vocabulary's end)."""
     rng = np.random.default_rng(seed)
     return rng.integers(10, vocab - 64, size=(count, PROMPT_TOKENS)).tolist()
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
 
 
 # --- rlcli: SamplingClient.sample against a private server ---------------------------------------------------
@@ -122,8 +117,7 @@ def distinct(client, prompts: list[list[int]], tokens: int) -> dict:
     params = tinker.SamplingParams(max_tokens=tokens, temperature=0.0)
     futures = [client.sample(prompt=tinker.ModelInput.from_ints(p), num_samples=1, sampling_params=params)
                for p in prompts]
-    with ThreadPoolExecutor(len(futures)) as pool:
-        seqs = [r.sequences[0] for r in pool.map(lambda f: f.result(), futures)]
+    seqs = [f.result().sequences[0] for f in futures]  # all sent before the first is awaited
     return {"tokens": [list(s.tokens) for s in seqs], "logprobs": [list(s.logprobs or []) for s in seqs]}
 
 
