@@ -371,7 +371,8 @@ def check_model_checks() -> str:
 
 def self_check(slots: int = 6, seed: int = 0, dtype: str = "float32") -> float:
     """Largest difference between the stock path and this one, values and gradients, on random layers
-    (linear, fused qkv-style linear, embedding) with a batch that mixes adapters and leaves slots unused."""
+    (linear, fused qkv-style linear, embedding) with a batch that mixes adapters and leaves slots unused, and with
+    decode-step batches (one token per row) mixed and on one adapter."""
     import jax
 
     # SkyRL's layers are built under a device mesh (as the backend builds them); one device is enough here.
@@ -381,6 +382,8 @@ def self_check(slots: int = 6, seed: int = 0, dtype: str = "float32") -> float:
 
 
 def _self_check(slots: int, seed: int, dtype: str) -> float:
+    import itertools
+
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -400,16 +403,20 @@ def _self_check(slots: int, seed: int, dtype: str) -> float:
         layer.lora_A[...] = jax.random.normal(k1, layer.lora_A[...].shape, dtype)
         layer.lora_B[...] = jax.random.normal(k2, layer.lora_B[...].shape, dtype)
         layer.lora_scaling[...] = jax.random.uniform(k3, (slots,), dtype, minval=0.5, maxval=2.0)
-    indices = jnp.array([3, 1, 3, 0, 5], dtype=jnp.int32)  # slots 2 and 4 unused, 3 twice
+    # (adapter per row, tokens per row): mixed adapters (slots 2 and 4 unused, 3 twice) as in training; and as in a
+    # decode step (one token per row), mixed and all on one adapter (the path that reads its A and B once).
+    cases = [([3, 1, 3, 0, 5], 7), ([3, 1, 3, 0, 5], 1), ([3, 3, 3, 3, 3], 1)]
     worst = 0.0
-    for name, layer in layers.items():
+    for (rows, tokens), (name, layer) in itertools.product(cases, layers.items()):
+        indices = jnp.array(rows, dtype=jnp.int32)
         key, k = jax.random.split(key)
-        x = (jax.random.randint(k, (5, 7), 0, 50) if name == "embed" else jax.random.normal(k, (5, 7, 24), dtype))
+        x = (jax.random.randint(k, (5, tokens), 0, 50) if name == "embed"
+             else jax.random.normal(k, (5, tokens, 24), dtype))
 
         plain = nnx.Embed if name == "embed" else nnx.Linear  # the layer without its LoRA
         graphdef, params, rest = nnx.split(layer, nnx.Param, ...)  # gradients for every Param: base, A, B
 
-        def loss(params, xs, path, graphdef=graphdef, rest=rest, plain=plain):
+        def loss(params, xs, path, graphdef=graphdef, rest=rest, plain=plain, indices=indices):
             layer = nnx.merge(graphdef, params, rest)
             out = path(layer, xs, plain.__call__(layer, xs), indices)
             return jnp.sum(jnp.sin(out)), out

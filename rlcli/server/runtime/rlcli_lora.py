@@ -17,6 +17,7 @@ GATHER_BUDGET_BYTES = 64 * 2**20
 
 def per_sequence_lora(layer, x, base_output, adapter_indices):
     """base_output + the LoRA path of each leading row with its own adapter, or None to use the stock path."""
+    import jax
     import jax.numpy as jnp
     from skyrl.tx.layers import lora
 
@@ -37,12 +38,30 @@ def per_sequence_lora(layer, x, base_output, adapter_indices):
     if gathered * a.dtype.itemsize > GATHER_BUDGET_BYTES:
         return None
     rows = x.reshape(n, -1, *feature_shape)  # (n, m, in) or, for the embedding, (n, m) token ids
-    if embed:
-        inner = a[adapter_indices[:, None], rows]  # (n, m, r): each token's row of its sequence's A
+    scaling = layer.lora_scaling[...]
+
+    def each_own():
+        if embed:
+            inner = a[adapter_indices[:, None], rows]  # (n, m, r): each token's row of its sequence's A
+        else:
+            inner = jnp.einsum("nmi,nir->nmr", rows, a[adapter_indices])
+        out = jnp.einsum("nmr,nro->nmo", inner, b[adapter_indices])
+        return out * scaling[adapter_indices][:, None, None].astype(out.dtype)
+
+    def one_for_all():  # every row on one adapter: its A and B read once, not copied once per row
+        first = adapter_indices[0]
+        inner = a[first, rows] if embed else jnp.einsum("nmi,ir->nmr", rows, a[first])
+        out = jnp.einsum("nmr,ro->nmo", inner, b[first])
+        return out * scaling[first].astype(out.dtype)
+
+    # A decode step (one token per row) of n rows copied n adapters' A and B per layer, more bytes than the
+    # model's own weights at batch 64 (docs/decisions.md, "Issue 48: where CPU sampling time goes"); its rows
+    # mostly share one adapter (a group of samples, the base model). Longer rows (training, prefill) keep
+    # the gather alone: there its copies are shared by every token of a row.
+    if n > 1 and rows.shape[1] == 1:
+        out = jax.lax.cond(jnp.all(adapter_indices == adapter_indices[0]), one_for_all, each_own)
     else:
-        inner = jnp.einsum("nmi,nir->nmr", rows, a[adapter_indices])
-    out = jnp.einsum("nmr,nro->nmo", inner, b[adapter_indices])
-    out = out * layer.lora_scaling[...][adapter_indices][:, None, None].astype(out.dtype)
+        out = each_own()
     return base_output + out.reshape(base_output.shape).astype(base_output.dtype)
 
 
