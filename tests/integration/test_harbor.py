@@ -57,7 +57,7 @@ def labelled(client, owner: str | None = None) -> list:
     from rlcli.harbor.sandbox import OWNER
 
     label = f"{OWNER}={owner}" if owner else LABEL
-    return client.containers.list(all=True, filters={"label": label})
+    return client.containers.list(all=True, filters={"label": label}, ignore_removed=True)  # others remove theirs
 
 
 def rlcli(*args: str, env: dict, timeout: float) -> tuple[subprocess.CompletedProcess, str]:

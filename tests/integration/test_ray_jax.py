@@ -121,15 +121,15 @@ def test_jax_on_ray_trains_and_saves(ray_server, service):
     import tinker
 
     assert len(_ray_actors()) == 2  # every jax process is an actor, the coordinator too
-    client = service.create_lora_training_client(base_model=ray_server.model, rank=4).result()
+    client = service.create_lora_training_client(base_model=ray_server.model, rank=4, seed=0).result()
     tokens = list(range(5, 30))
     datum = tinker.Datum(model_input=tinker.ModelInput.from_ints(tokens[:-1]),
                          loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
     losses = []
-    for _ in range(3):
+    for _ in range(4):  # seeded, and a rate whose first Adam step does not overshoot (2e-2 did, now and then)
         out = client.forward_backward([datum], "cross_entropy").result()
         losses.append(-float(out.loss_fn_outputs[0]["logprobs"].to_numpy().mean()))
-        client.optim_step(tinker.AdamParams(learning_rate=2e-2)).result()
+        client.optim_step(tinker.AdamParams(learning_rate=1e-2)).result()
     assert losses[-1] < losses[0]
     assert client.save_weights_for_sampler("ray").result().path.startswith("tinker://")
     unload_model(ray_server.url, client.model_id)  # sampling: the checkpoint test below
