@@ -102,6 +102,23 @@ class RoutingSampler:
         self._reloading: dict[tuple[str, str], asyncio.Future] = {}
         self._held: OrderedDict[tuple[str, str], str] = OrderedDict()  # weights reloaded -> the model holding them
 
+    async def _once(self, waiting: dict, slot: tuple[str, str], make: Any) -> Any:
+        """`make()` once per slot, however many requests wait for it: they all get its result or its error."""
+        if slot in waiting:
+            return await asyncio.shield(waiting[slot])
+        future = asyncio.get_running_loop().create_future()
+        waiting[slot] = future
+        try:
+            made = await make()
+            future.set_result(made)
+            return made
+        except BaseException as e:
+            future.set_exception(e)
+            future.exception()  # retrieved: waiting requests get it, nobody is told it was never read
+            raise
+        finally:
+            del waiting[slot]
+
     async def client(self, answerer: Answerer, key: str | None) -> Any:
         import tinker
 
@@ -110,11 +127,8 @@ class RoutingSampler:
         if slot in self._clients:
             self._clients.move_to_end(slot)
             return self._clients[slot]
-        if slot in self._pending:  # one creation per weights, however many requests wait for it
-            return await asyncio.shield(self._pending[slot])
-        future = asyncio.get_running_loop().create_future()
-        self._pending[slot] = future
-        try:
+
+        async def make() -> Any:
             service = self._services.get(key)
             if service is None:
                 service = self._services[key] = tinker.ServiceClient(base_url=self.base_url, api_key=key)
@@ -125,14 +139,9 @@ class RoutingSampler:
             self._clients[slot] = made
             while len(self._clients) > 64:
                 self._clients.popitem(last=False)
-            future.set_result(made)
             return made
-        except BaseException as e:
-            future.set_exception(e)
-            future.exception()  # retrieved: waiting requests get it, nobody is told it was never read
-            raise
-        finally:
-            del self._pending[slot]
+
+        return await self._once(self._pending, slot, make)
 
     async def reload(self, answerer: Answerer, key: str | None, stale: Any) -> Any:
         """Weights whose run's model is unloaded (a finished run frees its slot; SkyRL samples a checkpoint only
@@ -143,11 +152,8 @@ class RoutingSampler:
         slot = (key, answerer.weights)
         if self._clients.get(slot) is not stale:  # another request reloaded them meanwhile
             return await self.client(answerer, key)
-        if slot in self._reloading:
-            return await asyncio.shield(self._reloading[slot])
-        future = asyncio.get_running_loop().create_future()
-        self._reloading[slot] = future
-        try:
+
+        async def make() -> Any:
             made, model_id = await asyncio.to_thread(self._load_state, answerer, key)
             self._clients[slot] = made
             self._held[slot] = model_id
@@ -155,14 +161,9 @@ class RoutingSampler:
                 old, old_model = self._held.popitem(last=False)
                 self._clients.pop(old, None)
                 await asyncio.to_thread(self._unload, old_model, old[0])
-            future.set_result(made)
             return made
-        except BaseException as e:
-            future.set_exception(e)
-            future.exception()
-            raise
-        finally:
-            del self._reloading[slot]
+
+        return await self._once(self._reloading, slot, make)
 
     def _load_state(self, answerer: Answerer, key: str) -> tuple[Any, str]:
         import tinker
