@@ -31,6 +31,7 @@ FOOTER = ("*overhead*: wall time in the client minus the engine's own time for t
 _IMPORT_LOGS = {"openai": "OpenAI logs", "responses": "OpenAI Responses logs", "gemini": "Gemini logs",
                 "otel": "OpenTelemetry traces"}
 _DEFAULT_SIZE = {"request-path": "tiny", "server-start": "tiny"}  # what a receipt without config.size ran
+_BY_MODEL = ("sampling-breakdown", "eval-batching")
 
 
 class Series(NamedTuple):
@@ -70,6 +71,8 @@ def machine(receipt: dict) -> str:
 def series(receipt: dict, by_label: bool = True) -> Series:
     config, name = receipt.get("config") or {}, kind(receipt)
     size = config.get("format") if name == "import" else config.get("size", _DEFAULT_SIZE.get(name))
+    if size is None and name in _BY_MODEL:  # these name the model they ran, not a size
+        size = config.get("model")
     return Series(name, str(size or ""), "notebook" if receipt.get("origin") else "", machine(receipt),
                   (receipt.get("label") or "") if by_label else "")
 
@@ -195,6 +198,24 @@ def endpoint_row(r: dict) -> tuple[str, str]:
             f"**{h['failures_during_promotions']}** failed{served} while the champion moved")
 
 
+def sampling_breakdown_row(r: dict) -> tuple[str, str]:
+    b = r["breakdown"]
+    ratios = " / ".join(f"**{f['rlcli_over_hf_request']:.2f}**" for f in b.values())
+    bounds = " / ".join(f"{f['rlcli_decode_over_bound']:.1f}×" for f in b.values())
+    text = (f"rlcli / HF `generate` per request {ratios} ({', '.join(k.replace('x', ' × ') for k in b)}); "
+            f"decode {bounds} the roofline bound")
+    if same := (r.get("exactness") or {}).get("distinct_prompts"):
+        text += f"; greedy tokens identical to HF's on {same['identical']} of {same['of']} prompts"
+    return f"sampling on CPU, {series(r).size} model, against HF transformers in-process", text
+
+
+def eval_batching_row(r: dict) -> tuple[str, str]:
+    c = r["config"]
+    one, batched = r["results"]["one_at_a_time"]["median"], r["results"]["capped"]["median"]
+    return (f"evaluation of {c['models']} models × {c['problems']} problems, tiny model",
+            f"one request a problem {one:.1f} s → batched **{batched:.1f} s** ({one / batched:.1f}×)")
+
+
 # benchmark -> (can this receipt be shown, its row); the table's order
 ROWS: dict[str, tuple[Callable[[dict], bool], Callable[[dict], tuple[str, str]]]] = {
     "fused-vs-2pass": (lambda r: "runs" in r and not r.get("origin"), fused_row),
@@ -205,6 +226,8 @@ ROWS: dict[str, tuple[Callable[[dict], bool], Callable[[dict], tuple[str, str]]]
     "import": (lambda r: "ratio" in r, import_row),
     "cli-startup": (lambda r: "--help" in r.get("results", {}), cli_startup_row),
     "endpoint": (lambda r: "headline" in r and "requests_per_s" in r["headline"], endpoint_row),
+    "sampling-breakdown": (lambda r: bool(r.get("breakdown")) and r.get("hf") is not None, sampling_breakdown_row),
+    "eval-batching": (lambda r: "capped" in r.get("results", {}), eval_batching_row),
 }
 
 

@@ -207,3 +207,20 @@ def test_server_start_row_shows_the_compare_tree_of_an_ab_run(tmp_path):
                       "load_average_1_5_15": LOAD}])
     row = rows(report.render(report.load_receipts(tmp_path)), "`rlcli serve start`")[0]
     assert "warm 17.0 s (n=3" in row and "the compare tree (a3453c3): warm 25.0 s" in row
+
+
+def breakdown_receipt(stamp: str, model: str, ratio: float) -> dict:
+    figures = {"rlcli_over_hf_request": ratio, "rlcli_decode_over_bound": 6.0}
+    return {"benchmark": "sampling-breakdown", "created_utc": stamp, "config": {"model": model}, "hardware": EPYC,
+            "hf": {"runs": {}}, "breakdown": {"8x32": figures, "64x32": {**figures, "rlcli_over_hf_request": 1.5}},
+            "exactness": {"distinct_prompts": {"identical": 7, "of": 8}}}
+
+
+def test_each_models_sampling_breakdown_has_its_own_row_and_an_arm_without_hf_has_none():
+    receipts = [breakdown_receipt("20261205T010000Z", "embedded", 0.83),
+                breakdown_receipt("20261205T020000Z", "26m", 0.65),
+                {**breakdown_receipt("20261205T030000Z", "embedded", 9.9), "hf": None}]  # an A/B of servers
+    rows = report.receipt_rows([{**r, "_file": f"r{i}.json"} for i, r in enumerate(receipts)])
+    assert len(rows) == 2 and not any("9.90" in row for row in rows)
+    embedded = next(row for row in rows if "embedded model" in row)
+    assert "**0.83** / **1.50** (8 × 32, 64 × 32)" in embedded and "identical to HF's on 7 of 8" in embedded
