@@ -93,11 +93,23 @@ def no_server(url: str) -> str:
 
 def stopped_answering(url: str) -> Callable[..., str]:
     """The line for a server that went silent (frozen, overloaded past the timeout, or gone after answering), or
-    whose engine froze (frozen: frozen_engine's words)."""
-    def message(silent: float, frozen: str | None = None) -> str:
-        what = f"has a frozen engine ({frozen})" if frozen else f"stopped answering (no answer for {silent:.0f} s)"
+    gone for a known cause (a frozen engine, a lost jax worker: the words after the server's address)."""
+    def message(silent: float, cause: str | None = None) -> str:
+        what = cause or f"stopped answering (no answer for {silent:.0f} s)"
         return f"the server at {url} {what}: restart it (`rlcli serve restart`), then run the command again"
     return message
+
+
+def lost_worker(url: str) -> str | None:
+    """'stopped (its jax worker process K exited with code C)' where the server of this rlcli home at url stopped
+    because a jax worker of its own died (its log says so): every request after names the worker."""
+    from rlcli.server.scaling import lost_worker_at
+
+    try:
+        lost = lost_worker_at(url)
+    except OSError:
+        return None
+    return f"stopped (its {lost.split(';')[0]})" if lost else None
 
 
 class Watch:
@@ -112,7 +124,7 @@ class Watch:
         self.answered = False  # whether the health route has answered since the watch began
         self.state = "silent"  # what the last look found
         self.noticed_after_s: float | None = None  # from the last good answer to the verdict
-        self.frozen: str | None = None  # frozen_engine's words, once the engine has stopped beating
+        self.cause: str | None = None  # "has a frozen engine (...)", once the engine has stopped beating
         self._stop = threading.Event()
         self._main = threading.main_thread().ident
         self._thread = threading.Thread(target=self._run, name="rlcli-server-watch", daemon=True)
@@ -130,10 +142,11 @@ class Watch:
         """The error for a server silent this long: the command's own message, except where nothing has
         answered since the watch began and nothing listens there: then no server was started (or a wrong
         --base-url was given), and the line says to start one."""
+        cause = self.cause or lost_worker(self.url)
+        if cause:
+            return ServerGone(self.message(silent, cause))
         never = not self.answered and self.state == "absent"
-        if never:
-            return ServerGone(no_server(self.url))
-        return ServerGone(self.message(silent, self.frozen) if self.frozen else self.message(silent))
+        return ServerGone(no_server(self.url) if never else self.message(silent))
 
     def look(self, timeout_s: float) -> bool:
         """Health first; where the API answers, its engine's heartbeat (a frozen engine makes the look fail)."""
@@ -141,8 +154,9 @@ class Watch:
         if self.state == "ok":
             self.last_ok, self.answered = time.monotonic(), True
             beat = engine_beat(self.url, timeout_s)
-            self.frozen = frozen_engine(beat, self.timeout_s)
-            if self.frozen:
+            frozen = frozen_engine(beat, self.timeout_s)
+            self.cause = f"has a frozen engine ({frozen})" if frozen else None
+            if frozen:
                 self.state = "frozen"
         return self.state == "ok"
 
@@ -150,7 +164,7 @@ class Watch:
         while True:  # the first look at once: a command that fails fast must know whether anyone answered
             if not self.look(min(10.0, max(self.timeout_s / 3, 1.0))):
                 silent = time.monotonic() - self.last_ok
-                if (self.frozen or silent >= self.timeout_s) and not self._stop.is_set():
+                if (self.cause or silent >= self.timeout_s) and not self._stop.is_set():
                     self.noticed_after_s = silent
                     self.gone = self.verdict(silent)
                     self._interrupt()

@@ -348,7 +348,7 @@ def server_status(name: str = "default") -> tuple[str, process.ServerState | Non
         return ("dead" if state.ready or members else "stopped"), state
     if process.healthz(state.url):
         # Started with --wait 0, nobody confirmed readiness: the engine's start line in the log does.
-        engine_up = state.ready or "Starting background engine" in process.tail(process.layout(
+        engine_up = state.ready or scaling.ENGINE_STARTS in process.tail(process.layout(
             config.server_state_dir(name))["log"], 400)
         return ("running" if engine_up else "starting"), state
     return ("unresponsive" if state.ready else "starting"), state

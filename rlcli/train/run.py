@@ -188,11 +188,10 @@ def execute(job: Job, t: Target, resume: bool, dry_run: bool) -> Weights | None:
 
 
 def gone_message(folder: Path, url: str, progress: ProgressLine) -> Callable[..., str]:
-    """The one line a run ends with when its server stops answering, or its engine stops beating (frozen)."""
-    def message(silent_s: float, frozen: str | None = None) -> str:
+    """The one line a run ends with when its server stops answering, or is gone for a known cause (watchdog)."""
+    def message(silent_s: float, cause: str | None = None) -> str:
         step = "before its first step" if progress.last_step is None else f"after step {progress.last_step + 1}"
-        what = (f"has a frozen engine {step} ({frozen})" if frozen
-                else f"stopped answering {step} (no answer for {silent_s:.0f} s)")
+        what = f"{cause} {step}" if cause else f"stopped answering {step} (no answer for {silent_s:.0f} s)"
         last = runs.last_checkpoint(folder, "state_path")
         saved = f"the last checkpoint is {last['name']}" if last else "no checkpoint was saved yet"
         return (f"the server at {url} {what}; {saved}: "

@@ -94,8 +94,9 @@ def test_a_frozen_engine_under_a_live_api_ends_training_within_the_timeout(fault
     record("engine frozen (SIGSTOP) under a live API during train sl", timeout_s=TIMEOUT_S, exit_s=round(took, 2),
            rc=proc.returncode, line=line)
     assert proc.returncode == EXIT_SERVER_GONE and "Traceback" not in err, err[-3000:]
-    assert line.startswith(f"rlcli: error: the server at {fault_server.url} has a frozen engine after step "), line
-    assert f"(engine process {engine} gave no heartbeat for " in line and f"--log-path {folder} --resume" in line
+    assert line.startswith(f"rlcli: error: the server at {fault_server.url} has a frozen engine (engine process "
+                           f"{engine} gave no heartbeat for "), line
+    assert ") after step " in line and f"--log-path {folder} --resume" in line, line
     assert took < TIMEOUT_S + NOTICE_BOUND_S
     assert status.returncode == 3 and status.stdout.startswith("frozen:"), status.stdout
     assert f"engine process {engine} gave no heartbeat for " in status.stdout
