@@ -72,18 +72,19 @@ def test_an_engine_busy_longer_than_the_timeout_is_not_frozen(fault_server, monk
     assert watch.gone is None
 
 
-def test_a_frozen_engine_under_a_live_api_ends_training_within_the_timeout(fault_server, tmp_path):
+@pytest.mark.parametrize("timeout_s", FROZEN_TIMEOUTS)
+def test_a_frozen_engine_under_a_live_api_ends_training_within_the_timeout(fault_server, tmp_path, timeout_s):
     """SIGSTOP the engine process only: the API answers its health route, the engine gives no heartbeat."""
     folder = tmp_path / "run"
     proc = trainer("train", "sl", "--dataset", str(SL_DATA), "--batch-size", "2", "--epochs", "1", "--base-url",
-                   fault_server.url, "--log-path", str(folder), "--server-timeout", str(TIMEOUT_S),
+                   fault_server.url, "--log-path", str(folder), "--server-timeout", f"{timeout_s:g}",
                    env=fault_server.env)
     wait_for(lambda: len(step_rows(folder)) >= 2, 600, proc, "2 training steps")
     engine = watchdog.engine_beat(fault_server.url, 10)["pid"]
     os.kill(engine, signal.SIGSTOP)
     try:
         stopped_at = time.monotonic()
-        out, err = proc.communicate(timeout=TIMEOUT_S + 120)
+        out, err = proc.communicate(timeout=timeout_s + 120)
         took = time.monotonic() - stopped_at
         assert watchdog.healthy(fault_server.url, 5)  # the API still answers: health alone saw nothing
         wait_for(lambda: time.monotonic() - stopped_at > 11, 30)  # FROZEN_AFTER_S for `serve status`
@@ -91,13 +92,13 @@ def test_a_frozen_engine_under_a_live_api_ends_training_within_the_timeout(fault
     finally:
         os.kill(engine, signal.SIGCONT)
     line = last_line(err)
-    record("engine frozen (SIGSTOP) under a live API during train sl", timeout_s=TIMEOUT_S, exit_s=round(took, 2),
+    record("engine frozen (SIGSTOP) under a live API during train sl", timeout_s=timeout_s, exit_s=round(took, 2),
            rc=proc.returncode, line=line)
     assert proc.returncode == EXIT_SERVER_GONE and "Traceback" not in err, err[-3000:]
     assert line.startswith(f"rlcli: error: the server at {fault_server.url} has a frozen engine (engine process "
                            f"{engine} gave no heartbeat for "), line
     assert ") after step " in line and f"--log-path {folder} --resume" in line, line
-    assert took < TIMEOUT_S + NOTICE_BOUND_S
+    assert took < timeout_s + NOTICE_BOUND_S
     assert status.returncode == 3 and status.stdout.startswith("frozen:"), status.stdout
     assert f"engine process {engine} gave no heartbeat for " in status.stdout
     wait_for(lambda: run_rlcli("serve", "status", env=fault_server.env).stdout.startswith("running:"), 30)
