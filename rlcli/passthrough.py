@@ -165,7 +165,10 @@ def run_tinker(group: str, argv: list[str]) -> int:
     help_only = wants_help(args)  # tinker answers help and usage itself
     state = "ok" if help_only else watchdog.health(url, PRECHECK_S)
     if state == "absent" or (state == "silent" and timeout_s):  # --server-timeout 0 waits for a silent one
-        line = watchdog.no_server(url) if state == "absent" else watchdog.stopped_answering(url)(PRECHECK_S)
+        if cause := watchdog.lost_worker(url):
+            line = watchdog.stopped_answering(url)(PRECHECK_S, cause)
+        else:
+            line = watchdog.no_server(url) if state == "absent" else watchdog.stopped_answering(url)(PRECHECK_S)
         print(f"rlcli: error: {line}", file=sys.stderr)
         return watchdog.ServerGone.exit_code
     env = dict(os.environ, TINKER_BASE_URL=url)

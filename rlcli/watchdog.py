@@ -6,16 +6,19 @@ runs a thread beside the command that asks the server's health route every few s
 answers it from its own event loop while the engine computes, so a long compile or a big batch keeps
 it answering: only a server that has not answered for `timeout_s` seconds (refused, reset, or silent)
 counts as gone. Its engine dying takes the API down with it (SkyRL's API exits when its engine does),
-so that case is seen too. When the server is gone, the command's main thread gets ServerGone raised
-where it waits (a signal to that thread breaks any blocking wait); should the command not leave the
-watched block within GRACE_S (ServerGone caught on the way, a wait no signal reaches), the process exits
-with the same line.
+so that case is seen too. An engine frozen under a live API (SIGSTOP, a hang) is seen by its own heartbeat,
+which rlcli's API reports on ENGINE_ROUTE: one that has not beaten for `timeout_s` seconds counts as gone too
+(a server without the route, stock SkyRL or --no-extensions, is judged by its health alone). When the
+server is gone, the command's main thread gets ServerGone raised where it waits (a signal to that thread
+breaks any blocking wait); should the command not leave the watched block within GRACE_S (ServerGone
+caught on the way, a wait no signal reaches), the process exits with the same line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import signal
 import socket
@@ -30,6 +33,7 @@ from rlcli.errors import EXIT_SERVER_GONE, RlcliError, UsageError
 
 DEFAULT_TIMEOUT_S = 60.0
 HEALTH_ROUTE = "/api/v1/healthz"
+ENGINE_ROUTE = "/api/v1/rlcli/engine"  # runtime/shared.py's (the runtime is not importable here)
 GRACE_S = 15.0  # after ServerGone is raised, how long unwinding may take before the process exits anyway
 SIGNAL = signal.SIGUSR1
 
@@ -57,6 +61,28 @@ def health(url: str, timeout_s: float) -> str:
         return "absent"
 
 
+def engine_beat(url: str, timeout_s: float) -> dict | None:
+    """What rlcli's API says of its engine's heartbeat ({"pid", "beat_age_s"}, or {"state": "starting"}); None where
+    the server has no such route or does not answer it (a key the tenant gate refuses included)."""
+    request = urllib.request.Request(url + ENGINE_ROUTE)
+    if key := os.environ.get("TINKER_API_KEY"):
+        request.add_header("X-API-Key", key)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            answer = json.loads(resp.read())
+    except (OSError, ValueError):  # HTTPError and URLError are OSErrors
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def frozen_engine(beat: dict | None, after_s: float) -> str | None:
+    """'engine process PID gave no heartbeat for N s' when the engine has not beaten for after_s seconds."""
+    age = (beat or {}).get("beat_age_s")
+    if not isinstance(age, (int, float)) or age < after_s:
+        return None
+    return f"engine process {beat.get('pid')} gave no heartbeat for {age:.0f} s"
+
+
 def healthy(url: str, timeout_s: float) -> bool:
     return health(url, timeout_s) == "ok"
 
@@ -65,16 +91,31 @@ def no_server(url: str) -> str:
     return f"no server answers at {url}: start one (`rlcli serve start`), or pass --base-url with your server's address"
 
 
-def stopped_answering(url: str) -> Callable[[float], str]:
-    """The line for a server that went silent (frozen, overloaded past the timeout, or gone after answering)."""
-    return lambda silent: (f"the server at {url} stopped answering (no answer for {silent:.0f} s): restart it "
-                           "(`rlcli serve restart`), then run the command again")
+def stopped_answering(url: str) -> Callable[..., str]:
+    """The line for a server that went silent (frozen, overloaded past the timeout, or gone after answering), or
+    gone for a known cause (a frozen engine, a lost jax worker: the words after the server's address)."""
+    def message(silent: float, cause: str | None = None) -> str:
+        what = cause or f"stopped answering (no answer for {silent:.0f} s)"
+        return f"the server at {url} {what}: restart it (`rlcli serve restart`), then run the command again"
+    return message
+
+
+def lost_worker(url: str) -> str | None:
+    """'stopped (its jax worker process K exited with code C)' where the server of this rlcli home at url stopped
+    because a jax worker of its own died (its log says so): every request after names the worker."""
+    from rlcli.server.scaling import lost_worker_at
+
+    try:
+        lost = lost_worker_at(url)
+    except OSError:
+        return None
+    return f"stopped (its {lost.split(';')[0]})" if lost else None
 
 
 class Watch:
     """The health poller: `gone` once the server has not answered for timeout_s seconds."""
 
-    def __init__(self, url: str, timeout_s: float, message: Callable[[float], str]):
+    def __init__(self, url: str, timeout_s: float, message: Callable[..., str]):
         self.url, self.timeout_s, self.message = url.rstrip("/"), timeout_s, message
         self.interval_s = min(5.0, max(timeout_s / 6, 0.25))
         self.gone: ServerGone | None = None
@@ -83,6 +124,7 @@ class Watch:
         self.answered = False  # whether the health route has answered since the watch began
         self.state = "silent"  # what the last look found
         self.noticed_after_s: float | None = None  # from the last good answer to the verdict
+        self.cause: str | None = None  # "has a frozen engine (...)", once the engine has stopped beating
         self._stop = threading.Event()
         self._main = threading.main_thread().ident
         self._thread = threading.Thread(target=self._run, name="rlcli-server-watch", daemon=True)
@@ -100,20 +142,29 @@ class Watch:
         """The error for a server silent this long: the command's own message, except where nothing has
         answered since the watch began and nothing listens there: then no server was started (or a wrong
         --base-url was given), and the line says to start one."""
+        cause = self.cause or lost_worker(self.url)
+        if cause:
+            return ServerGone(self.message(silent, cause))
         never = not self.answered and self.state == "absent"
         return ServerGone(no_server(self.url) if never else self.message(silent))
 
     def look(self, timeout_s: float) -> bool:
+        """Health first; where the API answers, its engine's heartbeat (a frozen engine makes the look fail)."""
         self.state = health(self.url, timeout_s)
         if self.state == "ok":
             self.last_ok, self.answered = time.monotonic(), True
+            beat = engine_beat(self.url, timeout_s)
+            frozen = frozen_engine(beat, self.timeout_s)
+            self.cause = f"has a frozen engine ({frozen})" if frozen else None
+            if frozen:
+                self.state = "frozen"
         return self.state == "ok"
 
     def _run(self) -> None:
         while True:  # the first look at once: a command that fails fast must know whether anyone answered
             if not self.look(min(10.0, max(self.timeout_s / 3, 1.0))):
                 silent = time.monotonic() - self.last_ok
-                if silent >= self.timeout_s and not self._stop.is_set():
+                if (self.cause or silent >= self.timeout_s) and not self._stop.is_set():
                     self.noticed_after_s = silent
                     self.gone = self.verdict(silent)
                     self._interrupt()
@@ -134,7 +185,7 @@ class Watch:
 
 @contextlib.contextmanager
 def watch(url: str, timeout_s: float | None = DEFAULT_TIMEOUT_S,
-          message: Callable[[float], str] | None = None) -> Iterator[Watch | None]:
+          message: Callable[..., str] | None = None) -> Iterator[Watch | None]:
     """Inside the block, a server that stops answering for timeout_s seconds raises ServerGone in the
     main thread. timeout_s None or 0: no watch (the block waits as long as the server does)."""
     if not timeout_s or threading.current_thread() is not threading.main_thread():

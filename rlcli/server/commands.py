@@ -7,6 +7,7 @@ Launch:  rlcli serve start [--base-model M] [--backend jax|fsdp|megatron] [--por
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from rlcli.server.server_venv import Backend
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 LAUNCHER = RUNTIME_DIR / "launcher.py"
 MAX_LOG_BYTES = 20 * 2**20
+FROZEN_AFTER_S = 10.0  # `serve status`: ten missed heartbeats (the engine beats every second) is not a busy engine
 SERVER_EXTENSIONS = shared.RLCLI  # every change rlcli makes to SkyRL (runtime/manifest.py lists them)
 SNAPSHOTS_ENV, SAMPLER_CACHE_ENV = shared.SNAPSHOTS_ENV, shared.SAMPLER_CACHE_ENV
 
@@ -346,7 +348,7 @@ def server_status(name: str = "default") -> tuple[str, process.ServerState | Non
         return ("dead" if state.ready or members else "stopped"), state
     if process.healthz(state.url):
         # Started with --wait 0, nobody confirmed readiness: the engine's start line in the log does.
-        engine_up = state.ready or "Starting background engine" in process.tail(process.layout(
+        engine_up = state.ready or scaling.ENGINE_STARTS in process.tail(process.layout(
             config.server_state_dir(name))["log"], 400)
         return ("running" if engine_up else "starting"), state
     return ("unresponsive" if state.ready else "starting"), state
@@ -363,6 +365,8 @@ def status(o: Named) -> int:
     detail = f"{state.url} backend={state.backend} model={state.base_model}"
     if state.settings.get("slots"):
         detail += f" slots={state.settings['slots']} (raise with `rlcli serve start --slots N`)"
+    if word == "running" and (frozen := _frozen_engine(name, state)):
+        word, detail = "frozen", f"{detail}; {frozen} (stopped or hung): restart it (`rlcli serve restart`)"
     if word == "running" and (warmed := _warmup_line(name)):
         detail += f"; {warmed}"
     lost = scaling.lost_worker_line(process.tail(process.layout(config.server_state_dir(name))["log"], 200))
@@ -380,6 +384,21 @@ def status(o: Named) -> int:
         detail += f"; endpoint {url} (`rlcli endpoint status`)"
     print(f"{word}: {detail}")
     return 0 if word == "running" else 3
+
+
+def _frozen_engine(name: str, state: process.ServerState) -> str | None:
+    """'engine process PID gave no heartbeat for N s' where the engine of this running server stopped beating
+    (runtime/rlcli_liveness.py: its heartbeat file is in the server's folder, its working directory)."""
+    from rlcli.watchdog import frozen_engine
+
+    beat = config.server_state_dir(name) / shared.HEARTBEAT_FILE
+    try:
+        pid, age = json.loads(beat.read_text())["pid"], time.time() - beat.stat().st_mtime
+    except (OSError, ValueError, KeyError, TypeError):  # not started yet, or a server without the heartbeat
+        return None
+    if pid not in process.live_members(state):  # an earlier server's file (its API clears it as it starts)
+        return None
+    return frozen_engine({"pid": pid, "beat_age_s": age}, FROZEN_AFTER_S)
 
 
 def _warmup_line(name: str) -> str | None:

@@ -22,6 +22,7 @@ from rlcli.errors import UsageError
 
 LAUNCHER = Path(__file__).resolve().parent / "runtime" / "launcher.py"
 WORKER_LOST = "[rlcli launcher] jax worker process"  # the launcher's line when a worker of its own dies
+ENGINE_STARTS = "Starting background engine"  # SkyRL's API, as it starts its engine (a new start of the server)
 
 
 def _free_loopback_port() -> int:
@@ -102,9 +103,25 @@ def _on_ray(processes: int, local_processes: int | None, coordinator: str | None
 
 
 def lost_worker_line(log_tail: str) -> str | None:
-    """The launcher's line saying a worker of its own died, if the log's tail has one."""
-    found = [line for line in log_tail.splitlines() if line.startswith(WORKER_LOST)]
+    """The launcher's line saying a worker of its own died, if the log's tail has one since the engine last started
+    (an earlier run's, before a restart, says nothing of this one)."""
+    lines = log_tail.splitlines()
+    starts = [i for i, line in enumerate(lines) if ENGINE_STARTS in line]
+    found = [line for line in lines[starts[-1] if starts else 0:] if line.startswith(WORKER_LOST)]
     return found[-1].removeprefix("[rlcli launcher] ") if found else None
+
+
+def lost_worker_at(url: str) -> str | None:
+    """lost_worker_line of the server of this rlcli home that serves url (None where none of its servers does)."""
+    from rlcli import config
+    from rlcli.server import process
+
+    servers = config.rlcli_home() / "servers"
+    for state_dir in sorted(servers.iterdir()) if servers.is_dir() else ():
+        state = process.read_state(state_dir)
+        if state is not None and state.url.rstrip("/") == url.rstrip("/"):
+            return lost_worker_line(process.tail(process.layout(state_dir)["log"], 400))
+    return None
 
 
 def doctor_check(site_packages) -> tuple[str, str]:

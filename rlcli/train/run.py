@@ -187,13 +187,14 @@ def execute(job: Job, t: Target, resume: bool, dry_run: bool) -> Weights | None:
     return Weights(t.folder, final.get("sampler_path"), final.get("state_path"))
 
 
-def gone_message(folder: Path, url: str, progress: ProgressLine) -> Callable[[float], str]:
-    """The one line a run ends with when its server stops answering."""
-    def message(silent_s: float) -> str:
+def gone_message(folder: Path, url: str, progress: ProgressLine) -> Callable[..., str]:
+    """The one line a run ends with when its server stops answering, or is gone for a known cause (watchdog)."""
+    def message(silent_s: float, cause: str | None = None) -> str:
         step = "before its first step" if progress.last_step is None else f"after step {progress.last_step + 1}"
+        what = f"{cause} {step}" if cause else f"stopped answering {step} (no answer for {silent_s:.0f} s)"
         last = runs.last_checkpoint(folder, "state_path")
         saved = f"the last checkpoint is {last['name']}" if last else "no checkpoint was saved yet"
-        return (f"the server at {url} stopped answering {step} (no answer for {silent_s:.0f} s); {saved}: "
+        return (f"the server at {url} {what}; {saved}: "
                 f"restart it (`rlcli serve restart`), then rerun the same command with --log-path {folder} --resume")
     return message
 

@@ -1,7 +1,8 @@
-"""A server that dies or freezes is noticed within --server-timeout, with one line and a resumable run folder.
+"""A server that dies or freezes, or whose engine freezes under a live API, is noticed within --server-timeout, with
+one line and a resumable run folder; an engine busy with a step longer than the timeout is not.
 
-Order matters within this module: the frozen-server test thaws its server; the kill test kills it and
-starts it again for the resume.
+Order matters within this module: the frozen-engine and frozen-server tests thaw their server; the kill test kills it
+and starts it again for the resume.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 
 import pytest
 
+from rlcli import watchdog
 from rlcli.errors import EXIT_SERVER_GONE
 from tests.conftest import run_rlcli
 from tests.faults.conftest import SL_DATA, step_rows, trainer, wait_for
@@ -35,6 +37,71 @@ def record(name: str, **figures) -> None:
 def last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
+
+
+def _long_batch(n: int = 32, length: int = 500) -> list:
+    """A forward_backward that keeps the CPU engine busy for seconds (~8 s on 2 cores once compiled)."""
+    import tinker
+
+    tokens = [[(7 * i + j) % 200 + 5 for j in range(length + 1)] for i in range(n)]
+    return [tinker.Datum(model_input=tinker.ModelInput.from_ints(t[:-1]),
+                         loss_fn_inputs={"target_tokens": t[1:], "weights": [1.0] * length}) for t in tokens]
+
+
+def test_an_engine_busy_longer_than_the_timeout_is_not_frozen(fault_server, monkeypatch):
+    """Its first step compiles, then computes, for longer than the timeout: the engine's heartbeat thread beats
+    throughout (jax releases the GIL), so the watch lets it finish."""
+    import tinker
+
+    monkeypatch.setenv("TINKER_API_KEY", fault_server.env["TINKER_API_KEY"])
+    timeout_s = 2.0
+    client = tinker.ServiceClient(base_url=fault_server.url).create_lora_training_client(
+        base_model=fault_server.model, rank=4, seed=0).result()
+    try:
+        started = time.monotonic()
+        with watchdog.watch(fault_server.url, timeout_s) as watch:
+            client.forward_backward(_long_batch(), "cross_entropy").result()
+        took = time.monotonic() - started
+    finally:
+        from rlcli.client import unload_model
+
+        unload_model(fault_server.url, client.model_id)
+    record("engine busy with one long step (first compile) under a short --server-timeout", timeout_s=timeout_s,
+           step_s=round(took, 2), ended=watch.gone is not None)
+    assert took > timeout_s, f"the step took {took:.1f} s: not longer than the timeout, so it proves nothing"
+    assert watch.gone is None
+
+
+@pytest.mark.parametrize("timeout_s", FROZEN_TIMEOUTS)
+def test_a_frozen_engine_under_a_live_api_ends_training_within_the_timeout(fault_server, tmp_path, timeout_s):
+    """SIGSTOP the engine process only: the API answers its health route, the engine gives no heartbeat."""
+    folder = tmp_path / "run"
+    proc = trainer("train", "sl", "--dataset", str(SL_DATA), "--batch-size", "2", "--epochs", "1", "--base-url",
+                   fault_server.url, "--log-path", str(folder), "--server-timeout", f"{timeout_s:g}",
+                   env=fault_server.env)
+    wait_for(lambda: len(step_rows(folder)) >= 2, 600, proc, "2 training steps")
+    engine = watchdog.engine_beat(fault_server.url, 10)["pid"]
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        stopped_at = time.monotonic()
+        out, err = proc.communicate(timeout=timeout_s + 120)
+        took = time.monotonic() - stopped_at
+        assert watchdog.healthy(fault_server.url, 5)  # the API still answers: health alone saw nothing
+        wait_for(lambda: time.monotonic() - stopped_at > 11, 30)  # FROZEN_AFTER_S for `serve status`
+        status = run_rlcli("serve", "status", env=fault_server.env, timeout=60)
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    line = last_line(err)
+    record("engine frozen (SIGSTOP) under a live API during train sl", timeout_s=timeout_s, exit_s=round(took, 2),
+           rc=proc.returncode, line=line)
+    assert proc.returncode == EXIT_SERVER_GONE and "Traceback" not in err, err[-3000:]
+    assert line.startswith(f"rlcli: error: the server at {fault_server.url} has a frozen engine (engine process "
+                           f"{engine} gave no heartbeat for "), line
+    assert ") after step " in line and f"--log-path {folder} --resume" in line, line
+    assert took < timeout_s + NOTICE_BOUND_S
+    assert status.returncode == 3 and status.stdout.startswith("frozen:"), status.stdout
+    assert f"engine process {engine} gave no heartbeat for " in status.stdout
+    wait_for(lambda: run_rlcli("serve", "status", env=fault_server.env).stdout.startswith("running:"), 30)
 
 
 @pytest.mark.parametrize("timeout_s", FROZEN_TIMEOUTS)

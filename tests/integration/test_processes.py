@@ -2,8 +2,9 @@
 
 A private 2-process server (JAX's distributed runtime, gloo collectives, fsdp = 2) trains, samples, saves and
 exports, and its numbers match the session's 1-process server on the same batch; every process loads rlcli's
-extensions (fused gspo served); a worker killed with -9 stops the server, `serve status` names the worker,
-a request fails with one line, and `serve stop` leaves no process behind.
+extensions (fused gspo served); a worker killed with -9 stops the server, `serve status` names the worker, the
+training run in flight and every request after fail with one line naming it, and `serve stop` leaves no process
+behind.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import numpy as np
 import pytest
 
 from rlcli.client import unload_model
+from rlcli.errors import EXIT_SERVER_GONE
 from rlcli.server.private import RLCLI, free_port, private_env, private_server
 from rlcli.server.process import group_members, read_state, wait_ready
 from rlcli.train.losses import served_losses
 from tests.conftest import REPO, run_rlcli, shared_compile_cache, shared_server_venv
+from tests.faults.conftest import SL_DATA, step_rows, trainer, wait_for
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -100,21 +103,32 @@ def test_every_process_loads_the_extensions(two_processes):
     assert status.returncode == 0 and status.stdout.startswith("running:")
 
 
-def test_a_dead_worker_stops_the_server_and_stop_leaves_nothing(two_processes):
-    """Last in this file: it ends the module's server."""
+def test_a_dead_worker_stops_the_server_and_stop_leaves_nothing(two_processes, tmp_path):
+    """Last in this file: it ends the module's server. A training run in flight ends within its --server-timeout,
+    and every request after fails at once, each with one line naming the worker."""
     state = read_state(two_processes.home / "servers" / "default")
     workers = [pid for pid in group_members(state.pgid)
                if b"launcher.py\0worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert len(workers) == 1
+    folder = tmp_path / "run"
+    training = trainer("train", "sl", "--dataset", str(SL_DATA), "--batch-size", "2", "--epochs", "1", "--base-url",
+                       two_processes.url, "--log-path", str(folder), "--server-timeout", "10", env=two_processes.env)
+    wait_for(lambda: len(step_rows(folder)) >= 1, 600, training, "a training step")
     os.kill(workers[0], signal.SIGKILL)
+    _, err = training.communicate(timeout=180)
+    lost = "jax worker process 1 exited with code -9"
+    assert training.returncode == EXIT_SERVER_GONE and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith(f"rlcli: error: the server at {two_processes.url} stopped (its "
+                                                   f"{lost}) after step "), err[-2000:]
     deadline = time.monotonic() + 60
     status = run_rlcli("serve", "status", env=two_processes.env)
     while time.monotonic() < deadline and not status.stdout.startswith("dead:"):  # stopping: unresponsive first
         time.sleep(1)
         status = run_rlcli("serve", "status", env=two_processes.env)
-    assert status.stdout.startswith("dead:") and "jax worker process 1 exited with code -9" in status.stdout
+    assert status.stdout.startswith("dead:") and lost in status.stdout
     sample = run_rlcli("sample", "--prompt", "hi", "--max-tokens", "2", env=two_processes.env, timeout=120)
     assert sample.returncode != 0 and len(sample.stderr.strip().splitlines()) == 1, sample.stderr
+    assert f"stopped (its {lost})" in sample.stderr, sample.stderr
     run_rlcli("serve", "stop", env=two_processes.env, check=True)
     assert group_members(state.pgid) == []
 

@@ -1,9 +1,9 @@
 """A server a team shares (`serve start --tenants`): keys, deny by default, isolation, quotas, revoke.
 
-One dedicated real server for this module (the session server runs without tenants), and a second one
-with SkyRL's state in the tests' own Postgres (`--database-url`) for the key, isolation, listing, quota and
-revoke tests, and for where that state goes (the database test; it was test_postgres.py with a server of
-its own). Tenants: alice (at most 2 models), bob (at most 1 model) and carol (no limit, for the
+Every test runs twice, on one dedicated real server per database (the session server runs without tenants): SkyRL's
+default sqlite, then the tests' own Postgres (`--database-url`), two-tenant training, the CLI and the notebook
+included; the database test says where each keeps its state (it was test_postgres.py with a server of its own).
+Tenants: alice (at most 2 models), bob (at most 1 model) and carol (no limit, for the
 notebook), added with `rlcli tenant add` in the server's home.
 """
 
@@ -93,12 +93,6 @@ def shared(request, tmp_path_factory, embedded_model):
         yield request.getfixturevalue("postgres_tenants").get()
 
 
-def sqlite_only(request) -> None:
-    """Training and the CLI do not depend on where SkyRL keeps its state: once (sqlite) is enough."""
-    if request.node.callspec.params.get("shared") == "postgres":
-        pytest.skip("on Postgres this module runs the key, isolation, listing, quota and revoke tests only")
-
-
 def test_every_route_is_checked_or_public(shared):
     srv, keys = shared
     status, caps, _ = call(srv.url + CAPABILITIES_ROUTE, key=keys["alice"])
@@ -141,10 +135,8 @@ def _alice_trains(srv, key: str, monkeypatch):
     return client, path
 
 
-def test_two_tenants_train_and_sample_at_once(shared, request):
+def test_two_tenants_train_and_sample_at_once(shared):
     """alice and bob, each through a stock tinker client with its own key, at the same time."""
-    sqlite_only(request)
-
     import tinker
 
     srv, keys = shared
@@ -266,31 +258,32 @@ def test_isolation_between_tenants(shared, monkeypatch):
     assert status == 200 and "t0" in json.dumps(ckpts)
 
 
-def test_on_postgres_the_state_is_there_and_the_password_nowhere(shared, request):
-    """`serve start --database-url`: SkyRL's state goes to Postgres (the sqlite file is never made, a fresh
-    connection finds alice's model), and the password is on no command line and in no doctor output."""
-    if request.node.callspec.params.get("shared") != "postgres":
-        pytest.skip("the database test of the Postgres server")
+def test_the_state_is_in_the_database_and_the_password_nowhere(shared, request):
+    """Where SkyRL's state goes: by default the sqlite file in the server's folder; with `serve start --database-url`
+    Postgres (the sqlite file is never made), and the password is on no command line and in no doctor output. A
+    fresh connection finds alice's models either way."""
     srv, keys = shared
-    database = request.getfixturevalue("postgres")
-    password = database.split(":")[2].split("@")[0]
-    cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in os.listdir("/proc") if pid.isdigit()
-                and Path(f"/proc/{pid}/cmdline").exists()]
-    assert not any(password.encode() in c for c in cmdlines), "the database password is on a command line"
-    assert not (srv.home / "servers" / "default" / "tinker.db").exists()  # sqlite unused
     api = srv.url + "/api/v1"
-    assert call(f"{api}/training_runs", key=keys["bob"])[1]["training_runs"] == []
     runs = call(f"{api}/training_runs", key=keys["alice"])[1]["training_runs"]
-    assert len(runs) == 1, "test_isolation_between_tenants leaves alice one model"
-    model_id = runs[0]["training_run_id"]
-    doctor = run_rlcli("doctor", env=dict(srv.env, TINKER_API_KEY=keys["alice"]), timeout=120)
-    assert "ok    database" in doctor.stdout and password not in doctor.stdout, doctor.stdout
+    assert runs, "test_isolation_between_tenants leaves alice a model"
+    sqlite_file = srv.home / "servers" / "default" / "tinker.db"
+    if request.node.callspec.params["shared"] == "sqlite":
+        database = f"sqlite:///{sqlite_file}"
+    else:
+        database = request.getfixturevalue("postgres")
+        password = database.split(":")[2].split("@")[0]
+        cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in os.listdir("/proc") if pid.isdigit()
+                    and Path(f"/proc/{pid}/cmdline").exists()]
+        assert not any(password.encode() in c for c in cmdlines), "the database password is on a command line"
+        assert not sqlite_file.exists()  # sqlite unused
+        doctor = run_rlcli("doctor", env=dict(srv.env, TINKER_API_KEY=keys["alice"]), timeout=120)
+        assert "ok    database" in doctor.stdout and password not in doctor.stdout, doctor.stdout
+        database = database.replace("postgresql://", "postgresql+psycopg2://")
     code = ("import sys, sqlalchemy; e = sqlalchemy.create_engine(sys.argv[1]); c = e.connect(); "
             "print(c.execute(sqlalchemy.text('select model_id from models')).fetchall())")
-    rows = subprocess.run([str(shared_server_venv() / "bin" / "python"), "-c", code,
-                           database.replace("postgresql://", "postgresql+psycopg2://")],
+    rows = subprocess.run([str(shared_server_venv() / "bin" / "python"), "-c", code, database],
                           capture_output=True, text=True, timeout=60)
-    assert model_id in rows.stdout, rows.stdout + rows.stderr
+    assert all(run["training_run_id"] in rows.stdout for run in runs), rows.stdout + rows.stderr
 
 
 def test_weight_decay_refused_and_quota_answers_429(shared, monkeypatch):
@@ -315,8 +308,7 @@ def test_weight_decay_refused_and_quota_answers_429(shared, monkeypatch):
     call(f"{api}/retrieve_future", "POST", {"request_id": second["request_id"]}, key=bob)
 
 
-def test_cli_takes_the_key_and_doctor_checks_it(shared, request):
-    sqlite_only(request)
+def test_cli_takes_the_key_and_doctor_checks_it(shared):
     srv, keys = shared
     env = dict(srv.env, TINKER_BASE_URL=srv.url)
     env.pop("TINKER_API_KEY", None)
@@ -349,10 +341,9 @@ def test_revoke_takes_effect_on_the_next_request(shared):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_notebook_takes_the_key_from_the_environment(shared, request, tmp_path, monkeypatch):
+def test_a_notebook_takes_the_key_from_the_environment(shared, tmp_path, monkeypatch):
     """learning_curve.ipynb, unchanged, against the shared server: refused in one line without a key, trains
     with TINKER_API_KEY in the environment only (the kernel and the commands it runs inherit it)."""
-    sqlite_only(request)
     import papermill  # the notebook tests' dependencies (env/notebooks.txt)
 
     from tests.integration.test_notebooks import NOTEBOOKS, execute

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
 import threading
 import time
@@ -15,6 +16,7 @@ from rlcli import errors, watchdog
 from rlcli.train import folder as runs
 from rlcli.train.hooks import sample_seed
 from tests.unit.conftest import Health
+from tests.unit.test_tenant_fair_unit import runtime
 
 
 def test_an_answering_server_is_never_declared_gone(health_server):
@@ -29,6 +31,33 @@ def test_a_silent_server_raises_server_gone_in_the_main_thread(health_server):
         Health.answering = False
         threading.Event().wait(30)  # a blocking wait, as the tinker client's: the signal breaks it
     assert str(gone.value).startswith("gone after") and gone.value.exit_code == errors.EXIT_SERVER_GONE
+
+
+def test_an_engine_that_beats_is_never_declared_gone_however_long_its_step(health_server):
+    Health.beat_age_s = 0.4  # a step or a compile longer than the timeout: its heartbeat thread still beats
+    with watchdog.watch(health_server, 1.0) as w:
+        time.sleep(2.5)
+    assert w.gone is None
+
+
+def test_an_engine_that_stopped_beating_under_a_live_api_is_named_in_one_line(health_server):
+    Health.beat_age_s = 31.0  # SIGSTOP: the API answers its health route, its engine gives no heartbeat
+    with pytest.raises(watchdog.ServerGone) as gone, watchdog.watch(health_server, 30.0):
+        threading.Event().wait(30)
+    assert str(gone.value) == (f"the server at {health_server} has a frozen engine (engine process 4242 gave no "
+                               "heartbeat for 31 s): restart it (`rlcli serve restart`), then run the command again")
+
+
+def test_the_engines_heartbeat_file_ages_and_an_earlier_servers_is_forgotten(tmp_path):
+    liveness = runtime("rlcli_liveness")
+    assert liveness.report(tmp_path)["state"] == "starting"  # no beat yet: never "frozen"
+    liveness.start(tmp_path)
+    first = liveness.report(tmp_path)
+    assert first["state"] == "beating" and first["pid"] == os.getpid() and first["beat_age_s"] < 1
+    time.sleep(2.2)
+    assert liveness.report(tmp_path)["beat_age_s"] < 1.5  # the thread touched it meanwhile
+    liveness.forget(tmp_path)
+    assert liveness.report(tmp_path)["state"] == "starting"
 
 
 def test_a_command_that_left_the_block_is_not_ended_later(health_server, monkeypatch):

@@ -70,6 +70,30 @@ def test_lost_worker_line_is_read_from_the_log():
     tail = "x\n[rlcli launcher] jax worker process 1 exited with code -9; the server cannot run without it: stopping\n"
     assert scaling.lost_worker_line(tail).startswith("jax worker process 1 exited with code -9")
     assert scaling.lost_worker_line("nothing here") is None
+    restarted = tail + "INFO Starting background engine\n"  # a start after the loss: that server has its workers
+    assert scaling.lost_worker_line(restarted) is None
+
+
+def test_every_request_to_a_server_that_lost_a_worker_names_the_worker(tmp_path, monkeypatch):
+    """A local server stopped by its launcher: the watchdog's line says which worker, not only that none answers."""
+    import json
+
+    from rlcli import watchdog
+    from rlcli.server import process
+
+    monkeypatch.setenv("RLCLI_HOME", str(tmp_path))
+    folder = tmp_path / "servers" / "default"
+    folder.mkdir(parents=True)
+    url = "http://127.0.0.1:9"  # the discard port: nothing answers
+    (folder / process.STATE_FILE).write_text(json.dumps(dict(pid=1, pgid=1, start_ticks=0, host="127.0.0.1", port=9,
+                                                              base_model="m", backend="jax", started_at=0.0)))
+    (folder / process.LOG_FILE).write_text("INFO Starting background engine\n[rlcli launcher] jax worker process 1 "
+                                           "exited with code -9; the server cannot run without it: stopping\n")
+    with pytest.raises(watchdog.ServerGone) as gone, watchdog.watch(url, 0.5):
+        raise ConnectionError("refused")
+    assert str(gone.value) == (f"the server at {url} stopped (its jax worker process 1 exited with code -9): restart "
+                               "it (`rlcli serve restart`), then run the command again")
+    assert watchdog.lost_worker("http://127.0.0.1:10") is None  # no server of this home there
 
 
 def test_on_ray_every_process_is_an_actor_and_samples_fit_the_mesh():

@@ -111,6 +111,10 @@ def _start_engine(argv: list[str]) -> None:
 
     features, several, on_ray = _features(), distributed.settings_from_engine_argv(argv), ray_actors.on_ray(argv)
     rlcli, jax_backend = RLCLI in features, distributed.backend_of(argv)[0] == "jax"
+    if rlcli:  # first: a start that freezes is seen too
+        import rlcli_liveness
+
+        rlcli_liveness.start(Path.cwd())
     if jax_backend:
         _prepare_jax_imports()
     if several:  # jax's runtime before anything computes

@@ -8,9 +8,11 @@ CAPABILITIES_ROUTE (the losses served in one forward_backward, what each change 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import manifest
 import rlcli_lazy_torch
+import rlcli_liveness
 import rlcli_lora
 import rlcli_losses
 import rlcli_no_torch
@@ -19,7 +21,7 @@ import rlcli_sdk
 import rlcli_tenants
 import rlcli_wake
 import rlcli_warmup
-from shared import CAPABILITIES_ROUTE, EXTENSIONS_ENV, FORGET_ROUTE, READINESS_TAG, RLCLI, TENANTS
+from shared import CAPABILITIES_ROUTE, ENGINE_ROUTE, EXTENSIONS_ENV, FORGET_ROUTE, READINESS_TAG, RLCLI, TENANTS
 
 
 def install(api, features: set[str]) -> None:
@@ -35,8 +37,13 @@ def install(api, features: set[str]) -> None:
         async def rlcli_forget_readiness_models() -> dict:
             return await forget_readiness_models(api.app.state.db_engine)
 
+        async def rlcli_engine_liveness() -> dict:
+            return rlcli_liveness.report(Path.cwd())
+
         api.app.add_api_route(CAPABILITIES_ROUTE, rlcli_capabilities, methods=["GET"])
         api.app.add_api_route(FORGET_ROUTE, rlcli_forget_readiness_models, methods=["POST"])
+        api.app.add_api_route(ENGINE_ROUTE, rlcli_engine_liveness, methods=["GET"])
+        rlcli_liveness.forget(Path.cwd())
     if TENANTS in features:
         rlcli_tenants.install(api)
 
@@ -63,7 +70,7 @@ def capabilities(engine_config) -> dict:
         import ray_actors
 
         answer["ray_actors"] = ray_actors.describe()
-    parts = (rlcli_wake, rlcli_samplers, rlcli_warmup, rlcli_lora, rlcli_no_torch, rlcli_lazy_torch)
+    parts = (rlcli_wake, rlcli_samplers, rlcli_warmup, rlcli_lora, rlcli_no_torch, rlcli_lazy_torch, rlcli_liveness)
     if RLCLI in features:
         answer |= {module.__name__: module.describe() for module in parts}
     if TENANTS in features:

@@ -17,10 +17,12 @@ DISTRIBUTED_ENV = "RLCLI_DISTRIBUTED"  # set where rlcli's launcher brought jax'
 # Routes rlcli adds to SkyRL's API, and the session tag of `serve start`'s readiness probe.
 CAPABILITIES_ROUTE = "/api/v1/rlcli/capabilities"
 FORGET_ROUTE = "/api/v1/rlcli/forget_readiness_models"
+ENGINE_ROUTE = "/api/v1/rlcli/engine"  # the engine process's heartbeat: its pid, seconds since its last beat
 READINESS_TAG = "rlcli-readiness"
 
 # Files in the server's state folder (its working directory) and in the server venv.
 OWNERS_FILE = "tenant-owners.jsonl"  # which tenant created each id
+HEARTBEAT_FILE = "rlcli-engine-heartbeat"  # the engine process touches it every second (rlcli_liveness)
 RAY_REPORT = "rlcli-ray-actors.json"  # what the Ray actors loaded, for the capabilities route
 PEFT_RECORD = "rlcli-peft-lora-config.json"  # peft's LoraConfig as recorded for the torch-free engine (sys.prefix)
 
