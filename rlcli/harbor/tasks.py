@@ -380,7 +380,9 @@ def download_dataset(spec: str, dest: Path) -> Path:
 
 
 def _git(*args: str) -> None:
-    subprocess.run(["git", *args], check=True, capture_output=True, text=True, timeout=600)
+    # A public dataset, not the user's data (its cache folder is private): files keep git's ordinary modes, which a
+    # Dockerfile's COPY carries into the image, where a task's non-root USER must read them.
+    subprocess.run(["git", *args], check=True, capture_output=True, text=True, timeout=600, umask=0o022)
 
 
 def load_tasks(dataset: str, task_filter: str | None, limit: int | None, label: str = "--dataset",
