@@ -1,5 +1,6 @@
 """What a task may never ask for: privileged mode, host mounts, devices, added capabilities, the host's pid, ipc
-or network namespace, or the Docker socket. Each would hand the task's code the machine that runs rlcli.
+or network namespace, or the Docker socket. Each would hand the task's code the machine that runs rlcli. Nor may
+its env tables copy rlcli's own secrets into the container (taskconfig.resolve_env refuses RLCLI_SECRETS).
 
 rlcli's own container spec sets none of them (sandbox.run_options); this refuses a task that declares one,
 in task.toml or in a docker-compose file beside its Dockerfile (rlcli never applies compose, but a task that
@@ -30,6 +31,8 @@ KEYS = {
 # container's network namespace instead.
 HOST_NETWORK = ("host",)
 SOCKET = "docker.sock"
+# rlcli's own secrets: a task's env table cannot copy them into its container ("${TINKER_API_KEY}").
+RLCLI_SECRETS = ("TINKER_API_KEY", "RLCLI_DATABASE_URL", "PGPASSWORD")
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 WHAT_TO_DO = ("rlcli runs every task in an unprivileged container with no host mounts, devices or Docker socket: "
               "remove it from the task")

@@ -35,6 +35,8 @@ KINDS = {
 
 def task_with(tmp_path: Path, toml_line: str = "", compose: str = "") -> Path:
     folder = Path(shutil.copytree(FIXTURES / "hello-file", tmp_path / "task"))
+    (folder / "steps" / "one").mkdir(parents=True)  # for a toml_line that declares [[steps]] name = "one"
+    (folder / "steps" / "one" / "instruction.md").write_text("Write the file.")
     if toml_line:
         with (folder / "task.toml").open("a") as f:
             f.write(f"{toml_line}\n")  # the fixture's last table is [environment]
@@ -88,3 +90,13 @@ def test_rlcli_container_spec_gives_nothing_of_the_host(online):
     assert not set(ESCALATIONS) & set(options), set(ESCALATIONS) & set(options)
     assert options["network_mode"] == ("bridge" if online else "none")
     assert "docker.sock" not in repr(options)
+
+
+@pytest.mark.parametrize("table", ["", "[solution]", "[[steps]]\nname = \"one\"\n[steps.verifier]"])
+def test_a_task_cannot_copy_rlclis_key_into_its_container(tmp_path, monkeypatch, table):
+    """The fixture's last table is [environment] (table ""); [verifier] env and a step's env alike."""
+    monkeypatch.setenv("TINKER_API_KEY", "tml-not-for-tasks")
+    line = f'{table}\nenv = {{ KEY = "${{TINKER_API_KEY}}" }}'
+    with pytest.raises(UsageError, match=r"\$TINKER_API_KEY, rlcli's own secret") as e:
+        tasks.load_task(task_with(tmp_path, toml_line=line))
+    assert "tml-not-for-tasks" not in str(e.value)
