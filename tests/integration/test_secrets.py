@@ -2,10 +2,10 @@
 
 One team server (`serve start --tenants`, SkyRL's state in Postgres where the tests have it: the password in
 --database-url), and through it: `import -o`, `train sl`, `export`, a loop iteration, the endpoint answering a
-tenant, refusing a wrong key and failing a request, a CLI command refused for a wrong key, `serve status` and
-`doctor`. Then every file under the private RLCLI_HOME, the run, loop, export and import outputs, and every
-command's stdout and stderr is searched for each secret, raw, base64 and URL-encoded (`tenant add` excepted: printing
-the new key is its job); and every file and folder rlcli wrote must be its owner's alone.
+tenant, refusing a wrong key and failing a request, a CLI command refused for a wrong key, `serve restart`, then
+`serve status` and `doctor`. Then every file under the private RLCLI_HOME, the run, loop, export and import
+outputs, and every command's stdout and stderr is searched for each secret, raw, base64 and URL-encoded (`tenant
+add` excepted: printing the new key is its job); and every file and folder rlcli wrote must be its owner's alone.
 """
 
 from __future__ import annotations
@@ -95,10 +95,16 @@ def endpoint_requests(run: Run, keys: dict[str, str]) -> None:
         assert post(chat, ask, key=WRONG_KEY)[0] == 401
         assert post(chat, {**ask, "temperature": -3}, key=keys["alice"])[0] == 400
         assert 400 <= post(chat, {**ask, "model": "tinker://nobody/sampler_weights/x"}, key=keys["bob"])[0] < 500
-        run.rlcli("serve", "status")
-        run.rlcli("doctor", ok=None)
     finally:
         run.rlcli("endpoint", "stop", ok=None)
+
+
+def restart_and_report(run: Run) -> None:
+    """`serve restart` finds the database password where start kept it; then status and doctor say their piece."""
+    run.rlcli("serve", "restart", timeout=600)
+    assert run.rlcli("run", "list")  # carol's runs, through the restarted server and its database
+    run.rlcli("serve", "status")
+    run.rlcli("doctor", ok=None)
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +115,7 @@ def full_run(tmp_path_factory, embedded_model, request):
         run = Run(root, {**srv.env, "TINKER_BASE_URL": srv.url, "TINKER_API_KEY": keys["carol"]})
         train_and_loop(run, keys["carol"])
         endpoint_requests(run, keys)
+        restart_and_report(run)
         password = database[1].split(":")[2].split("@")[0] if database else None
         yield run, srv, [*keys.values(), WRONG_KEY, *([password] if password else [])]
 
