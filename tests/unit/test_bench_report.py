@@ -207,3 +207,13 @@ def test_server_start_row_shows_the_compare_tree_of_an_ab_run(tmp_path):
                       "load_average_1_5_15": LOAD}])
     row = rows(report.render(report.load_receipts(tmp_path)), "`rlcli serve start`")[0]
     assert "warm 17.0 s (n=3" in row and "the compare tree (a3453c3): warm 25.0 s" in row
+
+
+def test_a_receipt_never_holds_a_tenant_key(tmp_path):
+    from benchmarks.common import write_receipt
+    from rlcli import tenants
+
+    key = tenants.KEY_PREFIX + "k" * 43
+    path = write_receipt("keys", {"made": key, "placeholder": "tml-bench"}, folder=tmp_path)
+    body = json.loads(path.read_text())
+    assert (body["made"], body["placeholder"]) == ("<API_KEY>", "tml-bench") and key not in path.read_text()
