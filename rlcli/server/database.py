@@ -50,7 +50,7 @@ def resolve(database_url: str | None, state_dir: Path | None = None) -> tuple[st
         return None, {}
     parts = urlsplit(url)
     if parts.scheme not in SCHEMES:
-        raise UsageError(f"--database-url: {parts.scheme or url!r} is not a database SkyRL serves; give "
+        raise UsageError(f"--database-url: {parts.scheme or redacted(url)!r} is not a database SkyRL serves; give "
                          "postgresql://USER[:PASSWORD]@HOST:PORT/DB or sqlite:///FILE")
     if parts.scheme == "sqlite":
         return url, {}  # as given: urlunsplit would fold sqlite:////abs/path's empty host away

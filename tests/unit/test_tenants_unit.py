@@ -133,6 +133,9 @@ def test_database_url_keeps_the_password_off_the_command_line(monkeypatch):
     assert database.resolve(None) == ("sqlite:////tmp/x.db", {})
     with pytest.raises(UsageError, match="--database-url"):
         database.resolve("mysql://x@y/z")
+    with pytest.raises(UsageError) as e:  # no scheme: the URL is quoted back, never its password
+        database.resolve("//team:s3cret@db:5432/t")
+    assert "s3cret" not in str(e.value) and "team:***@db" in str(e.value)
 
 
 def test_a_recorded_database_url_keeps_its_password_in_the_password_file_alone(monkeypatch, tmp_path):
