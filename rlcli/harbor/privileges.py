@@ -50,8 +50,10 @@ def check_table(table: dict[str, Any], where: str) -> None:
         network = str(value).lower() if key in ("network_mode", "network") and isinstance(value, str) else ""
         if network in HOST_NETWORK or network.startswith(("container:", "service:")):
             _refuse(where, "another network namespace than the task's own", key, value)
-        if SOCKET in repr(value):
-            _refuse(where, "the Docker socket", key, value)
+        if SOCKET in repr(value):  # in a table (env), name only the entry that holds it: the rest may be secrets
+            inner = [k for k, v in value.items() if SOCKET in repr(v)] if isinstance(value, dict) else []
+            _refuse(where, "the Docker socket", f"{key}.{inner[0]}" if inner else key,
+                    value[inner[0]] if inner else value)
 
 
 def _tables(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
