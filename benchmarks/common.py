@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -14,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 from rlcli.config import portable
+from rlcli.data.redact import TINKER_KEY
 
 RECEIPTS = Path(__file__).resolve().parent / "receipts"
 REPO = RECEIPTS.parent.parent
@@ -94,5 +96,6 @@ def write_receipt(name: str, body: dict, folder: Path | None = None, names: dict
     text = json.dumps(receipt, indent=2)
     for local, name in (names or {}).items():
         text = text.replace(local, name)
+    text = re.sub(TINKER_KEY, "<API_KEY>", text)  # a key a benchmark made (its tenants') never reaches git
     path.write_text(portable(text, REPO) + "\n")
     return path

@@ -21,6 +21,7 @@ from typing import Any
 
 from rlcli import __version__
 from rlcli.errors import EXIT_USAGE, run_guarded
+from rlcli.files import private_files
 
 
 def _functions_of(module: str, helps: dict[str, str]) -> dict[str, tuple[str, str]]:
@@ -246,6 +247,7 @@ def _take_api_key(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None, script: tuple[str, int] | None = None) -> int:
     """Run one command; its exit code. script: see _build_parser (scripts/*.py launch commands through here)."""
+    private_files()  # before anything is written: every file a command makes holds its user's data
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         argv = _take_api_key(argv)

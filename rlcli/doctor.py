@@ -213,7 +213,7 @@ def check_database() -> Check:
     venv = config.server_venv_dir()
     if not (venv / "bin" / "python").exists():
         return Check("database", "warn", f"{database.redacted(url)}: no server venv to check it with")
-    why = database.check(url, venv)
+    why = database.check(url, venv, state_dir=config.server_state_dir())
     if why:
         return Check("database", "fail", f"cannot connect to {database.redacted(url)}: {why}")
     return Check("database", "ok", f"{database.redacted(url)} answers")

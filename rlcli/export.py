@@ -166,8 +166,8 @@ def export(o: ExportOptions) -> int:
     out = _check_output(o.output, o.force)
     url = resolve_base_url(o.base_url)
     base = o.base_model or training_run(url, run_id)["base_model"]
-    # A failed export leaves nothing half-written; the finished one is an ordinary folder of the user's.
-    with (watch(url, o.server_timeout), staged_folder(out, shared=True) as staging,
+    # A failed export leaves nothing half-written; the finished one is the user's alone (weights trained on their data).
+    with (watch(url, o.server_timeout), staged_folder(out) as staging,
           tempfile.TemporaryDirectory(prefix="rlcli-export-") as tmp):
         download_archive(url, run_id, ckpt, Path(tmp) / "archive.tar.gz")
         adapter = extract_adapter(Path(tmp) / "archive.tar.gz", Path(tmp))

@@ -76,6 +76,8 @@ def _is_ipv6(m: re.Match[str]) -> bool:
     return True
 
 
+# `tml-` and 32 or more key characters (`rlcli tenant add` makes 43); the placeholders (tml-self-hosted) are shorter.
+TINKER_KEY = r"\btml-[A-Za-z0-9_-]{32,}"
 _KEY = (
     r"\bsk-[A-Za-z0-9_-]{20,}"  # OpenAI (sk-, sk-proj-) and Anthropic (sk-ant-)
     r"|\b[rsp]k_(?:live|test)_[A-Za-z0-9]{16,}"  # Stripe
@@ -84,8 +86,9 @@ _KEY = (
     r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"  # Slack
     r"|\bAIza[0-9A-Za-z_-]{35}"  # Google
     r"|\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"  # JWT
+    r"|" + TINKER_KEY  # Tinker's and rlcli's tenants' keys
 )
-_KEY_NEEDLES = tuple("sk- k_live_ k_test_ AKIA ASIA ghp_ gho_ ghu_ ghs_ ghr_ github_pat_ xox AIza eyJ".split())
+_KEY_NEEDLES = tuple("sk- k_live_ k_test_ AKIA ASIA ghp_ gho_ ghu_ ghs_ ghr_ github_pat_ xox AIza eyJ tml-".split())
 _DIGITS = tuple("0123456789")
 
 

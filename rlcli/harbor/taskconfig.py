@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlcli.errors import UsageError
+from rlcli.harbor import privileges
 
 NETWORK_MODES = ("public", "no-network", "allowlist")
 REWARD_STRATEGIES = ("mean", "final")
@@ -104,6 +105,9 @@ def resolve_env(table: Any, where: str) -> dict[str, str]:
     resolved = {}
     for key, value in table.items():
         match = _TEMPLATE.fullmatch(str(value))
+        if match and match.group(1) in privileges.RLCLI_SECRETS:
+            raise UsageError(f"{where}: env {key} asks for ${match.group(1)}, rlcli's own secret, which a task cannot "
+                             "have: remove it (give the task a key of its own, under another name)")
         if not match:
             resolved[str(key)] = str(value)
         elif match.group(1) in os.environ:

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from rlcli.config import rlcli_home
 from rlcli.errors import UsageError
 from rlcli.files import staged_folder
-from rlcli.harbor import taskconfig
+from rlcli.harbor import privileges, taskconfig
 from rlcli.harbor.taskconfig import OFFLINE, Network, Step
 
 # Harbor's registry of datasets (name, version, tasks with git_url, git_commit_id, path).
@@ -206,7 +206,9 @@ def load_task(folder: Path, name: str | None = None, network: NetworkChoice = "t
     """One task folder, checked; a UsageError says what is missing. network="none" turns every phase off."""
     toml = folder / "task.toml"
     text = toml.read_text(encoding="utf-8") if toml.is_file() else ""
-    fields = parse_task_toml(text, str(toml), _instructions(folder, read_toml(text, str(toml))))
+    doc = read_toml(text, str(toml))
+    privileges.check_task(folder, doc, str(toml))  # before anything is built or started
+    fields = parse_task_toml(text, str(toml), _instructions(folder, doc))
     task = Task(name=name or folder.name, path=folder.resolve(), **fields)
     for step in task.steps:
         folders, script = task.tests(step)
@@ -378,7 +380,9 @@ def download_dataset(spec: str, dest: Path) -> Path:
 
 
 def _git(*args: str) -> None:
-    subprocess.run(["git", *args], check=True, capture_output=True, text=True, timeout=600)
+    # A public dataset, not the user's data (its cache folder is private): files keep git's ordinary modes, which a
+    # Dockerfile's COPY carries into the image, where a task's non-root USER must read them.
+    subprocess.run(["git", *args], check=True, capture_output=True, text=True, timeout=600, umask=0o022)
 
 
 def load_tasks(dataset: str, task_filter: str | None, limit: int | None, label: str = "--dataset",

@@ -166,7 +166,7 @@ def export_champion(folder: Path, champ: Champion, s: LoopSettings, url: str) ->
 
     out = folder / CHAMPION_DIR
     if champ.is_base:
-        with staged_folder(out, shared=True):
+        with staged_folder(out):
             pass
     else:
         from rlcli.export import ExportOptions, export

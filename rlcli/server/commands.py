@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rlcli import config
@@ -203,7 +203,8 @@ def start(o: StartOptions) -> int:
     tenant_env, internal_key = tenancy.server_env() if o.tenants else ({}, None)
     from rlcli.server import database
 
-    db_url, db_env = database.resolve(o.database_url)
+    o = replace(o, database_url=database.keep_password(o.database_url, state_dir))  # recorded without it
+    db_url, db_env = database.resolve(o.database_url, state_dir)
     tenant_env = {**tenant_env, **db_env, **snapshots_env}
     if not _is_loopback(o.host) and not o.tenants:
         print(f"rlcli: warning: binding {o.host}: SkyRL checks no credentials, so anyone who can reach "

@@ -146,6 +146,11 @@ def test_no_network_when_the_task_says_so_and_limits_are_set(docker_client):
         host = box.container.attrs["HostConfig"]
         assert (host["NanoCpus"], host["Memory"], host["PidsLimit"], host["NetworkMode"]) == \
             (1_000_000_000, 256 * 2**20, 128, "none")
+        # Nothing of the host reaches a task's container (rlcli/harbor/privileges.py refuses tasks that ask).
+        assert not host["Privileged"] and not host.get("Binds") and not host.get("Mounts")
+        assert not host.get("Devices") and not host.get("CapAdd") and not host.get("SecurityOpt")
+        assert host.get("PidMode", "") == "" and host.get("IpcMode") in ("", "private", "shareable")
+        assert not any("docker.sock" in m.get("Source", "") for m in box.container.attrs.get("Mounts") or [])
     finally:
         box.remove()
     allowed = start_sandbox(docker_client, "network-allowed")

@@ -224,3 +224,13 @@ def test_each_models_sampling_breakdown_has_its_own_row_and_an_arm_without_hf_ha
     assert len(rows) == 2 and not any("9.90" in row for row in rows)
     embedded = next(row for row in rows if "embedded model" in row)
     assert "**0.83** / **1.50** (8 × 32, 64 × 32)" in embedded and "identical to HF's on 7 of 8" in embedded
+
+
+def test_a_receipt_never_holds_a_tenant_key(tmp_path):
+    from benchmarks.common import write_receipt
+    from rlcli import tenants
+
+    key = tenants.KEY_PREFIX + "k" * 43
+    path = write_receipt("keys", {"made": key, "placeholder": "tml-bench"}, folder=tmp_path)
+    body = json.loads(path.read_text())
+    assert (body["made"], body["placeholder"]) == ("<API_KEY>", "tml-bench") and key not in path.read_text()

@@ -48,7 +48,7 @@ def test_file_to_output_file_with_summary_on_stderr(tmp_path):
         "import: read 11, wrote 6, dropped 5 (no_assistant_reply: 1, no_prompt: 1, error_response: 1, "
         "truncated: 1, unrecognized: 1); dropped parts: image 1, extra_choice 1"
     )
-    assert out.stat().st_mode & 0o777 == 0o666 & ~_umask()  # the user's file, not a private temp
+    assert out.stat().st_mode & 0o777 == 0o600  # the user's traces: theirs alone, whatever the umask
     assert [p.name for p in tmp_path.iterdir()] == ["train.jsonl"]  # no temp file left behind
 
 
@@ -69,12 +69,6 @@ def test_a_chat_completions_import_loads_only_what_it_reads(tmp_path):
     others = {"rlcli.data.responses", "rlcli.data.chains", "rlcli.data.gemini", "rlcli.data.otel", "rlcli.data.traces",
               "rlcli.data.redact", "rlcli.client", "urllib.request", "asyncio"}
     assert loaded & others == set()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def test_stdin_to_stdout():

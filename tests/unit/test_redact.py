@@ -79,3 +79,10 @@ def test_without_the_flag_nothing_is_redacted():
     record = {"messages": [{"role": "user", "content": "mail me: a@b.co"}, {"role": "assistant", "content": "ok"}]}
     conv = finalize(from_openai(record, Counter()), Options())
     assert conv["messages"][0]["content"] == "mail me: a@b.co"
+
+
+def test_tinker_keys_are_redacted_and_placeholders_kept():
+    from rlcli import tenants
+
+    key = tenants.KEY_PREFIX + "A" * 43
+    assert redact_text(f"key {key} and tml-self-hosted") == "key <API_KEY> and tml-self-hosted"

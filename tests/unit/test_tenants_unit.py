@@ -133,6 +133,24 @@ def test_database_url_keeps_the_password_off_the_command_line(monkeypatch):
     assert database.resolve(None) == ("sqlite:////tmp/x.db", {})
     with pytest.raises(UsageError, match="--database-url"):
         database.resolve("mysql://x@y/z")
+    with pytest.raises(UsageError) as e:  # no scheme: the URL is quoted back, never its password
+        database.resolve("//team:s3cret@db:5432/t")
+    assert "s3cret" not in str(e.value) and "team:***@db" in str(e.value)
+
+
+def test_a_recorded_database_url_keeps_its_password_in_the_password_file_alone(monkeypatch, tmp_path):
+    """`serve start` records the URL without its password; libpq's password file (0600) holds it for a restart."""
+    from rlcli.server import database
+
+    monkeypatch.delenv(database.ENV, raising=False)
+    recorded = database.keep_password("postgresql://team:s3c%3Aret@db.local:5432/tinker", tmp_path)
+    assert recorded == "postgresql://team@db.local:5432/tinker"
+    passfile = tmp_path / database.PASSFILE
+    assert passfile.read_text() == "db.local:5432:tinker:team:s3c\\:ret\n" and passfile.stat().st_mode & 0o777 == 0o600
+    assert database.resolve(recorded, tmp_path) == ("postgresql+psycopg2://team@db.local:5432/tinker",
+                                                    {"PGPASSFILE": str(passfile)})
+    assert database.keep_password("sqlite:////x.db", tmp_path) == "sqlite:////x.db"
+    assert database.resolve("postgresql://team@h/db", tmp_path / "none") == ("postgresql+psycopg2://team@h/db", {})
 
 
 def test_gate_counts_queued_requests_and_releases_them_when_done(home, capsys):
