@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -239,6 +240,8 @@ def soak(server: PrivateServer, root: Path, minutes: float, interval: float, rat
         for t in threads:
             t.join(timeout=120)
         jobs.run("endpoint-stop", 0, "endpoint", "stop")
+        for log in server.log.parent.glob("server.log*"):  # the home goes with the server: its log stays with ours
+            shutil.copy2(log, root / "logs" / log.name)
     return {"series": series, "jobs": jobs.runs, "requests": load.rows}
 
 
