@@ -160,6 +160,14 @@ bench: venv server-venv model
 	$(BIN)/python -m benchmarks.report
 	$(BIN)/python -m benchmarks.retention --prune
 
+# The soak (benchmarks/soak.py): two SFT trainers, RL sampling, the endpoint under 2 requests/s and the loop promoting
+# and rolling back, against one server for SOAK_MINUTES; RSS, fds, futures rows and disk every 10 s, each judged flat
+# or not after warm-up. Niced: it shares the machine for that long. Receipt and PNG in benchmarks/receipts/.
+SOAK_MINUTES ?= 30
+.PHONY: soak
+soak: venv server-venv model
+	nice -n 10 $(BIN)/python -m benchmarks.soak --minutes $(SOAK_MINUTES)
+
 # The notebooks at laptop size through papermill (each starts and stops its own server); the executed copies,
 # outputs and plots included, go to notebooks/results/ beside the results they record.
 NOTEBOOKS = fused_vs_2pass learning_curve gsm8k distill continual_loop served_loop

@@ -1,0 +1,305 @@
+"""A soak: a realistic mix against one server for many minutes, its resources read every few seconds, each judged flat
+or not after warm-up.
+
+    .venv/bin/python -m benchmarks.soak --minutes 30 [--interval 10] [--rate 2] [--loop-every 300] [--out DIR]
+    make soak                                        # the same, 30 minutes, under nice -n 10
+
+One `rlcli serve start` on the embedded model (a private RLCLI_HOME, the shared server venv), and against it:
+- two SFT trainers, each `rlcli train sl` on a small chat set again and again (a new run folder each time, a
+  checkpoint every 3 steps: the named checkpoints a user's runs leave);
+- an RL run sampling: `rlcli train rl` on one-digit sums again and again (per-step sampler snapshots);
+- `rlcli endpoint start --loops DIR` under a steady rate of chat requests (model `champion`) from the `openai`
+  package, open-loop: each request leaves on its schedule whatever the ones before did, its latency counted from
+  then, no retries (a failed request is counted, never hidden);
+- the loop: every --loop-every seconds either a new trace batch, `rlcli loop run --once` (manual gate) and
+  `rlcli loop promote`, or `rlcli loop rollback DIR 0`, in turn.
+Every --interval seconds: RSS and open file descriptors of the server's and the endpoint's processes (per role),
+SkyRL's futures rows, disk under the server's home (benchmarks/soak_probe.py), the window's requests, failures and
+latency p50/p99. The receipt keeps the raw series, every job run and every failed request, and per resource the
+slope after warm-up (the first third) with its noise and the verdict (soak_probe.py's rule); a PNG beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import fire
+
+from benchmarks import soak_probe as probe
+from benchmarks.common import stop_servers_on_sigterm, versions, write_receipt
+from benchmarks.models import server_versions
+from rlcli.loop import batches, settings
+from rlcli.model import ensure_embedded_model
+from rlcli.server.private import PACKAGE_PARENT, RLCLI, PrivateServer, free_port, private_server
+
+MAX_TOKENS = 16
+SL_DATA = PACKAGE_PARENT / "tests" / "fixtures" / "sl_small.jsonl"
+SL_ARGS = ("--batch-size", "4", "--epochs", "1", "--save-every", "3", "--eval-every", "0", "--lr", "5e-3")
+RL_ARGS = ("--loss", "gspo", "--dataset", "arithmetic", "--max-operand", "9", "--batch-size", "4", "--group-size", "4",
+           "--max-tokens", "8", "--eval-size", "8", "--eval-every", "0", "--save-every", "0", "--lr", "1e-3",
+           "--max-steps", "20")
+LOOP = dict(gate="manual", steps=4, lr=1e-2, save_every=2, max_tokens=8, eval_limit=8, match="number")
+WARMUP_SHARE = 1 / 3
+SNAPSHOTS_KEPT = 4  # `serve start --sampler-snapshots`'s default, which this server runs with
+# What each series is judged against: "flat" (a leak if it grows) or the retention that bounds it, if any.
+EXPECTED = {
+    "server_rss_mb": "flat", "server_fds": "flat", "endpoint_rss_mb": "flat", "endpoint_fds": "flat",
+    "disk_mb_sampler_snapshots": "flat: --sampler-snapshots (4) per loaded model, a model's all deleted when unloaded",
+    "futures_rows": "no retention: SkyRL keeps a row per request (rlcli keeps them: request ids are max(id) + 1)",
+    "disk_mb_checkpoints_training": "no retention: every run's named checkpoints are kept (user data, resumable)",
+    "disk_mb_sampler_named": "no retention: named sampler weights are kept (user data)",
+    "disk_mb_capture": "no retention: every exchange is kept for the loop (its drain copies, never truncates)",
+    "disk_mb_database": "grows with futures_rows", "disk_mb_server_log": "rotated at 20 MB (two parts: 40 MB)",
+    "latency_p50_ms": "flat", "latency_p99_ms": "flat",
+}
+
+
+class Jobs:
+    """Commands run to their end (or stopped), each run recorded: job, start, seconds, exit code, output's tail."""
+
+    def __init__(self, env: dict[str, str], root: Path, origin: float, stop: threading.Event):
+        self.env, self.root, self.origin, self.stop = env, root, origin, stop
+        self.runs: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def run(self, job: str, k: int, *args: str) -> int | None:
+        """One `rlcli ARGS`; its exit code, None when the soak's end stopped it."""
+        start = time.monotonic()
+        log = self.root / "logs" / f"{job}-{k:04d}.log"
+        log.parent.mkdir(exist_ok=True)
+        with log.open("w") as out:
+            proc = subprocess.Popen([*RLCLI, *args], env=self.env, cwd=PACKAGE_PARENT, stdout=out,
+                                    stderr=subprocess.STDOUT)
+            while proc.poll() is None and not self.stop.wait(0.5):
+                pass
+            stopped = proc.poll() is None
+            if stopped:
+                proc.terminate()
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        rc = None if stopped else proc.returncode
+        row = {"job": job, "run": k, "start_s": round(start - self.origin, 1),
+               "seconds": round(time.monotonic() - start, 1), "rc": rc}
+        if rc:
+            row["tail"] = log.read_text(errors="replace")[-1500:]
+        with self.lock:
+            self.runs.append(row)
+        return rc
+
+    def repeat(self, job: str, args_of: Callable[[int], list[str]]) -> threading.Thread:
+        """A thread running `rlcli ARGS(k)` for k = 1, 2, ... until the stop (a pause after a failed run)."""
+        def body() -> None:
+            k = 0
+            while not self.stop.is_set():
+                k += 1
+                if self.run(job, k, *args_of(k)) not in (0, None):
+                    self.stop.wait(5)
+        thread = threading.Thread(target=body, name=job, daemon=True)
+        thread.start()
+        return thread
+
+
+class Load:
+    """Open-loop chat requests at `rate` per second through the `openai` package: latency from each one's schedule."""
+
+    def __init__(self, endpoint: str, rate: float, origin: float, stop: threading.Event):
+        import openai
+
+        self.client = openai.OpenAI(base_url=f"{endpoint}/v1", api_key="soak", max_retries=0, timeout=120)
+        self.rate, self.origin, self.stop = rate, origin, stop
+        self.rows: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="load")
+
+    def run(self) -> None:
+        due, i = time.monotonic(), 0
+        while not self.stop.is_set():
+            self.pool.submit(self.one, i, due)
+            i += 1
+            due += 1 / self.rate
+            self.stop.wait(max(0.0, due - time.monotonic()))
+        self.pool.shutdown(wait=True)  # requests under way are answered and counted
+
+    def one(self, i: int, due: float) -> None:
+        row: dict[str, Any] = {"i": i, "sent_s": round(due - self.origin, 3)}
+        try:
+            answer = self.client.chat.completions.create(
+                model="champion", max_tokens=MAX_TOKENS, temperature=0.7,
+                messages=[{"role": "user", "content": f"What is {i % 10} + {i % 7}?"}])
+            row["ok"] = bool(answer.choices)
+        except Exception as e:  # noqa: BLE001 - a failed request is what is counted
+            row["ok"], row["error"] = False, f"{type(e).__name__}: {e}"[:300]
+        row["done_s"] = round(time.monotonic() - self.origin, 3)
+        row["ms"] = round((time.monotonic() - due) * 1000, 1)
+        with self.lock:
+            self.rows.append(row)
+
+    def window(self, since_s: float, until_s: float) -> dict[str, Any]:
+        with self.lock:
+            rows = [r for r in self.rows if since_s < r["done_s"] <= until_s]
+        ms = [r["ms"] for r in rows if r["ok"]]
+        return {"requests": len(rows), "failed": sum(not r["ok"] for r in rows),
+                "latency_p50_ms": probe.pct(ms, 0.5), "latency_p99_ms": probe.pct(ms, 0.99)}
+
+
+def loop_cycles(jobs: Jobs, folder: Path, inbox: Path, every: float) -> threading.Thread:
+    """Every `every` seconds, in turn: new traces, `loop run --once`, `loop promote N`; then `loop rollback DIR 0`."""
+    def body() -> None:
+        k, iteration = 0, 0
+        while not jobs.stop.wait(every):
+            k += 1
+            if k % 2:
+                batches.write_batch(inbox / f"soak-{k:03d}.openai.jsonl", batch=1, n=24, seed=k)
+                if jobs.run("loop-run", k, "loop", "run", str(folder), "--once") != 0:
+                    continue
+                iteration += 1
+                jobs.run("loop-promote", k, "loop", "promote", str(folder), str(iteration))
+            else:
+                jobs.run("loop-rollback", k, "loop", "rollback", str(folder), "0")
+    thread = threading.Thread(target=body, name="loop", daemon=True)
+    thread.start()
+    return thread
+
+
+def pgid_of(state: Path) -> int | None:
+    try:
+        record = json.loads(state.read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("pgid", record.get("pid"))
+
+
+def sample(server: PrivateServer, capture: Path, load: Load, last_s: float, now_s: float) -> dict[str, Any]:
+    """One reading; the window's requests are those answered after last_s, up to now_s (seconds into the soak)."""
+    server_dir = server.home / "servers" / "default"
+    row: dict[str, Any] = {"t_s": round(now_s, 3), "load_1min": os.getloadavg()[0]}
+    row |= probe.process_readings("server", pgid_of(server_dir / "state.json"))
+    row |= probe.process_readings("endpoint", pgid_of(server.home / "endpoints" / "default.json"))
+    row |= probe.futures_rows(server_dir / "tinker.db")
+    row |= probe.disk_readings(server_dir, capture, server_dir / "checkpoints")
+    return row | load.window(last_s, now_s)
+
+
+def soak(server: PrivateServer, root: Path, minutes: float, interval: float, rate: float,
+         loop_every: float) -> dict[str, Any]:
+    """The mix against `server` for `minutes`; the series, the job runs, the requests."""
+    env = dict(server.env, TINKER_API_KEY="tml-soak")
+    folder, inbox, capture = root / "loop", root / "inbox", server.home / "capture" / "default"
+    inbox.mkdir()
+    regression = batches.write_regression(root / "regression.jsonl")
+    origin, stop = time.monotonic(), threading.Event()
+    jobs = Jobs(env, root, origin, stop)
+    if jobs.run("loop-init", 0, "loop", "init", str(folder), "--traces", str(inbox / "*.jsonl"), "-f", "openai",
+                "--regression", str(regression), "--base-url", server.url) != 0:
+        raise RuntimeError(f"loop init failed: {jobs.runs[-1].get('tail')}")
+    settings.write(folder, replace(settings.read(folder), **LOOP))
+    started = subprocess.run([*RLCLI, "endpoint", "start", "--port", str(free_port()), "--loops", str(folder)],
+                             env=env, cwd=PACKAGE_PARENT, capture_output=True, text=True, timeout=300)
+    if started.returncode != 0:
+        raise RuntimeError(f"endpoint start failed: {started.stderr.strip()}")
+    endpoint = started.stdout.strip()  # it prints its URL
+    load = Load(endpoint, rate, origin, stop)
+    threads = [threading.Thread(target=load.run, name="load", daemon=True)]
+    threads[0].start()
+    for name in ("sl-a", "sl-b"):
+        threads.append(jobs.repeat(name, lambda k, name=name: [
+            "train", "sl", "--dataset", str(SL_DATA), *SL_ARGS, "--base-url", server.url,
+            "--log-path", str(root / "runs" / f"{name}-{k:04d}")]))
+    threads.append(jobs.repeat("rl", lambda k: [
+        "train", "rl", *RL_ARGS, "--seed", str(k), "--base-url", server.url,
+        "--log-path", str(root / "runs" / f"rl-{k:04d}")]))
+    threads.append(loop_cycles(jobs, folder, inbox, loop_every))
+    series, last_s, end = [], 0.0, origin + minutes * 60
+    try:
+        while time.monotonic() < end:
+            time.sleep(max(0.0, min(interval, end - time.monotonic())))
+            now_s = time.monotonic() - origin
+            series.append(sample(server, capture, load, last_s, now_s))
+            last_s = now_s
+            s = series[-1]
+            print(f"{s['t_s']:7.0f}s server {s['server_rss_mb']:.0f} MB/{s['server_fds']:.0f} fds, endpoint "
+                  f"{s['endpoint_rss_mb']:.0f} MB, futures {s.get('futures_rows')}, snapshots "
+                  f"{s['disk_mb_sampler_snapshots']:.1f} MB, requests {s['requests']} ({s['failed']} failed), p50 "
+                  f"{s['latency_p50_ms']} ms, load {s['load_1min']:.1f}", flush=True)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        jobs.run("endpoint-stop", 0, "endpoint", "stop")
+        for log in server.log.parent.glob("server.log*"):  # the home goes with the server: its log stays with ours
+            shutil.copy2(log, root / "logs" / log.name)
+    return {"series": series, "jobs": jobs.runs, "requests": load.rows}
+
+
+def judge(series: list[dict[str, Any]], requests: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> dict:
+    """Per resource its trend and expectation; the targets: leaks none, failed requests none, snapshots bounded."""
+    times = [r["t_s"] / 60 for r in series]
+    trends = {key: {**probe.trend(times, [r.get(key) for r in series], WARMUP_SHARE), "expected": expected}
+              for key, expected in EXPECTED.items()}
+    leaks = [k for k, t in trends.items() if t["expected"].startswith("flat") and t["verdict"] == "growing"]
+    failed = [r for r in requests if not r["ok"]]
+    failed_jobs = [j for j in jobs if j["rc"] not in (0, None)]
+    counts: dict[str, int] = {}
+    for j in jobs:
+        if j["rc"] == 0:
+            counts[j["job"]] = counts.get(j["job"], 0) + 1
+    return {"trends": trends, "growing_where_flat_expected": leaks,
+            "unbounded_by_design": [k for k, t in trends.items() if t["expected"].startswith("no retention")
+                                    and t["verdict"] == "growing"],
+            "requests": len(requests), "failed_requests": len(failed), "first_failures": failed[:10],
+            "failed_job_runs": len(failed_jobs), "completed_job_runs": counts,
+            "most_snapshots_of_one_model": max((r["sampler_snapshots_most_per_model"] for r in series), default=0),
+            "snapshots_kept_per_model": SNAPSHOTS_KEPT,
+            "targets": {"flat_after_warmup": not leaks, "no_failed_request": not failed and bool(requests),
+                        "no_failed_job": not failed_jobs,
+                        "snapshots_within_retention": max((r["sampler_snapshots_most_per_model"] for r in series),
+                                                          default=0) <= SNAPSHOTS_KEPT}}
+
+
+def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_every: float = 300, label: str = "",
+         out: str | None = None, plot: bool = True, workdir: str | None = None) -> None:
+    """workdir: keep the jobs' logs, run folders and loop folder there (a new folder; default: a temporary one)."""
+    stop_servers_on_sigterm()
+    model = str(ensure_embedded_model())
+    with private_server(model) as server, tempfile.TemporaryDirectory(prefix="rlcli-soak-") as tmp:
+        root = Path(workdir) if workdir else Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        run = soak(server, root, minutes, interval, rate, loop_every)
+        names = {str(root): "<soak-root>", str(server.home): "<server-home>"}
+    verdict = judge(run["series"], run["requests"], run["jobs"])
+    body = {"label": label,
+            "versions": {**versions("tinker", "tinker-cookbook", "openai"), "server": server_versions()},
+            "config": {"minutes": minutes, "interval_s": interval, "rate_per_s": rate, "loop_every_s": loop_every,
+                       "warmup_share": WARMUP_SHARE, "flat_rule": probe.__doc__.split("Trend: ")[1].strip(),
+                       "model": "rlcli-tiny-qwen3-v1", "server": "`rlcli serve start` defaults",
+                       "sl": " ".join(SL_ARGS) + " on tests/fixtures/sl_small.jsonl, twice at once, repeated",
+                       "rl": " ".join(RL_ARGS) + ", repeated", "loop": LOOP, "endpoint_max_tokens": MAX_TOKENS,
+                       "nice": os.nice(0), "machine": "shared 2-core machine (other engineers' tests and benchmarks "
+                       "ran beside it): latency is noisy; resources are what this judges"},
+            "verdict": verdict, "series": run["series"], "jobs": run["jobs"], "requests": run["requests"]}
+    receipt = write_receipt("soak", body, Path(out) if out else None, names=names)
+    if plot:
+        from benchmarks.soak_plot import plot as draw
+
+        draw(receipt, receipt.with_suffix(".png"))
+    print(f"soak {minutes} min: {verdict['requests']} requests, {verdict['failed_requests']} failed; growing where "
+          f"flat is expected: {verdict['growing_where_flat_expected'] or 'none'}; growing without retention: "
+          f"{verdict['unbounded_by_design']}; receipt {receipt}")
+
+
+if __name__ == "__main__":
+    fire.Fire(main)

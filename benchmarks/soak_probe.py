@@ -1,0 +1,173 @@
+"""What the soak (benchmarks/soak.py) reads every few seconds, and how it judges a series flat.
+
+Readings: the server's processes (its process group: the launcher, the API, the engine and their children) and the
+endpoint's (its group: the app and the capture daemon), RSS and open file descriptors per role; the rows of SkyRL's
+futures table (sqlite, read-only); bytes on disk under the server's home: training checkpoints, named sampler
+weights, unnamed sampler snapshots (the RL loop's per-step weights, which `--sampler-snapshots` bounds), the capture
+store, SkyRL's database and the server log.
+
+Trend: a least-squares line through a series after warm-up. A series is flat when the line's rise over that window
+is within twice its standard error (no trend beyond the noise) or within FLAT_SHARE of the series' mean there (a
+trend too small to matter at this length).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sqlite3
+import statistics
+from pathlib import Path
+
+import psutil
+
+from rlcli.server import process
+
+FLAT_SHARE = 0.05
+# SkyRL names an unnamed (per-step, sampling-session) sampler save ss<session>_seq<n>; a name a client gave is kept
+UNNAMED = re.compile(r"^ss.*_seq\d+")
+
+
+def roles(pgid: int) -> dict[str, list[psutil.Process]]:
+    """The live processes of a process group, by role: what its command line runs."""
+    out: dict[str, list[psutil.Process]] = {}
+    for pid in process.group_members(pgid):
+        try:
+            p = psutil.Process(pid)
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        out.setdefault(role_of(cmd), []).append(p)
+    return out
+
+
+# rlcli's launcher runs every server process as `launcher.py ROLE`; the engine starts as the preloaded process
+LAUNCHER_ROLES = {"supervise": "launcher", "api": "api", "preload": "engine", "engine": "engine", "worker": "worker"}
+
+
+def role_of(cmd: str) -> str:
+    words = cmd.split()
+    for i, word in enumerate(words[:-1]):
+        if word.endswith("launcher.py"):
+            return LAUNCHER_ROLES.get(words[i + 1], words[i + 1])
+    return "capture" if "capture" in cmd else "endpoint" if "endpoint" in cmd else "other"
+
+
+def process_readings(prefix: str, pgid: int | None) -> dict[str, float]:
+    """RSS (MB) and open file descriptors of a group, in all and per role; the count of its processes."""
+    by_role = roles(pgid) if pgid else {}
+    out: dict[str, float] = {f"{prefix}_processes": sum(len(ps) for ps in by_role.values())}
+    rss_all = fds_all = 0.0
+    for role, procs in sorted(by_role.items()):
+        rss = fds = 0.0
+        for p in procs:
+            try:
+                rss += p.memory_info().rss / 2**20
+                fds += p.num_fds()
+            except psutil.Error:
+                pass
+        out[f"{prefix}_rss_mb_{role}"], out[f"{prefix}_fds_{role}"] = round(rss, 1), fds
+        rss_all, fds_all = rss_all + rss, fds_all + fds
+    out[f"{prefix}_rss_mb"], out[f"{prefix}_fds"] = round(rss_all, 1), fds_all
+    return out
+
+
+def futures_rows(db: Path) -> dict[str, float]:
+    """Rows of SkyRL's futures table (all, and still pending), read-only so the engine's writes never wait on us."""
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            total = conn.execute("SELECT count(*) FROM futures").fetchone()[0]
+            pending = conn.execute("SELECT count(*) FROM futures WHERE status = 'PENDING'").fetchone()[0]
+    except sqlite3.Error:
+        return {}
+    return {"futures_rows": total, "futures_pending": pending}
+
+
+def tree_bytes(folder: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:  # deleted while we walked: the snapshots' retention at work
+                pass
+    return total
+
+
+def checkpoint_bytes(base: Path) -> dict[str, int]:
+    """Training checkpoints, named sampler weights, unnamed sampler snapshots under checkpoints/MODEL/KIND/NAME."""
+    out = {"training": 0, "sampler_named": 0, "sampler_snapshots": 0, "snapshot_files": 0, "most_of_a_model": 0}
+    for model in _entries(base):
+        files = 0
+        for kind in _entries(model):
+            if kind.name != "sampler_weights":
+                out["training"] += tree_bytes(kind) if kind.is_dir() else _size(kind)
+                continue
+            for f in _entries(kind):
+                unnamed = bool(UNNAMED.match(f.name))
+                out["sampler_snapshots" if unnamed else "sampler_named"] += _size(f)
+                files += unnamed and f.name.endswith(".tar.gz")
+        out["snapshot_files"] += files
+        out["most_of_a_model"] = max(out["most_of_a_model"], files)
+    return out
+
+
+def _entries(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def disk_readings(server_dir: Path, capture: Path, checkpoints: Path) -> dict[str, float]:
+    mb = 2**20
+    ck = checkpoint_bytes(checkpoints)
+    db = sum(_size(server_dir / f"tinker.db{s}") for s in ("", "-wal", "-shm"))
+    logs = sum(_size(server_dir / f"server.log{s}") for s in ("", ".1"))
+    return {"disk_mb_checkpoints_training": round(ck["training"] / mb, 3),
+            "disk_mb_sampler_named": round(ck["sampler_named"] / mb, 3),
+            "disk_mb_sampler_snapshots": round(ck["sampler_snapshots"] / mb, 3),
+            "sampler_snapshot_files": ck["snapshot_files"], "sampler_snapshots_most_per_model": ck["most_of_a_model"],
+            "disk_mb_capture": round(tree_bytes(capture) / mb, 3), "disk_mb_database": round(db / mb, 3),
+            "disk_mb_server_log": round(logs / mb, 3)}
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """The q-quantile (0..1) by the nearest rank; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def trend(times_min: list[float], values: list[float | None], warmup_share: float) -> dict:
+    """The least-squares slope (per minute) after warm-up, its standard error, the rise over that window, and the
+    verdict by the module's rule."""
+    pairs = [(t, v) for t, v in zip(times_min, values, strict=True) if v is not None]
+    if not pairs:
+        return {"n": 0, "verdict": "no data"}
+    start = pairs[0][0] + warmup_share * (pairs[-1][0] - pairs[0][0])
+    kept = [(t, v) for t, v in pairs if t >= start]
+    if len(kept) < 3:
+        return {"n": len(kept), "verdict": "too few samples"}
+    ts, vs = [t for t, _ in kept], [v for _, v in kept]
+    mt, mv = statistics.fmean(ts), statistics.fmean(vs)
+    sxx = sum((t - mt) ** 2 for t in ts)
+    slope = sum((t - mt) * (v - mv) for t, v in kept) / sxx if sxx else 0.0
+    residuals = [v - (mv + slope * (t - mt)) for t, v in kept]
+    se = math.sqrt(sum(r * r for r in residuals) / (len(kept) - 2) / sxx) if sxx else 0.0
+    span = ts[-1] - ts[0]
+    rise, bound = slope * span, 2 * se * span
+    small = abs(rise) <= FLAT_SHARE * abs(mv) if mv else rise == 0
+    return {"n": len(kept), "from_min": round(ts[0], 2), "to_min": round(ts[-1], 2), "mean": mv,
+            "slope_per_min": slope, "slope_stderr": se, "rise_over_window": rise, "noise_bound": bound,
+            "per_hour": slope * 60, "verdict": "flat" if abs(rise) <= bound or small else
+            ("growing" if slope > 0 else "falling")}
