@@ -30,6 +30,7 @@ MAX_LOG_BYTES = 20 * 2**20
 FROZEN_AFTER_S = 10.0  # `serve status`: ten missed heartbeats (the engine beats every second) is not a busy engine
 SERVER_EXTENSIONS = shared.RLCLI  # every change rlcli makes to SkyRL (runtime/manifest.py lists them)
 SNAPSHOTS_ENV, SAMPLER_CACHE_ENV = shared.SNAPSHOTS_ENV, shared.SAMPLER_CACHE_ENV
+FUTURES_ENV = shared.FUTURES_RETENTION_ENV
 
 
 def _is_loopback(host: str) -> bool:
@@ -129,6 +130,10 @@ class StartOptions(Record):
                                                  "save_weights_and_get_sampling_client) the jax server keeps per "
                                                  "model; older ones are deleted (default: RLCLI_SAMPLER_SNAPSHOTS, "
                                                  "else 4)", low=1)
+    futures_retention: int | None = option(None, "minutes a finished request's futures row is kept in SkyRL's "
+                                                 "database (a tinker client reads its result within seconds); older "
+                                                 "rows are deleted once a minute, 0 keeps every row (default: "
+                                                 "RLCLI_FUTURES_RETENTION, else 60)", low=0)
 
     def problems(self) -> Iterator[str]:
         if self.processes > 1 and (self.local_processes or 1) > self.processes:
@@ -186,7 +191,7 @@ def start(o: StartOptions) -> int:
     backend_cfg = hw.map_hardware(o.backend, o.gpus, o.nodes, o.tp)
     backend_cfg.update(hw.parse_backend_config(o.backend_config))
     slots = hw.slot_config(o.backend, o.slots, backend_cfg)
-    snapshots_env = _snapshots_env(o.sampler_snapshots)
+    snapshots_env = _snapshots_env(o.sampler_snapshots) | _futures_env(o.futures_retention)
     local_workers = scaling.processes_config(o.backend, o.processes, o.local_processes, o.coordinator, o.gpus, o.tp,
                                              o.insecure, backend_cfg, o.ray_address or os.environ.get("RAY_ADDRESS"),
                                              o.extensions)
@@ -254,6 +259,15 @@ def _snapshots_env(sampler_snapshots: int | None) -> dict[str, str]:
         raise UsageError(f"{SAMPLER_CACHE_ENV}={cache}: give a whole number of sampled checkpoints whose weights "
                          "the server keeps in memory (0: none)")
     return {SNAPSHOTS_ENV: str(int(value))} if value else {}
+
+
+def _futures_env(minutes: int | None) -> dict[str, str]:
+    """runtime/rlcli_futures.py reads the retention from RLCLI_FUTURES_RETENTION: refused here, before a start."""
+    value = str(os.environ.get(FUTURES_ENV, "") if minutes is None else minutes).strip()
+    if value and not value.isdigit():
+        raise UsageError(f"--futures-retention {value} (or {FUTURES_ENV}): give a whole number of minutes "
+                         "(0 keeps every row)")
+    return {FUTURES_ENV: str(int(value))} if value else {}
 
 
 def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: str, host: str, port: int,

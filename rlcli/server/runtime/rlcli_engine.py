@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+import rlcli_futures as futures
 import rlcli_samplers as samplers
 import rlcli_wake as wake
 import rlcli_warmup as warmup
@@ -31,6 +32,7 @@ class RlcliEngine(stock.TinkerEngine):
     def __init__(self, config):
         self.bell, self.pending = wake.EngineBell(os.environ[wake.ENV_ID]), None  # pending: the types one look found
         super().__init__(config)
+        self.pruner = futures.Pruner(self.db_engine, futures.retention_minutes())
         if hasattr(self.backend, "snapshots"):
             try:
                 if deleted := samplers.sweep(self):
@@ -52,6 +54,7 @@ class RlcliEngine(stock.TinkerEngine):
             self.bell.drain()
             before = self.bell.completed
             self.process_pending_requests_once()
+            self.pruner.maybe()
             if self.bell.owed:
                 self.bell.look_ring()
             if self.bell.completed != before:

@@ -8,6 +8,7 @@ RLCLI = "rlcli"  # every change rlcli makes to SkyRL (absent with --no-extension
 TENANTS = "tenants"  # the tenant gate and the engine's round-robin (--tenants, with or without --no-extensions)
 SNAPSHOTS_ENV = "RLCLI_SAMPLER_SNAPSHOTS"  # unnamed sampler snapshots kept per model (--sampler-snapshots)
 SAMPLER_CACHE_ENV = "RLCLI_SAMPLER_CACHE"  # sampled checkpoints whose weights stay in memory (0: none)
+FUTURES_RETENTION_ENV = "RLCLI_FUTURES_RETENTION"  # minutes a finished futures row is kept (--futures-retention)
 WARMUP_FILE_ENV = "RLCLI_WARMUP_FILE"  # where the engine records the batch shapes it served
 TENANTS_FILE_ENV = "RLCLI_TENANTS_FILE"  # the tenants' key hashes (rlcli/tenants.py writes it)
 TENANTS_INTERNAL_ENV = "RLCLI_TENANTS_INTERNAL"  # hash of the one-start key `serve start` proves readiness with

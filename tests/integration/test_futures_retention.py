@@ -1,0 +1,94 @@
+"""Futures retention (runtime/rlcli_futures.py): the engine deletes SkyRL's futures rows finished more than
+--futures-retention minutes ago, never a pending row nor the newest, on sqlite and on Postgres; the running server
+prunes and keeps handing out new ids above every old one.
+
+The policy runs `prune` itself in the server venv against SkyRL's own tables (fast); the real server prunes rows a
+first start left, aged by hand while it was stopped (a retention of minutes cannot be waited for in a test).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from rlcli.server import commands
+from rlcli.server.private import private_server
+from tests.conftest import shared_server_venv
+
+pytestmark = pytest.mark.server
+
+# Rows (status, minutes since completion); the last row is the newest and old: it must stay.
+POLICY = r"""
+import sys
+from datetime import datetime, timedelta, timezone
+import rlcli_futures as futures
+from skyrl.tinker import types
+from skyrl.tinker.db_models import FutureDB, RequestStatus
+from sqlmodel import Session, SQLModel, create_engine, select
+
+engine = create_engine(sys.argv[1])
+SQLModel.metadata.create_all(engine)
+now = datetime.now(timezone.utc)
+rows = [("completed", 120), ("failed", 90), ("pending", None), ("completed", 30), ("completed", 61),
+        ("completed", 5), ("completed", 200)]
+with Session(engine) as session:
+    for status, minutes in rows:
+        session.add(FutureDB(request_type=types.RequestType.FORWARD, request_data={}, status=RequestStatus(status),
+                             completed_at=None if minutes is None else now - timedelta(minutes=minutes)))
+    session.commit()
+futures.BATCH = 2  # several statements, as a first prune of a long-kept table takes
+deleted = futures.prune(engine, now - timedelta(minutes=60))
+with Session(engine) as session:
+    kept = session.exec(select(FutureDB.request_id).order_by(FutureDB.request_id)).all()
+    session.add(FutureDB(request_type=types.RequestType.FORWARD, request_data={}))
+    session.commit()
+    newest = session.exec(select(FutureDB.request_id).order_by(FutureDB.request_id.desc())).first()
+print(deleted, list(kept), newest)
+"""
+
+
+def _policy(url: str) -> str:
+    python = shared_server_venv() / "bin" / "python"
+    run = subprocess.run([str(python), "-c", POLICY, url], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(commands.RUNTIME_DIR), "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout.strip()
+
+
+def test_old_finished_rows_go_pending_recent_and_the_newest_stay_on_sqlite(tmp_path):
+    # ids 1..7: 1, 2 and 5 finished over an hour ago; 3 is pending; 4 and 6 are recent; 7 is old but the newest.
+    # The next row takes 8: the newest's id is never handed out again.
+    assert _policy(f"sqlite:///{tmp_path / 'tinker.db'}") == "3 [3, 4, 6, 7] 8"
+
+
+def test_the_same_on_postgres(request):
+    url = request.getfixturevalue("postgres").replace("postgresql://", "postgresql+psycopg2://")
+    assert _policy(url) == "3 [3, 4, 6, 7] 8"
+
+
+def test_a_running_server_prunes_what_an_earlier_start_left(tmp_path, embedded_model):
+    """A first start's rows (its readiness round trip), aged two hours while stopped: the second start's engine
+    deletes them at its first look, and its own requests take ids above every one of them."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    db = home / "servers" / "default" / "tinker.db"
+    with private_server(embedded_model, home=home):
+        pass
+    with sqlite3.connect(db) as con:
+        first = [i for (i,) in con.execute("SELECT request_id FROM futures ORDER BY request_id")]
+        aged = (datetime.now(UTC) - timedelta(hours=2)).strftime("%Y-%m-%d %H:%M:%S.%f")
+        con.execute("UPDATE futures SET completed_at = ? WHERE status != 'PENDING'", (aged,))
+    assert len(first) >= 2, first
+    with private_server(embedded_model, home=home) as server:
+        log = server.log.read_text()
+    with sqlite3.connect(db) as con:
+        kept = [i for (i,) in con.execute("SELECT request_id FROM futures ORDER BY request_id")]
+    # The first look may come before or after this start's own readiness rows: the first start's newest row
+    # stays only while it is the newest of all.
+    gone = len(first) - len(set(first) & set(kept))
+    assert set(first) & set(kept) <= {first[-1]} and gone >= len(first) - 1, (first, kept)
+    assert f"deleted {gone} futures rows finished more than 60 minutes ago" in log, log[-3000:]
+    assert [i for i in kept if i not in first] and min(i for i in kept if i not in first) > first[-1]
