@@ -84,7 +84,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return parsed_lines(path)[0]
 
 
-def _rewrite(path: Path, rows: list[dict[str, Any]]) -> None:
+def rewrite_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     from rlcli.files import staged_file
 
     with staged_file(path, shared=False) as f:
@@ -105,12 +105,12 @@ def resume_point(folder: Path, resume_step: Callable[[dict[str, Any]], int]) -> 
     checkpoints, torn_checkpoints = parsed_lines(folder / "checkpoints.jsonl")
     usable = [c for c in checkpoints if not c.get("state_path") or resume_step(c) <= covered]
     if torn_checkpoints or len(usable) != len(checkpoints):
-        _rewrite(folder / "checkpoints.jsonl", usable)
+        rewrite_jsonl(folder / "checkpoints.jsonl", usable)
     last = next((c for c in reversed(usable) if c.get("state_path")), None)
     start = resume_step(last) if last else 0
     keep = [r for r in metrics if r.get("step", -1) < start]
     if torn or len(keep) != len(metrics):
-        _rewrite(folder / "metrics.jsonl", keep)
+        rewrite_jsonl(folder / "metrics.jsonl", keep)
     return last, start
 
 

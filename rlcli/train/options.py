@@ -15,6 +15,7 @@ from rlcli.options import MAX_TOKENS, MODEL, RENDERER, SEED, TEMPERATURE, Opt, S
 BATCH_SIZE = 8  # examples (sl) or problems (rl, distill) per step
 LORA_RANK = 32  # SkyRL's jax backend caps the rank at 32 by default
 SAVE_EVERY = 20
+KEEP_CHECKPOINTS_DEFAULT = 2  # rlcli/train/retention.py; docs/decisions.md says why
 GROUP_SIZE = 4  # RL samples per problem
 RL_LR = 4e-5  # the cookbook's RL recipes use 1e-5..4e-5; its get_lr is calibrated on supervised LoRA only
 
@@ -27,6 +28,10 @@ MAX_LENGTH = Opt("longest example in tokens; longer ones are cut", low=1)
 LORA = Opt("LoRA rank (the server caps it; SkyRL's jax backend at 32 by default); a fresh LoRA only", low=1)
 MAX_STEPS = Opt("stop after this many steps in all (default: one pass over the data; arithmetic: 100)", low=1)
 SAVE = Opt("save a resumable checkpoint every N steps (0: only the final one)", low=0)
+KEEP_CHECKPOINTS = Opt("intermediate checkpoints of this run kept on the server: the newest N (and, while training, "
+                       "the one just saved); older ones are deleted as new ones are saved, with their sampler "
+                       "weights. The final one and any a loop's ledger names are always kept (0: keep every one)",
+                       low=0)
 EVAL_EVERY = Opt("measure the held-out set every N steps (0: off): sl's --test-size examples (NLL); rl's and "
                  "distill's held-out problems from step 0 (at 0 none are held out); harbor's held-out tasks", low=0)
 LOAD_CHECKPOINT = Opt("start from these weights (fresh optimizer, the checkpoint's LoRA rank): a "
@@ -51,6 +56,7 @@ class TrainOptions(ServerOptions):
     lora_rank: int = LORA(LORA_RANK)
     max_steps: int | None = MAX_STEPS(None)
     save_every: int = SAVE(SAVE_EVERY)
+    keep_checkpoints: int = KEEP_CHECKPOINTS(KEEP_CHECKPOINTS_DEFAULT)
     eval_every: int = EVAL_EVERY(10)
     log_path: str | None = LOG_PATH(None)
     resume: bool = RESUME(False)

@@ -217,11 +217,13 @@ def run_recipe(folder: Path, url: str, job: Job, server_timeout: float, first_st
     step a resume begins at (the loops make one sampling client per step: its seeds continue from there)."""
     from rlcli import watchdog
     from rlcli.train.hooks import cookbook_logging, failed_saves, seeded_lora, seeded_sampling
+    from rlcli.train.retention import kept_checkpoints
 
     ensure_api_key()
     with (watchdog.watch(url, server_timeout, gone_message(folder, url, job.progress)) as watch,
           sigterm_as_interrupt(), server_slots(folder, url, job.settings["model"], watch),
           seeded_lora(job.settings["seed"]), seeded_sampling(job.settings["seed"], first_step),
+          kept_checkpoints(folder, url, job.settings.get("keep_checkpoints", 0)),  # inside failed_saves
           failed_saves(save_failed_message(folder)),
           job.recipe(folder, url) as start, cookbook_logging(job.progress)):
         start()
