@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from shared import FUTURES_RETENTION_ENV
 from skyrl.tinker.db_models import FutureDB, RequestStatus
@@ -68,7 +68,7 @@ class Pruner:
             return
         self.last = time.monotonic()
         try:
-            if deleted := prune(self.db_engine, datetime.now(timezone.utc) - timedelta(minutes=self.minutes)):
+            if deleted := prune(self.db_engine, datetime.now(UTC) - timedelta(minutes=self.minutes)):
                 log(f"deleted {deleted} futures rows finished more than {self.minutes} minutes ago")
         except Exception as e:  # housekeeping: the engine serves without it, and tries again next time
             log(f"could not delete old futures rows: {type(e).__name__}: {e}")
