@@ -22,9 +22,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from rlcli.endpoint import retention
 from rlcli.errors import UsageError
 
-RUN = "rlcli-endpoint"  # the store's run every exchange of rlcli's endpoints is recorded under
+RUN = retention.RUN  # the store's run every exchange of rlcli's endpoints is recorded under
 EXCHANGE, FEEDBACK = "rlcli.exchange", "rlcli.feedback"
 CAPTURE_PREFIX = "capture:"  # loop init --traces capture:DIR
 PAGE = 1000  # the store's largest page
@@ -210,4 +211,5 @@ def drain(data_dir: Path, out_dir: Path) -> Path | None:
                 f.write("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in items).encode())
     with staged_file(state_file, shared=False) as f:
         f.write(json.dumps({"cursor": rows[-1]["cursor"]}).encode())
+    retention.note_reader(data_dir, out_dir, rows[-1]["cursor"])  # the endpoint may now drop what it drained
     return path if convs else None

@@ -42,6 +42,11 @@ class EndpointOptions(Record):
                                        "loop reads it with `loop init --traces capture:DIR`")
     record: bool = option(True, "record every exchange in the capture store (--no-record: nothing; feedback is "
                                 "then refused)")
+    capture_keep_hours: float = option(24.0, "hours an exchange stays in the capture store after every loop reading "
+                                             "the store drained it (later feedback still joins it); a store no "
+                                             "loop drains keeps everything", low=0)
+    capture_max_hours: float = option(0.0, "delete exchanges older than this many hours whether a loop drained "
+                                           "them or not (0: never)", low=0)
     redact: bool = REDACT(False)
     max_tokens: int = MAX_TOKENS(512)
     insecure: bool = process.INSECURE(False)
@@ -104,7 +109,7 @@ def start(o: EndpointOptions) -> int:
 def _flags(o: EndpointOptions) -> list[str]:
     out = []
     for name, value in asdict(o).items():
-        if name == "wait" or value in (None, False):
+        if name == "wait" or value is None or value is False:  # a 0 is passed on: it may not be the default
             continue
         flag = "--" + name.replace("_", "-")
         out += [flag] if value is True else [flag, str(value)]

@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,6 +82,23 @@ def _store(folder: Path) -> tuple[subprocess.Popen, str]:
     return child, ensure_daemon(folder, idle_shutdown_minutes=None)
 
 
+def _pruning(folder: Path, keep_hours: float, max_hours: float) -> None:
+    """The store's retention (rlcli/endpoint/retention.py), once a minute on a thread of its own."""
+    from rlcli.endpoint import retention
+
+    def body() -> None:
+        while True:
+            try:
+                if gone := retention.prune(folder, keep_hours, max_hours):
+                    logging.getLogger("rlcli.endpoint").info("capture store: deleted %d exchanges and feedback rows "
+                                                             "(retention)", gone)
+            except Exception as e:  # noqa: BLE001 - housekeeping: serving goes on, the next minute tries again
+                logging.getLogger("rlcli.endpoint").warning("capture store retention: %s: %s", type(e).__name__, e)
+            time.sleep(retention.EVERY_S)
+
+    threading.Thread(target=body, name="capture-retention", daemon=True).start()
+
+
 def run(o: EndpointOptions) -> int:
     """Serve in the foreground until Ctrl-C or SIGTERM."""
     import warnings
@@ -128,6 +146,7 @@ def run(o: EndpointOptions) -> int:
         for row in capture.read_all(folder):  # feedback may name what this endpoint answered before a restart
             if row["kind"] == capture.EXCHANGE:
                 settings.recent[row["payload"].get("exchange")] = None
+        _pruning(folder, o.capture_keep_hours, o.capture_max_hours)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     application = endpoint_app.build(renderer, settings, base_model)
 

@@ -193,7 +193,8 @@ HOOKS = tuple(Entry(target, why, REBINDING, CLIENT, COOKBOOK, ("holds", *texts) 
     ("tinker_cookbook.checkpoint_utils:CheckpointManager.maybe_save_async",
      "sl_checkpoints_name_the_next_batch: the SL recipe's periodic saves"),
     ("tinker_cookbook.checkpoint_utils:save_checkpoint_async", "failed_saves: every save, recorded after the server "
-     "confirmed it", "await v.result_async() for k, v in futures.items()", "save_checkpoint_async(\n"),
+     "confirmed it; kept_checkpoints (rlcli/train/retention.py): the older ones deleted after it",
+     "await v.result_async() for k, v in futures.items()", "save_checkpoint_async(\n"),
     (T + "save_weights_and_get_sampling_client_async", "failed_saves: the RL loop's sampler weights before each step"),
     (TS + "Config.submit_ahead", "rlcli runs SL with submit_ahead=0", '"batch": submitted.batch_idx,',
      "checkpoint_mgr.maybe_save_async(", "start_batch = resume_info.batch"),
@@ -219,6 +220,8 @@ HOOKS = tuple(Entry(target, why, REBINDING, CLIENT, COOKBOOK, ("holds", *texts) 
 )) + _entries(RELIED, CLIENT, (  # what the hooks call instead of the _async methods tinker 0.38 deprecates
     ("tinker:SamplingClient.compute_logprobs", "hosted_prompt_logprobs: the answer it pads", ""),
     ("tinker:TrainingClient.save_weights_and_get_sampling_client", "failed_saves: the save it watches", ""),
+    ("tinker:RestClient.delete_checkpoint_from_tinker_path", "kept_checkpoints: a run's older checkpoints deleted "
+     "as `rlcli checkpoint delete` does", ""),
     ("tinker_cookbook.supervised.nll_evaluator:SamplerNLLEvaluator._compute_logprobs", "hosted_prompt_logprobs: the "
      "SL recipe's test NLL slices the hosted shape", "", "holds", "logprobs[1:]", "compute_logprobs_async("),
     ("tinker_cookbook.preference.train_dpo:do_update", "exact_custom_losses, hosted_prompt_logprobs: the DPO "
