@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import manifest
+import rlcli_decode
 import rlcli_lazy_torch
 import rlcli_lora
 import rlcli_losses
@@ -63,7 +64,7 @@ def capabilities(engine_config) -> dict:
         import ray_actors
 
         answer["ray_actors"] = ray_actors.describe()
-    parts = (rlcli_wake, rlcli_samplers, rlcli_warmup, rlcli_lora, rlcli_no_torch, rlcli_lazy_torch)
+    parts = (rlcli_wake, rlcli_samplers, rlcli_warmup, rlcli_lora, rlcli_decode, rlcli_no_torch, rlcli_lazy_torch)
     if RLCLI in features:
         answer |= {module.__name__: module.describe() for module in parts}
     if TENANTS in features:
