@@ -85,6 +85,8 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
      UP + "rich-log-on-request-path.md"),
 )) + _entries(REBINDING, JAX, (
     ("skyrl.tx.layers.lora:LoRAMixin.apply_lora", "lora: each sequence its own adapter", UP + "lora-per-sequence.md"),
+    ("skyrl.tx.utils.generator:GeneratorMixin._prefill_and_decode", "decode: a greedy batch draws no sample",
+     UP + "greedy-decode.md", "holds", "self._prefill_and_decode(", "prompt_logprobs=prompt_logprobs,"),
     ("skyrl.tinker.loss_fns:LOSS_FUNCTIONS", "gspo appended to the jax loss registry", UP + "jax-gspo.md",
      "by", "rlcli_losses: the stock registry, the backend's own objects"),
     ("skyrl.tinker.types:LOSS_TYPES", "gspo's index in the jax loss registry", UP + "jax-gspo.md", "by",
@@ -140,6 +142,11 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
     ("skyrl.tx.utils.models:round_up_seq_len", "warmup: the padded length", ""),
     ("skyrl.tx.layers.lora:LoRAMixin._apply_lora_weight", "lora: the contraction it steps aside from", ""),
     ("skyrl.tx.layers.lora:LoRAEmbed._apply_lora_weight", "lora: the embedding's contraction", ""),
+    ("skyrl.tx.utils.generator:DecodeState", "decode: the loop's state", "", "fields", "kv_cache", "rngs",
+     "attention_mask", "last_positions", "logits", "stop_pos", "step", "generated_tokens", "generated_logprobs"),
+    ("skyrl.tx.utils.generator:KVCache.pad_to_length", "decode: the prompt's cache padded to max_length", ""),
+    ("skyrl.tx.utils.generator:apply_top_k_batch", "decode: a drawn batch's top-k", "", "param", "max_k"),
+    ("skyrl.tx.utils.generator:apply_top_p_batch", "decode: a drawn batch's top-p", "", "param", "p_values"),
     ("jax._src.distributed:global_state", "mesh: the processes compare what they run in its key-value store", ""),
 )) + _entries(RELIED, WORKER, (
     ("skyrl.backends.jax:run_worker", "workers: the module global above", "", "calls", "JaxBackendImpl"),

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import manifest
+import rlcli_decode
 import rlcli_lazy_torch
 import rlcli_liveness
 import rlcli_lora
@@ -70,7 +71,8 @@ def capabilities(engine_config) -> dict:
         import ray_actors
 
         answer["ray_actors"] = ray_actors.describe()
-    parts = (rlcli_wake, rlcli_samplers, rlcli_warmup, rlcli_lora, rlcli_no_torch, rlcli_lazy_torch, rlcli_liveness)
+    parts = (rlcli_wake, rlcli_samplers, rlcli_warmup, rlcli_lora, rlcli_decode, rlcli_no_torch, rlcli_lazy_torch,
+             rlcli_liveness)
     if RLCLI in features:
         answer |= {module.__name__: module.describe() for module in parts}
     if TENANTS in features:
