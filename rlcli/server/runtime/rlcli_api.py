@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import manifest
+import rlcli_guards
 import rlcli_lazy_torch
 import rlcli_lora
 import rlcli_losses
@@ -28,6 +29,7 @@ def install(api, features: set[str]) -> None:
     rlcli_sdk.install(api)
     if RLCLI in features:
         rlcli_wake.install_api(api)
+        rlcli_guards.install(api)
 
         async def rlcli_capabilities() -> dict:
             return capabilities(api.app.state.engine_config)
@@ -63,7 +65,7 @@ def capabilities(engine_config) -> dict:
         import ray_actors
 
         answer["ray_actors"] = ray_actors.describe()
-    parts = (rlcli_wake, rlcli_samplers, rlcli_warmup, rlcli_lora, rlcli_no_torch, rlcli_lazy_torch)
+    parts = (rlcli_wake, rlcli_guards, rlcli_samplers, rlcli_warmup, rlcli_lora, rlcli_no_torch, rlcli_lazy_torch)
     if RLCLI in features:
         answer |= {module.__name__: module.describe() for module in parts}
     if TENANTS in features:
