@@ -199,11 +199,15 @@ def healthy(url: str, path: str) -> bool:
 
 
 def api_pid(home: Path) -> int | None:
-    """The SkyRL API process of the server under `home` (the one holding the port)."""
-    from rlcli.server.process import read_state
+    """The SkyRL API process of the server under `home` (launcher.py's `api` role: it holds the port)."""
+    from rlcli.server.process import group_members, read_state
 
     state = read_state(home / "servers" / "default")
-    return None if state is None else state.pid
+    for pid in group_members(state.pgid) if state else []:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[2:3] == [b"api"]:
+                return pid
+    return None
 
 
 @contextlib.contextmanager

@@ -199,8 +199,8 @@ def protobuf(url: str, headers: dict, model_id: str) -> dict:
 
     result, rng = Result(), random.Random(49)
     h = {**headers, "Content-Type": PROTO}
-    real = forward_backward_request_to_proto(tinker.ForwardBackwardRequest(
-        model_id=model_id, seq_id=1, forward_backward_input=tinker.ForwardBackwardInput(
+    real = forward_backward_request_to_proto(tinker.types.ForwardBackwardRequest(
+        model_id=model_id, seq_id=1, forward_backward_input=tinker.types.ForwardBackwardInput(
             data=[sdk_scenario.datum(tinker)], loss_fn="cross_entropy"))).SerializeToString()
     bodies = {f"random {n} bytes #{i}": rng.randbytes(n) for i, n in enumerate([1, 7, 64, 1000, 65536] * 4)}
     bodies |= {f"real cut at {k}/10": real[:len(real) * k // 10] for k in range(10)}

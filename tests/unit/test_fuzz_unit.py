@@ -53,3 +53,44 @@ def test_the_tally_finds_500s_tracebacks_and_another_tenants_data():
     assert [f["kind"] for f in t.findings] == ["500", "5xx with a traceback", "another tenant's data",
                                                "another tenant's data"]
     assert t.body()["requests"] == 6 and t.body()["statuses"]["200"] == 2
+
+
+def _through_cap(limit: int, messages: list[dict], headers: list) -> tuple[list[dict], int]:
+    """(what the client got, bytes the app read) for a request of `messages` through BodyCap."""
+    import asyncio
+
+    guards = _runtime("rlcli_guards")
+    sent, read = [], [0]
+
+    async def app(scope, receive, send):  # reads the whole body, as Starlette does, then answers 200
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RuntimeError("client disconnected")
+            read[0] += len(message["body"])
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    queue = list(messages)
+
+    async def receive():
+        return queue.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(guards.BodyCap(app, limit)({"type": "http", "headers": headers}, receive, send))
+    return sent, read[0]
+
+
+def test_the_body_cap_refuses_a_declared_or_streamed_body_over_it_and_passes_the_rest():
+    chunk = {"type": "http.request", "body": b"x" * 10, "more_body": True}
+    last = {"type": "http.request", "body": b"x" * 10, "more_body": False}
+    sent, read = _through_cap(100, [chunk, last], [(b"content-length", b"20")])
+    assert sent[0]["status"] == 200 and read == 20
+    sent, read = _through_cap(100, [last], [(b"content-length", b"1000")])
+    assert sent[0]["status"] == 413 and read == 0 and b"over" in sent[1]["body"]
+    sent, read = _through_cap(100, [chunk] * 20 + [last], [(b"transfer-encoding", b"chunked")])
+    assert [m["status"] for m in sent if "status" in m] == [413] and read <= 100

@@ -109,7 +109,7 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
     (TA + "wait_for_future", "wake: results rung before their retrieve_future", UP + "polling-sleeps.md"),
     (TA + "create_future", "wake: a future filed in one statement", LOOK),
     (TA + "get_model", "wake: a known model's row is not read again", LOOK),
-    (TA + "app", "routes /api/v1/rlcli/*; the tenant gate wraps it (add_middleware)", OWN),
+    (TA + "app", "routes /api/v1/rlcli/*; the tenant gate and the body cap wrap it (add_middleware)", OWN),
     (TA + "asample", "sdk: its route's future carries sample_sequence_ids (tinker >= 0.26)",
      UP + "sample-sequence-ids.md", "param", "request", "req", "session"),
     (TA + "load_weights", "sdk: a load naming a session, not a model, creates it (tinker 0.38)",

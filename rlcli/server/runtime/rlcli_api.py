@@ -25,7 +25,7 @@ from shared import CAPABILITIES_ROUTE, EXTENSIONS_ENV, FORGET_ROUTE, READINESS_T
 
 def install(api, features: set[str]) -> None:
     """In this order: what today's tinker SDKs expect (always), the request path and routes (rlcli), the tenant
-    gate."""
+    gate, the body cap (rlcli; added last, it is the outermost middleware)."""
     rlcli_sdk.install(api)
     if RLCLI in features:
         rlcli_wake.install_api(api)
@@ -41,6 +41,8 @@ def install(api, features: set[str]) -> None:
         api.app.add_api_route(FORGET_ROUTE, rlcli_forget_readiness_models, methods=["POST"])
     if TENANTS in features:
         rlcli_tenants.install(api)
+    if RLCLI in features:
+        rlcli_guards.install_cap(api)
 
 
 def capabilities(engine_config) -> dict:
