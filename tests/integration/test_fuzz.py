@@ -114,6 +114,15 @@ def test_int64_inputs_are_one_line_refusals_not_500s(server):
     assert requests.get(server.url + "/api/v1/training_runs?limit=2", timeout=60).status_code == 200
 
 
+def test_a_sampling_session_from_no_tinker_path_is_refused_at_once(server, model_and_session):
+    """Regression: SkyRL filed it, then its GET /samplers/{id} was a 500 the tinker client retried for minutes (an
+    endpoint asked for model "tinker://x" hung)."""
+    for path in ("tinker://", "/etc/passwd", "tinker://x/a/b/c"):
+        r = requests.post(server.url + "/api/v1/create_sampling_session", timeout=60, json={
+            "session_id": model_and_session[1], "sampling_session_seq_id": 1, "model_path": path})
+        assert r.status_code == 422 and "tinker path" in r.json()["detail"], r.text
+
+
 @pytest.fixture(scope="module")
 def endpoint_url(server, tmp_path_factory):
     from rlcli.server.private import free_port

@@ -116,6 +116,8 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
      UP + "create-by-load.md", "param", "request", "req", "session"),
     (TA + "retrieve_future", "guards: a request_id that is no 64-bit integer is a 422, not a 500; wake: waits by "
      "its module global", UP + "int64-inputs.md", "calls", "wait_for_future"),
+    (TA + "create_sampling_session", "guards: a model_path that is no tinker path is a 422, not a later 500",
+     UP + "int64-inputs.md", "param", "request", "session"),
     (TA + "list_training_runs", "guards: a limit or offset past 64 bits is a 422, not a 500", UP + "int64-inputs.md",
      "param", "limit", "offset", "session"),
 )) + _entries(RELIED, ENGINE, (

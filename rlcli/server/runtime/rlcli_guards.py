@@ -4,8 +4,11 @@ fuzzer, benchmarks/fuzz.py; docs/upstream/int64-inputs.md).
 - POST /api/v1/retrieve_future calls int() on its `request_id` (a string in the request model): an id that is not a
   decimal integer raised ValueError, and one past SQLite's 64-bit INTEGER raised OverflowError in the query.
 - GET /api/v1/training_runs passes `limit` and `offset` (any Python int) to SQLite: past 64 bits, OverflowError.
+- POST /api/v1/create_sampling_session files any `model_path` string; GET /api/v1/samplers/{id} then parses it
+  (TinkerPath.parse, None for anything but tinker://ID/KIND/NAME) and reads `.primary_id` of None: an
+  AttributeError. The tinker client retries a 500, so `rlcli endpoint` asked for model "tinker://x" waited minutes.
 
-Each came back as `500 Internal Server Error`, with a rich traceback of ~60 lines in the server log. Both routes are
+Each came back as `500 Internal Server Error`, with a rich traceback of ~60 lines in the server log. The routes are
 served again by endpoints that refuse such values with a 422 (SkyRL's answer to a request its models refuse), then
 run SkyRL's own handler.
 
@@ -21,6 +24,7 @@ import re  # no `from __future__ import annotations`: FastAPI reads the endpoint
 import rlcli_sdk
 
 FUTURE_ROUTE, RUNS_ROUTE = "/api/v1/retrieve_future", "/api/v1/training_runs"
+SAMPLING_ROUTE = "/api/v1/create_sampling_session"
 # ASCII digits (int() also reads other scripts' digits); 18 of them always fit SQLite's 64-bit INTEGER.
 FUTURE_ID = re.compile(r"-?[0-9]{1,18}")
 INT64 = (-(2**63), 2**63 - 1)
@@ -51,6 +55,16 @@ def install(api) -> None:
                                  session: AsyncSession = db):
         return await stock_runs(limit=limit, offset=offset, session=session)
 
+    stock_sampling = api.create_sampling_session
+
+    async def create_sampling_session(request: api.CreateSamplingSessionRequest, session: AsyncSession = db):
+        if request.model_path is not None and api.types.TinkerPath.parse(request.model_path) is None:
+            raise HTTPException(status_code=422, detail=f"model_path {request.model_path[:80]!r} is not a tinker "
+                                "path: tinker://MODEL_ID/sampler_weights/NAME")
+        return await stock_sampling(request, session)
+
+    rlcli_sdk.replace_route(api, SAMPLING_ROUTE, stock_sampling, create_sampling_session,
+                            api.CreateSamplingSessionResponse)
     rlcli_sdk.replace_route(api, FUTURE_ROUTE, stock_future, retrieve_future, None)
     rlcli_sdk.replace_route(api, RUNS_ROUTE, stock_runs, list_training_runs, api.TrainingRunsResponse, "GET")
 
@@ -108,6 +122,7 @@ def install_cap(api) -> None:
 
 
 def describe() -> dict:
-    return {"routes": [FUTURE_ROUTE, RUNS_ROUTE],
+    return {"routes": [FUTURE_ROUTE, RUNS_ROUTE, SAMPLING_ROUTE],
             "refuses": "a request_id that is not a decimal integer of at most 18 digits, a limit or offset past 64 "
-                       "bits (SkyRL: a 500)", "max_body_mb": MAX_BODY >> 20}
+                       "bits, a sampling session's model_path that is no tinker path (SkyRL: a 500)",
+            "max_body_mb": MAX_BODY >> 20}
