@@ -161,7 +161,7 @@ bench: venv server-venv model
 	$(BIN)/python -m benchmarks.retention --prune
 
 # Every HTTP surface fuzzed from its own OpenAPI schema, with the hand-made cases and a client beside (docs/fuzz.md):
-# SkyRL's API without and with --tenants, and `rlcli endpoint`; a receipt in benchmarks/receipts/ (~15 min on 2 cores).
+# SkyRL's API without and with --tenants, and `rlcli endpoint`; a receipt in benchmarks/receipts/ (~10 min on 2 cores).
 .PHONY: fuzz
 fuzz: venv server-venv model
 	$(BIN)/python -m benchmarks.fuzz

@@ -1,8 +1,8 @@
 """Every HTTP surface rlcli exposes, fuzzed from its own OpenAPI schema (schemathesis over hypothesis), with the
 hand-made cases a schema cannot express (benchmarks/fuzz_cases.py), while a well-behaved client works beside it.
 
-    python -m benchmarks.fuzz                    # the full run (~15 min on 2 cores): receipt in benchmarks/receipts/
-    python -m benchmarks.fuzz --examples 5       # a smaller one
+    python -m benchmarks.fuzz                    # the full run (~10 min on 2 cores): receipt in benchmarks/receipts/
+    python -m benchmarks.fuzz --examples 40      # a larger one
 
 Surfaces: SkyRL's API as `rlcli serve start` runs it (its /openapi.json), the same with `--tenants` (tenant alice's
 key over tenant bob's ids), and `rlcli endpoint` (rlcli/endpoint/openapi.json, which a unit test holds to the app's
@@ -343,7 +343,7 @@ def run(examples: int, seed: int, big_mb: int, connections: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--examples", type=int, default=40, help="generated cases per operation and mode (positive, "
+    p.add_argument("--examples", type=int, default=10, help="generated cases per operation and mode (positive, "
                                                              "negative)")
     p.add_argument("--seed", type=int, default=49)
     p.add_argument("--big-mb", type=int, default=256, help="the size of the oversized bodies (fuzz_cases.BIG_WHY)")

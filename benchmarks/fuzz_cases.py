@@ -210,7 +210,8 @@ def protobuf(url: str, headers: dict, model_id: str) -> dict:
         call(result, case, "POST", url + FB, data=data, headers=h)
     zstd = {**h, "Content-Encoding": "zstd"}
     call(result, "zstd header, garbage", "POST", url + FB, data=rng.randbytes(4096), headers=zstd)
-    bomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (1 << 30))  # 1 GiB of zeros in ~32 KB
+    packer, zeros = zstandard.ZstdCompressor(level=1).compressobj(), b"\0" * (64 << 20)
+    bomb = b"".join(packer.compress(zeros) for _ in range(16)) + packer.flush()  # 1 GiB of zeros in ~100 KB
     call(result, "zstd bomb (1 GiB)", "POST", url + FB, data=bomb, headers=zstd)
     return result.body()
 

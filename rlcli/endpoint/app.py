@@ -318,8 +318,8 @@ def _backend_error(api: str, request: web.Request, e: Exception) -> web.Response
     if isinstance(e, tinker.NotFoundError):
         return error(api, 404, "these weights are not found on the training server, or this key may not "
                      "sample them", "not_found_error", "model_not_found")
-    if isinstance(e, tinker.BadRequestError):
-        return error(api, 400, f"the training server refused the request: {e}")
+    if isinstance(e, tinker.BadRequestError | tinker.UnprocessableEntityError):  # a 422: a model name that is no
+        return error(api, 400, f"the training server refused the request: {e}")  # weights' path (a 500 before)
     if isinstance(e, tinker.AuthenticationError | tinker.PermissionDeniedError):
         return error(api, 401, "the training server refused this key", "authentication_error")
     log.exception("request %s failed", request.path)
