@@ -311,6 +311,10 @@ async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
 
 def _backend_error(api: str, request: web.Request, e: Exception) -> web.Response:
     import tinker
+    from tinker_cookbook.exceptions import RendererError
+
+    if isinstance(e, RendererError):  # messages the model's chat template cannot take (a 500 before: the fuzzer)
+        return error(api, 400, f"these messages cannot be rendered for this model: {e}")
 
     if isinstance(e, tinker.APIConnectionError | ConnectionError):
         return error(api, 503, f"the training server at {request.app[_SETTINGS].sampler.base_url} does not "

@@ -127,6 +127,8 @@ def _with_model_pattern(stock, default):
 
 def load_request_model(api):
     """SkyRL's LoadWeightsRequest with tinker 0.38's create-via-load addressing beside the legacy model_id."""
+    from typing import Literal
+
     from pydantic import BaseModel, model_validator
 
     class LoadRequest(BaseModel):
@@ -138,7 +140,7 @@ def load_request_model(api):
         path: str
         optimizer: bool = True
         optimizer_config: dict | None = None
-        type: str | None = None
+        type: Literal["load_weights"] | None = None  # SkyRL's: any other string was a 500 when passed on (fuzzer)
 
         @model_validator(mode="after")
         def one_addressing(self):
