@@ -113,6 +113,10 @@ def test_int64_inputs_are_one_line_refusals_not_500s(server):
         assert r.status_code == 422, r.text
     assert requests.get(server.url + "/api/v1/training_runs?limit=2", timeout=60).status_code == 200
 
+    r = requests.post(server.url + "/api/v1/load_weights", timeout=60, json={  # rlcli_sdk's request model: was a 500
+        "model_id": "model_x", "path": "tinker://model_x/weights/a", "type": "something else"})
+    assert r.status_code == 422, r.text
+
 
 def test_a_sampling_session_from_no_tinker_path_is_refused_at_once(server, model_and_session):
     """Regression: SkyRL filed it, then its GET /samplers/{id} was a 500 the tinker client retried for minutes (an

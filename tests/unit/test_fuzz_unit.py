@@ -94,3 +94,13 @@ def test_the_body_cap_refuses_a_declared_or_streamed_body_over_it_and_passes_the
     assert sent[0]["status"] == 413 and read == 0 and b"over" in sent[1]["body"]
     sent, read = _through_cap(100, [chunk] * 20 + [last], [(b"transfer-encoding", b"chunked")])
     assert [m["status"] for m in sent if "status" in m] == [413] and read <= 100
+
+
+def test_the_endpoint_answers_unrenderable_messages_with_a_400():
+    """Regression: a RendererError from the cookbook's chat template was a 500 ("the endpoint failed")."""
+    from tinker_cookbook.exceptions import RendererError
+
+    from rlcli.endpoint import app
+
+    answer = app._backend_error("openai", None, RendererError("a tool message needs a tool call before it"))
+    assert answer.status == 400 and b"cannot be rendered" in answer.body
