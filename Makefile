@@ -168,6 +168,12 @@ SOAK_MINUTES ?= 30
 soak: venv server-venv model
 	nice -n 10 $(BIN)/python -m benchmarks.soak --minutes $(SOAK_MINUTES)
 
+# Every HTTP surface fuzzed from its own OpenAPI schema, with the hand-made cases and a client beside (docs/fuzz.md):
+# SkyRL's API without and with --tenants, and `rlcli endpoint`; a receipt in benchmarks/receipts/ (~10 min on 2 cores).
+.PHONY: fuzz
+fuzz: venv server-venv model
+	$(BIN)/python -m benchmarks.fuzz
+
 # The notebooks at laptop size through papermill (each starts and stops its own server); the executed copies,
 # outputs and plots included, go to notebooks/results/ beside the results they record.
 NOTEBOOKS = fused_vs_2pass learning_curve gsm8k distill continual_loop served_loop
