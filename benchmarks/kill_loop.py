@@ -122,13 +122,14 @@ class Harness:
         return sum(p.landed is not None for p in self.points)
 
     # --- one round ------------------------------------------------------------------------------------------
-    def round(self, r: int) -> dict[str, Any]:
+    def round(self, r: int, kills: int | None = None) -> dict[str, Any]:
+        """Deliver batch r, draw `kills` more kill points (default: 3-5), run the round's commands to the end."""
         started = time.monotonic()
         path = self.inbox / f"batch-{r}.openai.jsonl"
         batches.write_batch(path, 1 + (r - 1) % 3, CHATS, seed=self.seed * 1000 + r)
         data.write_jsonl(data.pairs_beside(path), _pairs(r))
         self.delivered.append(path)
-        self.draw_points(self.rng.randint(2, 4))
+        self.draw_points(self.rng.randint(3, 5) if kills is None else kills)
         self.command("run", ["loop", "run", str(self.folder), "--once"])
         with opened(self.folder) as ledger:
             n = ledger.last_iteration()
@@ -163,7 +164,7 @@ class Harness:
         while True:
             point = next((p for p in self.pending if RUN_COMMANDS[name](p.stage)), None)
             started = time.monotonic()
-            w = Watched([*private.RLCLI, *args], self.server.env, name, point, self._kill)
+            w = self.current = Watched([*private.RLCLI, *args], self.server.env, name, point, self._kill)
             rc = w.wait(COMMAND_TIMEOUT_S)
             took = round(time.monotonic() - started, 1)
             if point is None or point.landed is None:
@@ -188,6 +189,13 @@ class Harness:
             if point.target == "server":
                 self.server.start()
             killed.append(point)
+
+    current: Watched | None = None
+
+    def stop(self) -> None:
+        """The command running now, if any (the harness itself was stopped): it runs in a session of its own."""
+        if self.current is not None and self.current.proc.poll() is None:
+            self.current.signal_group("SIGKILL")
 
     def _kill(self, w: Watched, p: KillPoint) -> None:
         if p.target == "server":
@@ -246,6 +254,7 @@ def main(seed: int = 0, kills: int = 50, server_share: float = 0.15, max_rounds:
                 if p.landed is not None and id(p) not in before:
                     p.outcome["round"] = r
     finally:
+        h.stop()
         server.stop()
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
