@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,17 @@ def test_a_folder_from_before_links_and_hook_records_is_taken_over(loop):
     assert promote(folder, 2) == 0
     assert (folder / champion.CHAMPION_DIR).is_symlink() and champion_named(folder) == 2
     assert log.read_text().split() == ["1", "2"]
+
+
+def test_scoring_both_models_at_once_in_a_fresh_process_imports_the_tokenizer_safely():
+    """A `loop run` killed after its training stages resumes at the evaluation, whose two scoring threads were the
+    first to import transformers: its lazy module failed one with `cannot import name 'AutoTokenizer'`."""
+    code = ("from rlcli.loop import evaluation\n"
+            "def answers(*args, **kwargs):\n"
+            "    from transformers import AutoTokenizer\n"
+            "    return [AutoTokenizer.__name__]\n"
+            "evaluation.answers = answers\n"
+            "print(evaluation.answers_of({'champion': None, 'candidate': None}, [], None, ''))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0 and "AutoTokenizer" in proc.stdout, proc.stderr[-2000:]
