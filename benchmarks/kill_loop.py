@@ -243,22 +243,28 @@ def main(seed: int = 0, kills: int = 50, server_share: float = 0.15, max_rounds:
     (root / "home").mkdir(mode=0o700, exist_ok=True)
     server.start()
     h = Harness(root, server, seed, server_share)
+    stopped = None  # why the run ended before `kills` landed: a command that failed on its own, or a stop
     try:
         h.init()
         r = 0
         while h.landed() < kills and r < max_rounds:
             r += 1
             before = {id(p) for p in h.points if p.landed is not None}
-            h.round(r)
-            for p in h.points:
-                if p.landed is not None and id(p) not in before:
-                    p.outcome["round"] = r
+            try:
+                h.round(r)
+            finally:
+                for p in h.points:
+                    if p.landed is not None and id(p) not in before:
+                        p.outcome["round"] = r
+    except (RuntimeError, SystemExit, KeyboardInterrupt) as e:  # the receipt still says how far it got, and why
+        stopped = f"{type(e).__name__}: {e}"[-3000:]
+        say(f"stopped: {stopped}")
     finally:
         h.stop()
         server.stop()
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
-    body = {"seed": seed, "kills_asked": kills, "server_share": server_share,
+    body = {"seed": seed, "kills_asked": kills, "server_share": server_share, "stopped": stopped,
             "versions": versions("tinker", "tinker-cookbook"), "settings": h.settings, "chats_per_batch": CHATS,
             "minutes": round((time.monotonic() - started) / 60, 2),
             "load_average_1_5_15": {"before": load, "after": os.getloadavg()},
