@@ -123,13 +123,13 @@ class Harness:
 
     # --- one round ------------------------------------------------------------------------------------------
     def round(self, r: int, kills: int | None = None) -> dict[str, Any]:
-        """Deliver batch r, draw `kills` more kill points (default: 3-5), run the round's commands to the end."""
+        """Deliver batch r, draw `kills` more kill points (default: 4-6), run the round's commands to the end."""
         started = time.monotonic()
         path = self.inbox / f"batch-{r}.openai.jsonl"
         batches.write_batch(path, 1 + (r - 1) % 3, CHATS, seed=self.seed * 1000 + r)
         data.write_jsonl(data.pairs_beside(path), _pairs(r))
         self.delivered.append(path)
-        self.draw_points(self.rng.randint(3, 5) if kills is None else kills)
+        self.draw_points(self.rng.randint(4, 6) if kills is None else kills)
         self.command("run", ["loop", "run", str(self.folder), "--once"])
         with opened(self.folder) as ledger:
             n = ledger.last_iteration()
