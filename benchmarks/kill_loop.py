@@ -256,7 +256,7 @@ def main(seed: int = 0, kills: int = 50, server_share: float = 0.15, max_rounds:
                 for p in h.points:
                     if p.landed is not None and id(p) not in before:
                         p.outcome["round"] = r
-    except (RuntimeError, SystemExit, KeyboardInterrupt) as e:  # the receipt still says how far it got, and why
+    except (Exception, SystemExit, KeyboardInterrupt) as e:  # the receipt still says how far it got, and why
         stopped = f"{type(e).__name__}: {e}"[-3000:]
         say(f"stopped: {stopped}")
     finally:

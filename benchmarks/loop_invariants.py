@@ -24,8 +24,9 @@ from rlcli.loop.ledger import Champion, opened
 
 def at_kill(folder: Path) -> dict[str, str]:
     problems: dict[str, str] = {}
-    db = sqlite3.connect(f"file:{folder / 'ledger.sqlite'}?mode=ro", uri=True, timeout=30)
+    db = sqlite3.connect(f"file:{folder / 'ledger.sqlite'}?mode=rw", uri=True, timeout=30)
     try:
+        db.execute("PRAGMA query_only = ON")  # as the endpoint reads it (a killed writer's journal rolled back)
         if (ok := db.execute("PRAGMA integrity_check").fetchone()[0]) != "ok":
             problems["ledger_sound"] = ok
     finally:

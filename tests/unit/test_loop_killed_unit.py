@@ -163,3 +163,23 @@ def test_scoring_both_models_at_once_in_a_fresh_process_imports_the_tokenizer_sa
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0 and "AutoTokenizer" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_the_endpoint_serves_the_champion_after_a_loop_killed_inside_a_transaction(loop):
+    """A loop process killed mid-transaction (its changes already spilled into the file) leaves a hot journal:
+    the endpoint read the ledger read-only, and every read of it failed (`attempt to write a readonly database`)."""
+    from rlcli.endpoint.models import CHAMPION, Models
+
+    folder, _ = loop
+    assert promote(folder, 1) == 0
+    code = ("import os, sqlite3, sys\n"
+            "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "db.execute('PRAGMA cache_size = 1')\n"
+            "db.execute('BEGIN IMMEDIATE')\n"
+            "db.executemany('INSERT INTO conversations VALUES (?, 9)', [(str(i) * 40,) for i in range(20000)])\n"
+            "os.kill(os.getpid(), 9)\n")
+    subprocess.run([sys.executable, "-c", code, str(folder / "ledger.sqlite")], timeout=120)
+    assert (folder / "ledger.sqlite-journal").is_file()
+    answer = Models("base", {}, [folder]).resolve(CHAMPION)
+    assert answer.iteration == 1 and answer.weights == "tinker://r1/sampler_weights/final"
+    assert at_kill(folder) == {}
