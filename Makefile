@@ -143,7 +143,11 @@ docker:
 base-image: docker
 	bash scripts/base_image.sh
 
-.PHONY: bench notebooks
+.PHONY: bench notebooks kill-test
+# The loop killed at >= 50 seeded points (ingest to rollback, and its server): a receipt; KILL_SEED replays a seed.
+KILL_SEED ?= 0
+kill-test: venv server-venv model
+	$(BIN)/python -m benchmarks.kill_loop --seed $(KILL_SEED) --kills 50
 
 # Every benchmark (each starts and stops its own server; waits for a quiet machine), then the README table from the
 # receipts, then the receipts the tree no longer keeps deleted (benchmarks/README.md: the rule; history stays in git).
