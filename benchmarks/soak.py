@@ -6,7 +6,7 @@ or not after warm-up.
 
 One `rlcli serve start` on the embedded model (a private RLCLI_HOME, the shared server venv), and against it:
 - two SFT trainers, each `rlcli train sl` on a small chat set again and again (a new run folder each time, a
-  checkpoint every 3 steps: the named checkpoints a user's runs leave);
+  checkpoint every 2 steps, the newest intermediate one kept with the final: `--keep-checkpoints 1`);
 - an RL run sampling: `rlcli train rl` on one-digit sums again and again (per-step sampler snapshots);
 - `rlcli endpoint start --loops DIR` under a steady rate of chat requests (model `champion`) from the `openai`
   package, open-loop: each request leaves on its schedule whatever the ones before did, its latency counted from
@@ -45,22 +45,32 @@ from rlcli.server.private import PACKAGE_PARENT, RLCLI, PrivateServer, free_port
 
 MAX_TOKENS = 16
 SL_DATA = PACKAGE_PARENT / "tests" / "fixtures" / "sl_small.jsonl"
-SL_ARGS = ("--batch-size", "4", "--epochs", "1", "--save-every", "3", "--eval-every", "0", "--lr", "5e-3")
+SL_ARGS = ("--batch-size", "4", "--epochs", "1", "--save-every", "2", "--keep-checkpoints", "1", "--eval-every", "0",
+           "--lr", "5e-3")
 RL_ARGS = ("--loss", "gspo", "--dataset", "arithmetic", "--max-operand", "9", "--batch-size", "4", "--group-size", "4",
            "--max-tokens", "8", "--eval-size", "8", "--eval-every", "0", "--save-every", "0", "--lr", "1e-3",
            "--max-steps", "20")
 LOOP = dict(gate="manual", steps=4, lr=1e-2, save_every=2, max_tokens=8, eval_limit=8, match="number")
 WARMUP_SHARE = 1 / 3
 SNAPSHOTS_KEPT = 4  # `serve start --sampler-snapshots`'s default, which this server runs with
+# The retentions the soak runs with, short enough to reach within its minutes (the defaults: 60 minutes, 2, none).
+FUTURES_MINUTES = 5  # serve start --futures-retention
+KEEP_CHECKPOINTS = 1  # train sl --keep-checkpoints (SL_ARGS): a run's newest intermediate checkpoint and its final
+CAPTURE_MAX_HOURS = 0.1  # endpoint start --capture-max-hours: no loop drains this store (the loop reads an inbox)
 # What each series is judged against: "flat" (a leak if it grows) or the retention that bounds it, if any.
 EXPECTED = {
     "server_rss_mb": "flat", "server_fds": "flat", "endpoint_rss_mb": "flat", "endpoint_fds": "flat",
     "disk_mb_sampler_snapshots": "flat: --sampler-snapshots (4) per loaded model, a model's all deleted when unloaded",
-    "futures_rows": "no retention: SkyRL keeps a row per request (rlcli keeps them: request ids are max(id) + 1)",
-    "disk_mb_checkpoints_training": "no retention: every run's named checkpoints are kept (user data, resumable)",
-    "disk_mb_sampler_named": "no retention: named sampler weights are kept (user data)",
-    "disk_mb_capture": "no retention: every exchange is kept for the loop (its drain copies, never truncates)",
-    "disk_mb_database": "grows with futures_rows", "disk_mb_server_log": "rotated at 20 MB (two parts: 40 MB)",
+    "futures_rows": f"flat: --futures-retention {FUTURES_MINUTES} (finished rows older are deleted once a minute)",
+    "disk_mb_database": "flat: SQLite reuses the pages of deleted futures rows",
+    "disk_mb_checkpoints_intermediate": f"flat: --keep-checkpoints {KEEP_CHECKPOINTS} per run (older intermediate "
+                                        "states and their sampler weights deleted as a run saves)",
+    "disk_mb_checkpoints_final": "no retention: each finished run keeps its final state and sampler weights (user "
+                                 "data: what a run made)",
+    "disk_mb_checkpoints_training": "no retention: the finals (above) plus the bounded intermediate states",
+    "disk_mb_sampler_named": "no retention: the finals' sampler weights plus the bounded intermediate ones",
+    "disk_mb_capture": f"flat: --capture-max-hours {CAPTURE_MAX_HOURS} (no loop drains this store)",
+    "disk_mb_server_log": "rotated at 20 MB (two parts: 40 MB)",
     "latency_p50_ms": "flat", "latency_p99_ms": "flat",
 }
 
@@ -207,7 +217,8 @@ def soak(server: PrivateServer, root: Path, minutes: float, interval: float, rat
                 "--regression", str(regression), "--base-url", server.url) != 0:
         raise RuntimeError(f"loop init failed: {jobs.runs[-1].get('tail')}")
     settings.write(folder, replace(settings.read(folder), **LOOP))
-    started = subprocess.run([*RLCLI, "endpoint", "start", "--port", str(free_port()), "--loops", str(folder)],
+    started = subprocess.run([*RLCLI, "endpoint", "start", "--port", str(free_port()), "--loops", str(folder),
+                              "--capture-max-hours", str(CAPTURE_MAX_HOURS)],
                              env=env, cwd=PACKAGE_PARENT, capture_output=True, text=True, timeout=300)
     if started.returncode != 0:
         raise RuntimeError(f"endpoint start failed: {started.stderr.strip()}")
@@ -252,6 +263,7 @@ def judge(series: list[dict[str, Any]], requests: list[dict[str, Any]], jobs: li
               for key, expected in EXPECTED.items()}
     leaks = [k for k, t in trends.items() if t["expected"].startswith("flat") and t["verdict"] == "growing"]
     failed = [r for r in requests if not r["ok"]]
+    most_states = max((r.get("intermediate_states_most_per_model", 0) for r in series), default=0)
     failed_jobs = [j for j in jobs if j["rc"] not in (0, None)]
     counts: dict[str, int] = {}
     for j in jobs:
@@ -263,11 +275,14 @@ def judge(series: list[dict[str, Any]], requests: list[dict[str, Any]], jobs: li
             "requests": len(requests), "failed_requests": len(failed), "first_failures": failed[:10],
             "failed_job_runs": len(failed_jobs), "completed_job_runs": counts,
             "most_snapshots_of_one_model": max((r["sampler_snapshots_most_per_model"] for r in series), default=0),
+            "most_intermediate_states_of_one_model": most_states,
+            "intermediate_states_bound": KEEP_CHECKPOINTS + 1,  # while a run trains: the one just saved on top
             "snapshots_kept_per_model": SNAPSHOTS_KEPT,
             "targets": {"flat_after_warmup": not leaks, "no_failed_request": not failed and bool(requests),
                         "no_failed_job": not failed_jobs,
                         "snapshots_within_retention": max((r["sampler_snapshots_most_per_model"] for r in series),
-                                                          default=0) <= SNAPSHOTS_KEPT}}
+                                                          default=0) <= SNAPSHOTS_KEPT,
+                        "intermediate_states_within_retention": most_states <= KEEP_CHECKPOINTS + 1}}
 
 
 def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_every: float = 300, label: str = "",
@@ -275,7 +290,8 @@ def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_ever
     """workdir: keep the jobs' logs, run folders and loop folder there (a new folder; default: a temporary one)."""
     stop_servers_on_sigterm()
     model = str(ensure_embedded_model())
-    with private_server(model) as server, tempfile.TemporaryDirectory(prefix="rlcli-soak-") as tmp:
+    with (private_server(model, "--futures-retention", str(FUTURES_MINUTES)) as server,
+          tempfile.TemporaryDirectory(prefix="rlcli-soak-") as tmp):
         root = Path(workdir) if workdir else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         run = soak(server, root, minutes, interval, rate, loop_every)
@@ -285,7 +301,10 @@ def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_ever
             "versions": {**versions("tinker", "tinker-cookbook", "openai"), "server": server_versions()},
             "config": {"minutes": minutes, "interval_s": interval, "rate_per_s": rate, "loop_every_s": loop_every,
                        "warmup_share": WARMUP_SHARE, "flat_rule": probe.__doc__.split("Trend: ")[1].strip(),
-                       "model": "rlcli-tiny-qwen3-v1", "server": "`rlcli serve start` defaults",
+                       "model": "rlcli-tiny-qwen3-v1",
+                       "server": f"`rlcli serve start --futures-retention {FUTURES_MINUTES}`, else its defaults",
+                       "retention": {"futures_minutes": FUTURES_MINUTES, "keep_checkpoints": KEEP_CHECKPOINTS,
+                                     "capture_max_hours": CAPTURE_MAX_HOURS},
                        "sl": " ".join(SL_ARGS) + " on tests/fixtures/sl_small.jsonl, twice at once, repeated",
                        "rl": " ".join(RL_ARGS) + ", repeated", "loop": LOOP, "endpoint_max_tokens": MAX_TOKENS,
                        "nice": os.nice(0), "machine": "shared 2-core machine (other engineers' tests and benchmarks "

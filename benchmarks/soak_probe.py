@@ -27,6 +27,7 @@ from rlcli.server import process
 FLAT_SHARE = 0.05
 # SkyRL names an unnamed (per-step, sampling-session) sampler save ss<session>_seq<n>; a name a client gave is kept
 UNNAMED = re.compile(r"^ss.*_seq\d+")
+FINAL = "final"  # the name the recipes save a run's last checkpoint under (what --keep-checkpoints always keeps)
 
 
 def roles(pgid: int) -> dict[str, list[psutil.Process]]:
@@ -97,19 +98,25 @@ def tree_bytes(folder: Path) -> int:
 
 def checkpoint_bytes(base: Path) -> dict[str, int]:
     """Training checkpoints, named sampler weights, unnamed sampler snapshots under checkpoints/MODEL/KIND/NAME."""
-    out = {"training": 0, "sampler_named": 0, "sampler_snapshots": 0, "snapshot_files": 0, "most_of_a_model": 0}
+    out = {"training": 0, "sampler_named": 0, "sampler_snapshots": 0, "snapshot_files": 0, "most_of_a_model": 0,
+           "final": 0, "most_states_of_a_model": 0}
     for model in _entries(base):
-        files = 0
+        files = states = 0
         for kind in _entries(model):
             if kind.name != "sampler_weights":
-                out["training"] += tree_bytes(kind) if kind.is_dir() else _size(kind)
+                size = tree_bytes(kind) if kind.is_dir() else _size(kind)
+                out["training"] += size
+                out["final"] += size if kind.name.startswith(f"{FINAL}.") else 0
+                states += kind.name.endswith(".tar.gz") and not kind.name.startswith(f"{FINAL}.")
                 continue
             for f in _entries(kind):
                 unnamed = bool(UNNAMED.match(f.name))
                 out["sampler_snapshots" if unnamed else "sampler_named"] += _size(f)
+                out["final"] += _size(f) if f.name.startswith(f"{FINAL}.") else 0
                 files += unnamed and f.name.endswith(".tar.gz")
         out["snapshot_files"] += files
         out["most_of_a_model"] = max(out["most_of_a_model"], files)
+        out["most_states_of_a_model"] = max(out["most_states_of_a_model"], states)
     return out
 
 
@@ -136,6 +143,9 @@ def disk_readings(server_dir: Path, capture: Path, checkpoints: Path) -> dict[st
             "disk_mb_sampler_named": round(ck["sampler_named"] / mb, 3),
             "disk_mb_sampler_snapshots": round(ck["sampler_snapshots"] / mb, 3),
             "sampler_snapshot_files": ck["snapshot_files"], "sampler_snapshots_most_per_model": ck["most_of_a_model"],
+            "disk_mb_checkpoints_final": round(ck["final"] / mb, 3),
+            "disk_mb_checkpoints_intermediate": round((ck["training"] + ck["sampler_named"] - ck["final"]) / mb, 3),
+            "intermediate_states_most_per_model": ck["most_states_of_a_model"],
             "disk_mb_capture": round(tree_bytes(capture) / mb, 3), "disk_mb_database": round(db / mb, 3),
             "disk_mb_server_log": round(logs / mb, 3)}
 

@@ -38,14 +38,15 @@ def test_missing_windows_are_skipped_and_too_few_said():
 def test_checkpoints_split_into_training_named_sampler_and_snapshots(tmp_path):
     model = tmp_path / "m1"
     (model / "sampler_weights").mkdir(parents=True)
-    (model / "000003").mkdir()
-    (model / "000003" / "state.bin").write_bytes(b"x" * 100)
+    for name, size in (("000003", 100), ("final", 40)):  # a training state is a folder named NAME.tar.gz
+        (model / f"{name}.tar.gz").mkdir()
+        (model / f"{name}.tar.gz" / "state.bin").write_bytes(b"x" * size)
     (model / "sampler_weights" / "final.tar.gz").write_bytes(b"x" * 10)
     for n in range(3):
         (model / "sampler_weights" / f"ss1_seq{n}.tar.gz").write_bytes(b"x" * 7)
     got = probe.checkpoint_bytes(tmp_path)
-    assert got == {"training": 100, "sampler_named": 10, "sampler_snapshots": 21, "snapshot_files": 3,
-                   "most_of_a_model": 3}
+    assert got == {"training": 140, "sampler_named": 10, "sampler_snapshots": 21, "snapshot_files": 3,
+                   "most_of_a_model": 3, "final": 50, "most_states_of_a_model": 1}
 
 
 def test_server_processes_are_told_apart_by_their_launcher_role():
