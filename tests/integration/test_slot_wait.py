@@ -3,6 +3,8 @@ server says why, a caller that can wait gets a slot when one frees, one that can
 
 from __future__ import annotations
 
+import re
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -61,6 +63,10 @@ def test_a_load_into_a_full_server_names_the_slots_not_a_stale_request(server):
     message = str(refused.value)
     assert NO_FREE_SLOT in message and "rlcli serve start --slots N" in message, message
     assert STALE not in message, message
+    # The refused model holds no slot, and its row says so (a tenant's --max-models counts the others).
+    refused_id = re.search(r"model (\S+) could not be created", message).group(1)
+    with sqlite3.connect(server.home / "servers" / "default" / "tinker.db") as db:
+        assert db.execute("SELECT status FROM models WHERE model_id = ?", (refused_id,)).fetchall() == [("unloaded",)]
 
 
 def test_a_stock_server_says_stale_request_and_rlcli_still_says_slots(stock_server, embedded_model):

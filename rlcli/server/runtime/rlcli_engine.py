@@ -14,8 +14,8 @@ from rlcli_tenants import fair_pick
 from shared import OWNERS_FILE
 from skyrl.tinker import engine as stock
 from skyrl.tinker import types
-from skyrl.tinker.db_models import FutureDB, RequestStatus
-from sqlmodel import Session, select
+from skyrl.tinker.db_models import FutureDB, ModelDB, RequestStatus
+from sqlmodel import Session, select, update
 from tenant_owners import ModelTenants
 
 KIND = types.RequestType
@@ -121,10 +121,14 @@ class RlcliEngine(stock.TinkerEngine):
             samplers.drop_rows(self)  # before the future completes: a listing after it omits them
 
     def _refused(self, model_id: str, reason: str) -> None:
-        """Keep why a model's creation failed, for its load; the oldest go (a plain create has no load to follow)."""
+        """Keep why a model's creation failed, for its load; the oldest go (a plain create has no load to follow).
+        Its row says "unloaded", as it holds no slot: SkyRL leaves it "created", and a tenant's quota counts those."""
         self.refused_creates[model_id] = reason
         while len(self.refused_creates) > REFUSALS_KEPT:
             del self.refused_creates[next(iter(self.refused_creates))]
+        with Session(self.db_engine) as session:
+            session.exec(update(ModelDB).where(ModelDB.model_id == model_id).values(status="unloaded"))
+            session.commit()
 
 
 class FairEngine(stock.TinkerEngine):
