@@ -143,7 +143,11 @@ docker:
 base-image: docker
 	bash scripts/base_image.sh
 
-.PHONY: bench notebooks
+.PHONY: bench notebooks kill-test
+# The loop killed at >= 50 seeded points (ingest to rollback, and its server): a receipt; KILL_SEED replays a seed.
+KILL_SEED ?= 0
+kill-test: venv server-venv model
+	$(BIN)/python -m benchmarks.kill_loop --seed $(KILL_SEED) --kills 50
 
 # Every benchmark (each starts and stops its own server; waits for a quiet machine), then the README table from the
 # receipts, then the receipts the tree no longer keeps deleted (benchmarks/README.md: the rule; history stays in git).
@@ -167,6 +171,12 @@ SOAK_MINUTES ?= 30
 .PHONY: soak
 soak: venv server-venv model
 	nice -n 10 $(BIN)/python -m benchmarks.soak --minutes $(SOAK_MINUTES)
+
+# Every HTTP surface fuzzed from its own OpenAPI schema, with the hand-made cases and a client beside (docs/fuzz.md):
+# SkyRL's API without and with --tenants, and `rlcli endpoint`; a receipt in benchmarks/receipts/ (~10 min on 2 cores).
+.PHONY: fuzz
+fuzz: venv server-venv model
+	$(BIN)/python -m benchmarks.fuzz
 
 # The notebooks at laptop size through papermill (each starts and stops its own server); the executed copies,
 # outputs and plots included, go to notebooks/results/ beside the results they record.

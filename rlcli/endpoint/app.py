@@ -313,6 +313,10 @@ async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
 
 def _backend_error(api: str, request: web.Request, e: Exception) -> web.Response:
     import tinker
+    from tinker_cookbook.exceptions import RendererError
+
+    if isinstance(e, RendererError):  # messages the model's chat template cannot take (a 500 before: the fuzzer)
+        return error(api, 400, f"these messages cannot be rendered for this model: {e}")
 
     if isinstance(e, tinker.APIConnectionError | ConnectionError):
         return error(api, 503, f"the training server at {request.app[_SETTINGS].sampler.base_url} does not "
@@ -322,8 +326,8 @@ def _backend_error(api: str, request: web.Request, e: Exception) -> web.Response
                      "sample them", "not_found_error", "model_not_found")
     if isinstance(e, NoFreeSlot):  # the server is full for now: a client may retry later
         return error(api, 503, f"the training server cannot serve these weights now: {e}", "api_error")
-    if isinstance(e, tinker.BadRequestError):
-        return error(api, 400, f"the training server refused the request: {e}")
+    if isinstance(e, tinker.BadRequestError | tinker.UnprocessableEntityError):  # a 422: a model name that is no
+        return error(api, 400, f"the training server refused the request: {e}")  # weights' path (a 500 before)
     if isinstance(e, tinker.AuthenticationError | tinker.PermissionDeniedError):
         return error(api, 401, "the training server refused this key", "authentication_error")
     log.exception("request %s failed", request.path)

@@ -97,8 +97,11 @@ class Models:
         with self._lock:
             db = self._ledgers.get(folder)
             if db is None:
-                db = sqlite3.connect(f"file:{folder / LEDGER}?mode=ro", uri=True, timeout=30,
+                # Read-write but query-only, not mode=ro: a `loop run` killed inside a transaction leaves a hot
+                # journal that only a writable connection may roll back; a read-only one fails every read.
+                db = sqlite3.connect(f"file:{folder / LEDGER}?mode=rw", uri=True, timeout=30,
                                      check_same_thread=False)
+                db.execute("PRAGMA query_only = ON")
                 self._ledgers[folder] = db
             row = db.execute("SELECT iteration, sampler_path, state_path FROM aliases ORDER BY id DESC LIMIT 1"
                              ).fetchone()

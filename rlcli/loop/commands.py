@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rlcli.endpoint import capture
 from rlcli.errors import UsageError
-from rlcli.loop import data, evaluation, gate, settings, stages
+from rlcli.loop import champion, data, evaluation, gate, settings, stages
 from rlcli.loop.ledger import Champion, Ledger, now, opened
 from rlcli.loop.settings import LoopSettings
 from rlcli.loop.stages import say
@@ -90,6 +90,12 @@ def locked(folder: Path) -> Iterator[Ledger]:
         f.flush()
         with opened(folder) as ledger:
             yield ledger
+
+
+def synced(folder: Path, ledger: Ledger) -> None:
+    """DIR/champion and the hook caught up with the ledger's alias (a command killed mid-move left them behind)."""
+    s = settings.read(folder)
+    champion.sync(folder, ledger, s, _url(s))
 
 
 def _folder(dir: str, must_exist: bool = True) -> Path:
@@ -206,10 +212,8 @@ def _advance(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champ: Champ
     if verdict["promote"]:
         cand = stages.candidate(ledger, n, champ)
         assert cand is not None
-        if ledger.stage(n, "promote") is None:
+        if ledger.stage(n, "promote") is None:  # a kill after it: the command's start finished the move (synced)
             stages.move_to(folder, ledger, cand, s, url, f"iteration {n} passed the gate", n)
-        elif ledger.stage(n, "hook") is None:  # killed between the alias move and the hook
-            stages.hook(folder, ledger, s, cand, n)
     decision = "promoted" if verdict["promote"] else "pending" if verdict.get("manual") else "rejected"
     with ledger.transaction() as db:
         ledger.finish(db, n, decision, verdict["why"])
@@ -236,6 +240,7 @@ def run(o: RunOptions) -> int:
     wait = parse_every(o.every)
     folder = _folder(o.dir)
     with locked(folder) as ledger:
+        synced(folder, ledger)
         while True:
             did = run_once(folder, ledger)
             if not o.watch:
@@ -257,7 +262,11 @@ def promote(o: PromoteOptions) -> int:
         cand = stages.candidate(ledger, iteration)
         if cand is None:
             raise UsageError(f"iteration {iteration} trained no candidate ({it['decision']}): nothing to promote")
-        if ledger.champion() == cand:
+        synced(folder, ledger)
+        if ledger.champion() == cand:  # a promote killed after the move: its decision still to record
+            if it["decision"] != "promoted":
+                with ledger.transaction() as db:
+                    ledger.finish(db, iteration, "promoted", f"by hand; the gate said: {it['why']}")
             print(f"iteration {iteration} is the champion already")
             return 0
         s = settings.read(folder)  # today's export format and hook
@@ -272,6 +281,7 @@ def rollback(o: RollbackOptions) -> int:
     DIR/champion is exported again and the hook runs."""
     folder, iteration = _folder(o.dir), o.iteration
     with locked(folder) as ledger:
+        synced(folder, ledger)
         history = ledger.aliases()
         current = ledger.champion()
         earlier = [Champion(a["iteration"] or 0, a["sampler_path"], a["state_path"]) for a in history]

@@ -160,6 +160,10 @@ def answers_of(models: dict[str, Champion], problems: list[Problem], s: LoopSett
     batches."""
     from concurrent.futures import ThreadPoolExecutor
 
+    # transformers' lazy module cannot be first imported from two threads at once (`cannot import name
+    # 'AutoTokenizer'`): a `loop run` resumed at its evaluation has trained nothing that imported it first.
+    from transformers import AutoTokenizer  # noqa: F401
+
     from rlcli.problems.score import IN_FLIGHT
 
     with ThreadPoolExecutor(len(models)) as pool:

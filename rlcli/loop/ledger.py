@@ -4,8 +4,9 @@ Tables: files (every trace file ingested, by content hash, with its per-line acc
 (the hash of every conversation kept, so a later file cannot bring one in twice), iterations (state,
 decision, why), stages (each completed stage of an iteration, with what it found), runs (the training runs
 of an iteration and their final weights), problems (each held-out and regression problem's slice, by prompt hash,
-and the iteration that brought it), scores (each model's score per problem set and per slice) and aliases (every
-move of the champion alias). Each stage commits in one transaction: a kill leaves a stage done or not done.
+and the iteration that brought it), scores (each model's score per problem set and per slice), aliases (every
+move of the champion alias) and hooks (the moves whose hook has run). Each stage commits in one transaction: a
+kill leaves a stage done or not done.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ CREATE TABLE IF NOT EXISTS problems (problems TEXT NOT NULL, key TEXT NOT NULL, 
     iteration INTEGER NOT NULL, PRIMARY KEY (problems, key));
 CREATE TABLE IF NOT EXISTS aliases (id INTEGER PRIMARY KEY AUTOINCREMENT, at TEXT NOT NULL, iteration INTEGER,
     sampler_path TEXT, state_path TEXT, reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS hooks (alias INTEGER PRIMARY KEY, at TEXT NOT NULL);
 """
 
 
@@ -64,7 +66,10 @@ class Ledger:
     def __init__(self, folder: Path):
         self.db = sqlite3.connect(folder / FILE, isolation_level=None, timeout=30)
         self.db.row_factory = sqlite3.Row
+        before_hooks = not self.rows("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'hooks'")
         self.db.executescript(SCHEMA)
+        if before_hooks:  # a ledger from before the hooks table: the moves it recorded had their hooks run
+            self.db.execute("INSERT OR IGNORE INTO hooks SELECT id, at FROM aliases")
 
     def close(self) -> None:
         self.db.close()
@@ -154,6 +159,14 @@ class Ledger:
 
     def aliases(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.rows("SELECT * FROM aliases ORDER BY id")]
+
+    def is_hooked(self) -> bool:
+        """Whether the hook has run for the alias's last move (True before any move)."""
+        return not self.rows("SELECT 1 FROM aliases WHERE id = (SELECT MAX(id) FROM aliases) "
+                             "AND id NOT IN (SELECT alias FROM hooks)")
+
+    def hooked(self, db: sqlite3.Connection) -> None:
+        db.execute("INSERT OR IGNORE INTO hooks SELECT id, ? FROM aliases ORDER BY id DESC LIMIT 1", (now(),))
 
     def move_alias(self, db: sqlite3.Connection, to: Champion, reason: str) -> None:
         db.execute("INSERT INTO aliases (at, iteration, sampler_path, state_path, reason) VALUES (?, ?, ?, ?, ?)",

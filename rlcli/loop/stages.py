@@ -10,26 +10,22 @@ once it is whole.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rlcli.errors import RlcliError
-from rlcli.loop import data
+from rlcli.loop import champion, data
 from rlcli.loop.ledger import Champion, Ledger
 from rlcli.loop.settings import LoopSettings, stages
 from rlcli.options import Record
 from rlcli.train import folder as runs
 from rlcli.train.run import Weights
 
-CHAMPION_DIR = "champion"
-CHAMPION_FILE = "rlcli-champion.json"
+CHAMPION_DIR, CHAMPION_FILE = champion.CHAMPION_DIR, champion.CHAMPION_FILE
 PAIRS = data.PAIRS  # an iteration's preference pairs (rlcli.train.dpo's shape), written by its ingest
 
 
@@ -159,52 +155,17 @@ def candidate(ledger: Ledger, n: int, unchanged: Champion | None = None) -> Cham
     return None if unchanged is None else Champion(n, unchanged.sampler_path, unchanged.state_path)
 
 
-def export_champion(folder: Path, champ: Champion, s: LoopSettings, url: str) -> Path:
-    """DIR/champion: the champion's weights as PEFT or merged, and rlcli-champion.json saying which they are;
-    for the base model the JSON alone (there are no weights of its own to export)."""
-    from rlcli.files import staged_file, staged_folder
-
-    out = folder / CHAMPION_DIR
-    if champ.is_base:
-        with staged_folder(out):
-            pass
-    else:
-        from rlcli.export import ExportOptions, export
-
-        export(ExportOptions(checkpoint=champ.sampler_path or "", format=s.export_format, output=str(out), force=True,
-                             base_url=url))
-    with staged_file(out / CHAMPION_FILE) as f:
-        f.write((json.dumps({"iteration": champ.iteration, "sampler_path": champ.sampler_path,
-                             "state_path": champ.state_path, "format": s.export_format}, indent=1) + "\n").encode())
-    return out
-
-
-def run_hook(folder: Path, s: LoopSettings, champ: Champion) -> None:
-    if not s.hook:
-        return
-    env = dict(os.environ, RLCLI_LOOP_CHAMPION=str(folder / CHAMPION_DIR), RLCLI_LOOP_ITERATION=str(champ.iteration))
-    proc = subprocess.run(s.hook, shell=True, cwd=folder, env=env)
-    if proc.returncode:
-        raise RlcliError(f"the hook `{s.hook}` exited {proc.returncode} for iteration {champ.iteration}: the alias "
-                         "moved and the export is in place; fix the hook and rerun it by hand")
-
-
 def move_to(folder: Path, ledger: Ledger, champ: Champion, s: LoopSettings, url: str, reason: str,
             n: int | None = None) -> None:
-    """Export first, then move the alias (and record the promote stage) in one transaction, then the hook: a
-    kill before the transaction leaves the old champion in the ledger, and the next run exports again."""
-    export_champion(folder, champ, s, url)
+    """Export first (a folder of its own), then move the alias (and record the promote stage) in one transaction,
+    then switch DIR/champion to the export in one rename, then the hook: a kill before the transaction leaves the
+    old champion everywhere; after it, the next loop command finishes the switch and the hook (champion.sync)."""
+    say(f"exporting {champ.label()} to {folder / CHAMPION_DIR}")
+    target = champion.export(folder, champ, s, url)
     with ledger.transaction() as db:
         ledger.move_alias(db, champ, reason)
         if n is not None and ledger.stage(n, "promote") is None:
             ledger.done(db, n, "promote", {"sampler_path": champ.sampler_path})
+    champion.point(folder, target)
     say(f"champion -> {champ.label()} (exported to {folder / CHAMPION_DIR})")
-    hook(folder, ledger, s, champ, n)
-
-
-def hook(folder: Path, ledger: Ledger, s: LoopSettings, champ: Champion, n: int | None = None) -> None:
-    """The user's hook, once per promotion: recorded as a stage, so a loop killed before it ran runs it."""
-    run_hook(folder, s, champ)
-    if n is not None:
-        with ledger.transaction() as db:
-            ledger.done(db, n, "hook", {"command": s.hook})
+    champion.hook(folder, ledger, s, champ)

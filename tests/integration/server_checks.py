@@ -453,6 +453,68 @@ def check_lora() -> str:
             f"float64 {found['float64']:.1e}, float32 {found['float32']:.1e})")
 
 
+
+def decode_outputs(which: str, model, cases: list) -> list:
+    """`generate`'s answers with the mixin's decode program `which` ("stock" or "rlcli") for each case."""
+    import jax.numpy as jnp
+    import rlcli_decode
+    from skyrl.tx.utils.generator import GeneratorMixin
+
+    GeneratorMixin._prefill_and_decode = rlcli_decode.installed[which]
+    found = []
+    for ids, mask, params, prompt_logprobs in cases:
+        out = model.generate(jnp.asarray(ids), jnp.asarray(mask), sampling_params=params,
+                             prompt_logprobs=prompt_logprobs, adapter_indices=jnp.zeros((len(ids),), jnp.int32))
+        found.append((out.generated_ids, out.stop_reasons, out.logprobs, out.prompt_logprobs))
+    return found
+
+
+def check_decode() -> str:
+    """runtime/rlcli_decode.py against SkyRL's decode loop on a small random Qwen3: ragged prompts, stop tokens, every
+    sampling mode (greedy, drawn, top-k and top-p, a mixed batch), prompt logprobs: the same tokens, stop reasons and
+    logprobs, bit for bit."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import rlcli_decode
+    from flax import nnx
+    from skyrl.tinker import types
+    from skyrl.tx.models.configs import Qwen3Config
+    from skyrl.tx.models.qwen3 import Qwen3ForCausalLM
+    from transformers import Qwen3Config as HFConfig
+
+    hf = HFConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
+    config = Qwen3Config(hf, max_lora_adapters=2, max_lora_rank=4, shard_attention_heads=True, loss_chunk_size=0,
+                         gradient_checkpointing=False, mhc_expansion_rate=1)
+    mesh = jax.make_mesh((1, 1, 1), ("fsdp", "ep", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    rng = np.random.default_rng(3)
+    lengths = [5, 8, 3, 8, 6, 1]
+    ids = np.zeros((6, 8), np.int32)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = rng.integers(0, 96, n)
+    mask = (np.arange(8)[None, :] < np.array(lengths)[:, None]).astype(np.int32)
+
+    def params(temperatures, **kw):
+        return [types.SamplingParams(temperature=t, max_tokens=12, seed=row, stop_tokens=[5, 9], **kw)
+                for row, t in enumerate(temperatures)]
+
+    cases = [(ids, mask, params([0.0] * 6), False), (ids, mask, params([1.0] * 6), False),
+             (ids, mask, params([0.8] * 6, top_k=7, top_p=0.9), False),
+             (ids, mask, params([0.0, 1.0, 0.0, 0.5, 0.0, 2.0]), True)]
+    with jax.set_mesh(mesh), nnx.use_eager_sharding(True):
+        model = Qwen3ForCausalLM(config, dtype=jnp.float32, rngs=nnx.Rngs(1))
+        rlcli_decode.install()
+        stock, ours = decode_outputs("stock", model, cases), decode_outputs("rlcli", model, cases)
+    if stock != ours:
+        differ = [n for n, (a, b) in enumerate(zip(stock, ours, strict=True)) if a != b]
+        raise SystemExit(f"rlcli's decode differs from SkyRL's in batches {differ}")
+    drawn = {tuple(map(tuple, out[0])) for out in stock}
+    assert len(drawn) == len(cases), "the cases should sample differently (else the check proves little)"
+    lengths = [len(t) for out in stock for t in out[0]]
+    assert min(lengths) < 12 == max(lengths), "some rows should stop on a stop token, some run to max_tokens"
+    return f"rlcli's decode matches SkyRL's bit for bit on {len(cases)} batches (tokens, stop reasons, logprobs)"
+
 # SkyRL's module that imports peft, and the only one among the jax engine's imports allowed to.
 PEFT_USER = "skyrl.tx.utils.models"
 

@@ -22,7 +22,8 @@ from tests.conftest import shared_jax_cache_env, shared_server_venv
 pytestmark = pytest.mark.server
 
 CHECKS = Path(__file__).with_name("server_checks.py")
-ORDER = ["lazy_torch", "manifest", "submit", "look", "results", "model_checks", "engine_command", "lora", "no_torch"]
+ORDER = ["lazy_torch", "manifest", "submit", "look", "results", "model_checks", "engine_command", "decode", "lora",
+         "no_torch"]
 DRIVER = """
 import contextlib, importlib.util, io, json, sys, traceback
 runtime, checks, order = json.loads(sys.stdin.read())
@@ -96,6 +97,12 @@ def test_per_sequence_lora_matches_the_stock_ragged_dot_path(checks):
     """runtime/rlcli_lora.py against SkyRL's own LoRA layers: values and gradients (float64 to 1e-12, float32 to
     1e-5) on a batch that mixes adapters and leaves slots unused."""
     assert passed(checks, "lora", "matches SkyRL's ragged_dot path"), checks["lora"]["out"][-2000:]
+
+
+def test_greedy_decode_matches_skyrls_decode_loop(checks):
+    """runtime/rlcli_decode.py against SkyRL's own decode program: tokens, stop reasons and logprobs bit for bit;
+    greedy, drawn, filtered and mixed batches, ragged prompts, stop tokens."""
+    assert passed(checks, "decode", "matches SkyRL's bit for bit"), checks["decode"]["out"][-2000:]
 
 
 def test_a_failing_check_fails_only_its_own_test(tmp_path):

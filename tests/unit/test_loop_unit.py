@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rlcli import export
 from rlcli.cli import main
 from rlcli.errors import UsageError
 from rlcli.loop import batches, commands, data, gate, settings
@@ -222,7 +223,8 @@ def test_a_hook_killed_before_it_ran_runs_on_the_next_loop_run(loop, monkeypatch
     folder, _ = loop
     n = _ingest(folder)
     ran = []
-    monkeypatch.setattr(commands.stages, "run_hook", lambda folder, s, champ: ran.append(champ.iteration))
+    monkeypatch.setattr(commands.champion, "run_hook", lambda folder, s, champ: ran.append(champ.iteration))
+    monkeypatch.setattr(export, "export", lambda o: Path(o.output).mkdir(parents=True))  # no server to download from
     monkeypatch.setattr(commands.stages, "train", lambda *a: None)
     cand = Champion(n, "tinker://r/sampler_weights/final", "tinker://r/weights/final")
     with opened(folder) as ledger, ledger.transaction() as db:

@@ -86,6 +86,8 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
      UP + "rich-log-on-request-path.md"),
 )) + _entries(REBINDING, JAX, (
     ("skyrl.tx.layers.lora:LoRAMixin.apply_lora", "lora: each sequence its own adapter", UP + "lora-per-sequence.md"),
+    ("skyrl.tx.utils.generator:GeneratorMixin._prefill_and_decode", "decode: a greedy batch draws no sample",
+     UP + "greedy-decode.md", "holds", "self._prefill_and_decode(", "prompt_logprobs=prompt_logprobs,"),
     ("skyrl.tinker.loss_fns:LOSS_FUNCTIONS", "gspo appended to the jax loss registry", UP + "jax-gspo.md",
      "by", "rlcli_losses: the stock registry, the backend's own objects"),
     ("skyrl.tinker.types:LOSS_TYPES", "gspo's index in the jax loss registry", UP + "jax-gspo.md", "by",
@@ -110,12 +112,18 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
     (TA + "wait_for_future", "wake: results rung before their retrieve_future", UP + "polling-sleeps.md"),
     (TA + "create_future", "wake: a future filed in one statement", LOOK),
     (TA + "get_model", "wake: a known model's row is not read again", LOOK),
-    (TA + "app", "routes /api/v1/rlcli/* (the engine's heartbeat among them); the tenant gate wraps it",
-     OWN),
+    (TA + "app", "routes /api/v1/rlcli/* (the engine's heartbeat among them); the tenant gate and the body cap "
+     "wrap it (add_middleware)", OWN),
     (TA + "asample", "sdk: its route's future carries sample_sequence_ids (tinker >= 0.26)",
      UP + "sample-sequence-ids.md", "param", "request", "req", "session"),
     (TA + "load_weights", "sdk: a load naming a session, not a model, creates it (tinker 0.38)",
      UP + "create-by-load.md", "param", "request", "req", "session"),
+    (TA + "retrieve_future", "guards: a request_id that is no 64-bit integer is a 422, not a 500; wake: waits by "
+     "its module global", UP + "int64-inputs.md", "calls", "wait_for_future"),
+    (TA + "create_sampling_session", "guards: a model_path that is no tinker path is a 422, not a later 500",
+     UP + "int64-inputs.md", "param", "request", "session"),
+    (TA + "list_training_runs", "guards: a limit or offset past 64 bits is a 422, not a 500", UP + "int64-inputs.md",
+     "param", "limit", "offset", "session"),
 )) + _entries(RELIED, ENGINE, (
     ("skyrl.tinker.engine:FutureDB", "wake: the rows _complete_futures writes", "", "fields", "request_id",
      "request_type", "model_id", "request_data", "status", "result_data", "completed_at"),
@@ -141,6 +149,11 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
     ("skyrl.tx.utils.models:round_up_seq_len", "warmup: the padded length", ""),
     ("skyrl.tx.layers.lora:LoRAMixin._apply_lora_weight", "lora: the contraction it steps aside from", ""),
     ("skyrl.tx.layers.lora:LoRAEmbed._apply_lora_weight", "lora: the embedding's contraction", ""),
+    ("skyrl.tx.utils.generator:DecodeState", "decode: the loop's state", "", "fields", "kv_cache", "rngs",
+     "attention_mask", "last_positions", "logits", "stop_pos", "step", "generated_tokens", "generated_logprobs"),
+    ("skyrl.tx.utils.generator:KVCache.pad_to_length", "decode: the prompt's cache padded to max_length", ""),
+    ("skyrl.tx.utils.generator:apply_top_k_batch", "decode: a drawn batch's top-k", "", "param", "max_k"),
+    ("skyrl.tx.utils.generator:apply_top_p_batch", "decode: a drawn batch's top-p", "", "param", "p_values"),
     ("jax._src.distributed:global_state", "mesh: the processes compare what they run in its key-value store", ""),
 )) + _entries(RELIED, WORKER, (
     ("skyrl.backends.jax:run_worker", "workers: the module global above", "", "calls", "JaxBackendImpl"),
@@ -149,7 +162,6 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
     (RJ + "RayJaxBackendImpl", "ray: the actors' __ray_call__ answers what they run", ""),
 )) + _entries(RELIED, API, (
     (TA + "lifespan", "wake: starts the poller by its module global", "", "calls", "poll_futures"),
-    (TA + "retrieve_future", "wake: waits by its module global", "", "calls", "wait_for_future"),
     (TA + "forward_backward", "wake: files by the module global; drops get_model's row", "", "calls", "create_future",
      "get_model"),
     (TA + "optim_step", "wake: drops get_model's row (server_checks reads its bytecode)", "", "calls", "get_model"),

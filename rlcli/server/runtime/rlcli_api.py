@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 import manifest
+import rlcli_decode
+import rlcli_guards
 import rlcli_lazy_torch
 import rlcli_liveness
 import rlcli_lora
@@ -26,10 +28,11 @@ from shared import CAPABILITIES_ROUTE, ENGINE_ROUTE, EXTENSIONS_ENV, FORGET_ROUT
 
 def install(api, features: set[str]) -> None:
     """In this order: what today's tinker SDKs expect (always), the request path and routes (rlcli), the tenant
-    gate."""
+    gate, the body cap (rlcli; added last, it is the outermost middleware)."""
     rlcli_sdk.install(api)
     if RLCLI in features:
         rlcli_wake.install_api(api)
+        rlcli_guards.install(api)
 
         async def rlcli_capabilities() -> dict:
             return capabilities(api.app.state.engine_config)
@@ -46,6 +49,8 @@ def install(api, features: set[str]) -> None:
         rlcli_liveness.forget(Path.cwd())
     if TENANTS in features:
         rlcli_tenants.install(api)
+    if RLCLI in features:
+        rlcli_guards.install_cap(api)
 
 
 def capabilities(engine_config) -> dict:
@@ -70,7 +75,8 @@ def capabilities(engine_config) -> dict:
         import ray_actors
 
         answer["ray_actors"] = ray_actors.describe()
-    parts = (rlcli_wake, rlcli_samplers, rlcli_warmup, rlcli_lora, rlcli_no_torch, rlcli_lazy_torch, rlcli_liveness)
+    parts = (rlcli_wake, rlcli_guards, rlcli_samplers, rlcli_warmup, rlcli_lora, rlcli_decode, rlcli_no_torch,
+             rlcli_lazy_torch, rlcli_liveness)
     if RLCLI in features:
         answer |= {module.__name__: module.describe() for module in parts}
     if TENANTS in features:

@@ -7,6 +7,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import rlcli_decode
 import rlcli_lora
 import rlcli_losses
 import rlcli_samplers as samplers
@@ -124,10 +125,11 @@ class RlcliJaxBackend(MeshJaxBackend, RlcliJaxImpl):
 
 def prepare(rlcli: bool, backend_config: dict, module=None) -> None:
     """In a jax process that computes (the engine off Ray, a worker, a Ray actor), its runtime up: gspo in the loss
-    registry and the per-sequence LoRA path; a worker's or actor's impl is built by SkyRL through `module`'s global
-    (run_worker, RayJaxBackendImpl.setup), rebound here to rlcli's class."""
+    registry, the per-sequence LoRA path and the greedy decode loop; a worker's or actor's impl is built by SkyRL
+    through `module`'s global (run_worker, RayJaxBackendImpl.setup), rebound here to rlcli's class."""
     if rlcli:
         rlcli_losses.register(backend_config)
         rlcli_lora.install()
+        rlcli_decode.install()
     if module is not None:
         module.JaxBackendImpl = RlcliJaxImpl if rlcli else MeshJaxImpl

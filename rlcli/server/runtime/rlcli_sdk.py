@@ -36,22 +36,22 @@ def sequence_ids(request_id: str, num_samples: int) -> list[str]:
     return [f"sample-{request_id}-{index}" for index in range(num_samples)]
 
 
-def _route(api, path: str, stock):
-    """SkyRL's one POST route at `path`, served by `stock`; SystemExit with one line if SkyRL moved it."""
+def _route(api, path: str, stock, method: str = "POST"):
+    """SkyRL's one `method` route at `path`, served by `stock`; SystemExit with one line if SkyRL moved it."""
     from fastapi.routing import APIRoute
 
-    routes = [r for r in api.app.router.routes if isinstance(r, APIRoute) and r.path == path and "POST" in r.methods]
+    routes = [r for r in api.app.router.routes if isinstance(r, APIRoute) and r.path == path and method in r.methods]
     if [r.endpoint for r in routes] != [stock]:
         raise SystemExit(f"rlcli sdk: SkyRL's {path} route is not served by skyrl.tinker.api.{stock.__name__}: rlcli "
                          "cannot answer today's tinker SDKs; rebuild the server venv with `rlcli serve install`")
     return routes[0]
 
 
-def _replace(api, path: str, stock, endpoint, response_model) -> None:
-    route = _route(api, path, stock)
+def replace_route(api, path: str, stock, endpoint, response_model, method: str = "POST") -> None:
+    route = _route(api, path, stock, method)
     endpoint.__doc__ = stock.__doc__
     api.app.router.routes.remove(route)
-    api.app.router.add_api_route(path, endpoint, methods=["POST"], response_model=response_model)
+    api.app.router.add_api_route(path, endpoint, methods=[method], response_model=response_model)
 
 
 def install(api) -> None:
@@ -82,8 +82,8 @@ def install(api) -> None:
         return await create_by_load(api, request, req, session)
 
     stock_sample, stock_load = api.asample, api.load_weights
-    _replace(api, ROUTE, stock_sample, asample, SampleFuture)
-    _replace(api, LOAD_ROUTE, stock_load, load_weights, LoadFuture)
+    replace_route(api, ROUTE, stock_sample, asample, SampleFuture)
+    replace_route(api, LOAD_ROUTE, stock_load, load_weights, LoadFuture)
     widened = accept_created_model_ids(api)
     log(f"{ROUTE} answers with sample_sequence_ids (tinker >= 0.26 asserts them); {LOAD_ROUTE} creates the model "
         f"it loads when it names a session instead of a model (tinker 0.38's create_training_client_from_state); "
@@ -127,6 +127,8 @@ def _with_model_pattern(stock, default):
 
 def load_request_model(api):
     """SkyRL's LoadWeightsRequest with tinker 0.38's create-via-load addressing beside the legacy model_id."""
+    from typing import Literal
+
     from pydantic import BaseModel, model_validator
 
     class LoadRequest(BaseModel):
@@ -138,7 +140,7 @@ def load_request_model(api):
         path: str
         optimizer: bool = True
         optimizer_config: dict | None = None
-        type: str | None = None
+        type: Literal["load_weights"] | None = None  # SkyRL's: any other string was a 500 when passed on (fuzzer)
 
         @model_validator(mode="after")
         def one_addressing(self):
