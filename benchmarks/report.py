@@ -216,6 +216,38 @@ def eval_batching_row(r: dict) -> tuple[str, str]:
             f"one request a problem {one:.1f} s → batched **{batched:.1f} s** ({one / batched:.1f}×)")
 
 
+def fuzz_row(r: dict) -> tuple[str, str]:
+    parts = []
+    for surface in r["surfaces"]:
+        hand = sum(case.get("sent", 0) for case in surface.get("hand_made", {}).values())
+        parts.append(f"{surface['surface']} {surface['requests']:,} generated + {hand:,} hand-made")
+    findings = sum(len(surface.get("findings", [])) for surface in r["surfaces"])
+    held = "every must-hold held" if r["must_hold"] else "**a must-hold broke**"
+    return ("fuzzing every HTTP surface (schemathesis, seeded)",
+            f"{'; '.join(parts)}; **{findings}** findings in this run, {held} (no 5xx traceback, no crash, the client "
+            f"beside served, no file outside, no tenant crossing)")
+
+
+def soak_row(r: dict) -> tuple[str, str]:
+    v, minutes = r["verdict"], r["config"]["minutes"]
+    trends = v["trends"]
+    flat = [name for name, t in trends.items() if t["verdict"] == "flat"]
+    not_flat = [f"{name} {t['per_hour']:+,.0f}/h" for name, t in trends.items()
+                if t["verdict"] == "growing"]
+    return (f"soak, {minutes} min (trainers, RL, endpoint, loop and rollback on one server)",
+            f"**{v['failed_requests']}** failed of {v['requests']:,} requests; flat after warm-up: {len(flat)} of "
+            f"{len(trends)} series; growing: {', '.join(not_flat) or 'none'}")
+
+
+def kill_loop_row(r: dict) -> tuple[str, str]:
+    s = r["summary"]
+    stages = len(s["by_stage"])
+    broken = len(s["rounds_with_broken_invariants"])
+    return (f"`rlcli loop run` and its server killed at random (seed {r['seed']})",
+            f"**{s['survived']}** of {s['landed']} kill points survived across {stages} stages; rounds with a broken "
+            f"invariant {broken}")
+
+
 # benchmark -> (can this receipt be shown, its row); the table's order
 ROWS: dict[str, tuple[Callable[[dict], bool], Callable[[dict], tuple[str, str]]]] = {
     "fused-vs-2pass": (lambda r: "runs" in r and not r.get("origin"), fused_row),
@@ -228,6 +260,9 @@ ROWS: dict[str, tuple[Callable[[dict], bool], Callable[[dict], tuple[str, str]]]
     "endpoint": (lambda r: "headline" in r and "requests_per_s" in r["headline"], endpoint_row),
     "sampling-breakdown": (lambda r: bool(r.get("breakdown")) and r.get("hf") is not None, sampling_breakdown_row),
     "eval-batching": (lambda r: "capped" in r.get("results", {}), eval_batching_row),
+    "fuzz": (lambda r: "surfaces" in r, fuzz_row),
+    "soak": (lambda r: "verdict" in r, soak_row),
+    "kill-loop": (lambda r: "summary" in r, kill_loop_row),
 }
 
 

@@ -39,6 +39,7 @@ class Sampler:
     history: list[dict[str, str]] = field(default_factory=list)
     reloaded_model_id: str | None = None  # a model rlcli loaded to serve an unloaded checkpoint; freed at the end
     base_model: str = ""  # what the server calls the checkpoint's base model (its tokenizer's name)
+    slot_wait_s: float = 0.0  # how long a reload may wait for a free LoRA slot (rlcli.slot_wait)
 
 
 def load_tokenizer(name: str) -> Any:
@@ -81,7 +82,7 @@ def _model_for(url: str, checkpoint: str | None, model: str | None) -> str:
 
 
 def open_sampler(checkpoint: str | None, model: str | None, base_url: str | None, tokenizer: str | None,
-                 max_tokens: int, temperature: float, seed: int) -> Sampler:
+                 max_tokens: int, temperature: float, seed: int, slot_wait_s: float = 0.0) -> Sampler:
     import logging
 
     url = resolve_base_url(base_url)
@@ -102,7 +103,7 @@ def open_sampler(checkpoint: str | None, model: str | None, base_url: str | None
         client = service.create_sampling_client(model_path=f"tinker://{run_id}/sampler_weights/{ckpt}").result()
     else:
         client = service.create_sampling_client(base_model=base).result()
-    return Sampler(client, tok, params, checkpoint or base, url, base_model=base)
+    return Sampler(client, tok, params, checkpoint or base, url, base_model=base, slot_wait_s=slot_wait_s)
 
 
 def complete(s: Sampler, messages: list[dict[str, str]], n: int = 1) -> list[str]:
@@ -125,14 +126,17 @@ def _reload(s: Sampler) -> bool:
     """Serve a checkpoint whose model is gone (a finished run unloads it) from the run's training state.
 
     Training runs save state and sampler weights under one name (tinker://RUN/weights/NAME beside
-    tinker://RUN/sampler_weights/NAME): load that state into a new model and save it for the sampler.
+    tinker://RUN/sampler_weights/NAME): load that state into a new model and save it for the sampler, waiting up to
+    s.slot_wait_s for a free LoRA slot (NoFreeSlot, one line, when none frees).
     """
     import tinker
+
+    from rlcli.slot_wait import load_state
 
     run_id, _, ckpt = parse_tinker_path(s.source)
     service = tinker.ServiceClient(base_url=s.base_url)
     try:
-        trainer = service.create_training_client_from_state(f"tinker://{run_id}/weights/{ckpt}").result()
+        trainer = load_state(service, f"tinker://{run_id}/weights/{ckpt}", s.base_url, s.slot_wait_s)
     except tinker.APIStatusError as e:  # the server refused: no training state of that name
         if e.status_code in (401, 403):  # not a missing state: say what really went wrong
             raise

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("rlcli.errors", "rlcli.config", "rlcli.files", "rlcli.lean_imports", "rlcli.options",
               "rlcli.locks")),
     ("data", ("rlcli.data",)),
-    ("server", ("rlcli.client", "rlcli.slots", "rlcli.watchdog", "rlcli.server", "rlcli.tenants",
+    ("server", ("rlcli.client", "rlcli.slots", "rlcli.slot_wait", "rlcli.watchdog", "rlcli.server", "rlcli.tenants",
                 "rlcli.passthrough", "rlcli.model", "rlcli.sample", "rlcli.export", "rlcli.endpoint.commands")),
     ("problems", ("rlcli.problems",)),
     ("train", ("rlcli.train", "rlcli.harbor", "rlcli.model.recipe", "rlcli.model.pretrain")),

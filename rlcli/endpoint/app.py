@@ -29,6 +29,7 @@ from aiohttp import web
 from rlcli.client import NOT_LOADED
 from rlcli.endpoint import capture
 from rlcli.endpoint.models import Answerer, Models, UnknownModel
+from rlcli.slot_wait import ENDPOINT_WAIT_S, NoFreeSlot, load_state
 
 log = logging.getLogger("rlcli.endpoint")
 CHAT_PATHS = ("/v1/chat/completions", "/v1/messages")
@@ -101,6 +102,7 @@ class RoutingSampler:
         self._pending: dict[tuple[str, str], asyncio.Future] = {}
         self._reloading: dict[tuple[str, str], asyncio.Future] = {}
         self._held: OrderedDict[tuple[str, str], str] = OrderedDict()  # weights reloaded -> the model holding them
+        self.slot_wait_s = ENDPOINT_WAIT_S  # a reload's wait for a free LoRA slot: a trainer's end frees one
 
     async def _once(self, waiting: dict, slot: tuple[str, str], make: Any) -> Any:
         """`make()` once per slot, however many requests wait for it: they all get its result or its error."""
@@ -174,7 +176,7 @@ class RoutingSampler:
         state = answerer.state_path or f"tinker://{run}/weights/{name}"
         log.info("%s: its model is unloaded; loading %s to serve it", answerer.sampler_path, state)
         service = tinker.ServiceClient(base_url=self.base_url, api_key=key)
-        trainer = service.create_training_client_from_state(state).result()
+        trainer = load_state(service, state, self.base_url, self.slot_wait_s)
         return trainer.save_weights_and_get_sampling_client().result(), trainer.model_id
 
     def _unload(self, model_id: str, key: str) -> None:
@@ -322,6 +324,8 @@ def _backend_error(api: str, request: web.Request, e: Exception) -> web.Response
     if isinstance(e, tinker.NotFoundError):
         return error(api, 404, "these weights are not found on the training server, or this key may not "
                      "sample them", "not_found_error", "model_not_found")
+    if isinstance(e, NoFreeSlot):  # the server is full for now: a client may retry later
+        return error(api, 503, f"the training server cannot serve these weights now: {e}", "api_error")
     if isinstance(e, tinker.BadRequestError | tinker.UnprocessableEntityError):  # a 422: a model name that is no
         return error(api, 400, f"the training server refused the request: {e}")  # weights' path (a 500 before)
     if isinstance(e, tinker.AuthenticationError | tinker.PermissionDeniedError):

@@ -21,6 +21,7 @@ from rlcli.loop.ledger import Champion, Ledger
 from rlcli.loop.settings import LoopSettings
 from rlcli.loop.stages import say
 from rlcli.problems.traces import Problem, first_problems
+from rlcli.slot_wait import NoFreeSlot
 
 EVAL_FILE = "eval.jsonl"
 SETS = ("heldout", "regression")
@@ -135,11 +136,13 @@ def answers(model: Champion, problems: list[Problem], s: LoopSettings, url: str,
     from rlcli import sample
     from rlcli.problems import replay, score
     from rlcli.problems.traces import Spec
+    from rlcli.slot_wait import BACKGROUND_WAIT_S
     from rlcli.train import run
 
     if not problems:
         return []
-    smp = sample.open_sampler(model.sampler_path, None, url, None, s.max_tokens, s.temperature, s.seed)
+    smp = sample.open_sampler(model.sampler_path, None, url, None, s.max_tokens, s.temperature, s.seed,
+                              slot_wait_s=BACKGROUND_WAIT_S)
     try:
         sample.complete(smp, problems[0].prompt)  # serves an unloaded checkpoint again if need be
         renderer = cookbook.get_renderer(run.prepare_model(smp.base_model, None), get_tokenizer(smp.base_model))
@@ -179,7 +182,10 @@ def evaluate(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Ch
     say(f"iteration {n}: evaluating {champion.label()} and the candidate on {count['heldout']} held-out and "
         f"{count['regression']} regression problems in {len(found.slices())} slices, {s.samples} answer"
         f"{'s' * (s.samples > 1)} each, both models' requests at once")
-    graded = answers_of({"champion": champion, "candidate": candidate}, problems, s, url)
+    try:
+        graded = answers_of({"champion": champion, "candidate": candidate}, problems, s, url)
+    except NoFreeSlot as e:  # nothing of this stage is recorded yet: the next run starts it again
+        raise NoFreeSlot(f"{e}; then `rlcli loop run {folder}` resumes iteration {n} at its evaluation") from None
     result: dict[str, Any] = {"champion_iteration": champion.iteration, "samples": s.samples}
     for name in SETS:
         at = [i for i, p in enumerate(found.problems) if p.set == name]

@@ -100,8 +100,10 @@ def tinker_asker(checkpoint: str | None, url: str | None) -> Any:
     import atexit
 
     from rlcli import sample
+    from rlcli.slot_wait import BACKGROUND_WAIT_S
 
-    s = sample.open_sampler(checkpoint, None, url, None, JUDGE_MAX_TOKENS, 0.0, 0)
+    # Serving an unloaded judge checkpoint again may wait for a slot: the training run asking it is not urgent.
+    s = sample.open_sampler(checkpoint, None, url, None, JUDGE_MAX_TOKENS, 0.0, 0, slot_wait_s=BACKGROUND_WAIT_S)
     # The judge lives as long as the training run that asks it; a model loaded to serve an unloaded
     # checkpoint (sample._reload) is freed when the run's process ends, as `rlcli sample` frees its own.
     atexit.register(sample.close, s)

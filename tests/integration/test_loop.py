@@ -135,6 +135,9 @@ def test_killed_iteration_resumes_and_a_second_run_is_refused(loop):
     first = popen_rlcli("loop", "run", str(folder), "--once", env=server.env, stdout=subprocess.DEVNULL)
     try:
         assert _first_state(folder / "iterations" / "0003" / "run-0-sft", 240), "no checkpoint was written"
+        # Held where it is (the lock with it) while the second command starts: on a loaded machine that start took
+        # long enough for the first to finish its sft, and the kill then landed after the stage was recorded.
+        first.send_signal(signal.SIGSTOP)
         second = run_rlcli("loop", "run", str(folder), "--once", env=server.env, timeout=60)
         assert second.returncode == 2 and "another `rlcli loop` command is using" in second.stderr
         assert len(second.stderr.strip().splitlines()) == 1

@@ -88,6 +88,38 @@ def test_another_tenant_cannot_make_a_client_from_that_state(team, alice_state):
     assert call(f"{api}/training_runs", key=keys["bob"])[1]["training_runs"] == []  # no model was made for bob
 
 
+def test_a_load_refused_for_want_of_a_slot_does_not_count_against_the_tenants_limit(team):
+    """bob may hold 1 model. While carol's models take every slot, each load of bob's state is refused for the
+    slots, never for bob's limit (a refused model holds nothing); once a slot frees, his load is served. Before the
+    endpoint's test, which revokes bob."""
+    import tinker
+
+    from rlcli.client import NO_FREE_SLOT
+
+    srv, keys = team
+
+    def unload(model_id: str, who: str) -> None:
+        assert call(f"{srv.url}/api/v1/unload_model", "POST", {"model_id": model_id}, key=keys[who])[0] == 200
+    bob = tinker.ServiceClient(base_url=srv.url, api_key=keys["bob"])
+    trainer = bob.create_lora_training_client(base_model=srv.model, rank=1, seed=0).result()
+    state = trainer.save_state("bob-state").result().path
+    unload(trainer.model_id, "bob")  # bob holds none now
+    carol, taken = tinker.ServiceClient(base_url=srv.url, api_key=keys["carol"]), []
+    try:
+        with pytest.raises(Exception, match=NO_FREE_SLOT):  # noqa: PT012 - however many slots are free
+            for _ in range(4):
+                taken.append(carol.create_lora_training_client(base_model=srv.model, rank=1).result().model_id)
+        for _ in range(2):
+            with pytest.raises(Exception, match=NO_FREE_SLOT):
+                bob.create_training_client_from_state(state).result()
+        unload(taken.pop(), "carol")
+        made = bob.create_training_client_from_state(state).result()
+        unload(made.model_id, "bob")
+    finally:
+        for model_id in taken:
+            unload(model_id, "carol")
+
+
 def test_the_endpoint_answers_each_tenant_from_its_own_weights(team, tmp_path):
     """`rlcli endpoint` over a --tenants server: a tenant's key is required, passed on to SkyRL (whose gate keeps
     each tenant to its own weights), and a revoked key is refused from the next request."""
@@ -118,3 +150,4 @@ def test_the_endpoint_answers_each_tenant_from_its_own_weights(team, tmp_path):
         assert post(chat, {**ask, "model": "base"}, key=keys["bob"])[0] == 401
     finally:
         run_rlcli("endpoint", "stop", env=srv.env)
+

@@ -234,3 +234,21 @@ def test_a_receipt_never_holds_a_tenant_key(tmp_path):
     path = write_receipt("keys", {"made": key, "placeholder": "tml-bench"}, folder=tmp_path)
     body = json.loads(path.read_text())
     assert (body["made"], body["placeholder"]) == ("<API_KEY>", "tml-bench") and key not in path.read_text()
+
+
+def test_the_trust_receipts_have_rows_that_count_what_they_ran():
+    surface = {"surface": "skyrl", "requests": 468, "findings": [{"what": "500"}],
+               "hand_made": {"protobuf": {"sent": 34}, "bodies": {"sent": 6}}}
+    fuzz = {"benchmark": "fuzz", "created_utc": "20261205T050000Z", "hardware": EPYC, "surfaces": [surface],
+            "must_hold": False, "_file": "fuzz.json"}
+    trend = {"per_hour": 386.0}
+    soak = {"benchmark": "soak", "created_utc": "20261205T050000Z", "hardware": EPYC, "_file": "soak.json",
+            "config": {"minutes": 30}, "verdict": {"failed_requests": 2, "requests": 3575, "trends": {
+                "server_rss_mb": {**trend, "verdict": "growing"}, "server_fds": {**trend, "verdict": "flat"}}}}
+    kill = {"benchmark": "kill-loop", "created_utc": "20261205T050000Z", "hardware": EPYC, "_file": "kill.json",
+            "seed": 3, "summary": {"landed": 52, "survived": 51, "by_stage": {"ingest": {}, "export": {}},
+                                   "rounds_with_broken_invariants": [4]}}
+    rows = "\n".join(report.receipt_rows([fuzz, soak, kill]))
+    assert "skyrl 468 generated + 40 hand-made; **1** findings in this run, **a must-hold broke**" in rows
+    assert "**2** failed of 3,575 requests; flat after warm-up: 1 of 2 series; growing: server_rss_mb +386/h" in rows
+    assert "**51** of 52 kill points survived across 2 stages; rounds with a broken invariant 1" in rows

@@ -61,7 +61,8 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
     (TE + "_find_destructive_barriers", "look: no barrier query when none can be pending", LOOK),
     (TE + "_load_requests", "tenants: each pass takes work round-robin between tenants", OWN),
     (TE + "_filter_valid_requests", "samplers: a deleted snapshot's sample is refused", UP + "sampler-snapshots.md"),
-    (TE + "process_single_request", "samplers: deleted snapshots' rows go first", UP + "sampler-snapshots.md"),
+    (TE + "process_single_request", "samplers: deleted snapshots' rows go first; slots: a load into a model "
+     "whose creation failed says why", UP + "sampler-snapshots.md"),
 )) + _entries(OVERRIDE, JAX, (  # rlcli_backend: every jax process (impl), process 0 (JaxBackend)
     (JI + "create_model", "slots: the accumulator zeroed; one optimizer transform; a full table's message",
      UP + "slot-gradients.md, optimizer-transform.md"),

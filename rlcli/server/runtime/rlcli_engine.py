@@ -15,8 +15,8 @@ from rlcli_tenants import fair_pick
 from shared import OWNERS_FILE
 from skyrl.tinker import engine as stock
 from skyrl.tinker import types
-from skyrl.tinker.db_models import FutureDB, RequestStatus
-from sqlmodel import Session, select
+from skyrl.tinker.db_models import FutureDB, ModelDB, RequestStatus
+from sqlmodel import Session, select, update
 from tenant_owners import ModelTenants
 
 KIND = types.RequestType
@@ -24,6 +24,7 @@ SINGLE_KINDS = set(KIND) - {KIND.FORWARD_BACKWARD, KIND.FORWARD, KIND.SAMPLE, KI
 BARRIER_KINDS = {KIND.OPTIM_STEP, KIND.LOAD_WEIGHTS}  # what _find_destructive_barriers reads
 PENDING_KINDS = select(FutureDB.request_type).where(FutureDB.status == RequestStatus.PENDING).distinct()
 STILL_PENDING = select(FutureDB.request_id).where(FutureDB.status == RequestStatus.PENDING).limit(1)
+REFUSALS_KEPT = 64  # failed creations whose reason a following load gets
 
 
 class RlcliEngine(stock.TinkerEngine):
@@ -31,6 +32,7 @@ class RlcliEngine(stock.TinkerEngine):
 
     def __init__(self, config):
         self.bell, self.pending = wake.EngineBell(os.environ[wake.ENV_ID]), None  # pending: the types one look found
+        self.refused_creates: dict[str, str] = {}  # model id -> why its creation failed
         super().__init__(config)
         self.pruner = futures.Pruner(self.db_engine, futures.retention_minutes())
         if hasattr(self.backend, "snapshots"):
@@ -107,10 +109,29 @@ class RlcliEngine(stock.TinkerEngine):
         return errors, valid
 
     def process_single_request(self, request_type, model_id, request_data):
+        refused = self.refused_creates.pop(model_id, None) if request_type == KIND.LOAD_WEIGHTS else None
+        if refused is not None and not self.backend.has_model(model_id):
+            # tinker 0.38 files a model's creation and its load together (rlcli_sdk.create_by_load): the load of a
+            # model whose creation failed says why, not SkyRL's "not loaded (likely stale request ...)".
+            return types.ErrorResponse(error=f"model {model_id} could not be created: {refused}", status="failed")
         try:
             return super().process_single_request(request_type, model_id, request_data)
+        except Exception as e:
+            if request_type == KIND.CREATE_MODEL:
+                self._refused(model_id, str(e))
+            raise
         finally:
             samplers.drop_rows(self)  # before the future completes: a listing after it omits them
+
+    def _refused(self, model_id: str, reason: str) -> None:
+        """Keep why a model's creation failed, for its load; the oldest go (a plain create has no load to follow).
+        Its row says "unloaded", as it holds no slot: SkyRL leaves it "created", and a tenant's quota counts those."""
+        self.refused_creates[model_id] = reason
+        while len(self.refused_creates) > REFUSALS_KEPT:
+            del self.refused_creates[next(iter(self.refused_creates))]
+        with Session(self.db_engine) as session:
+            session.exec(update(ModelDB).where(ModelDB.model_id == model_id).values(status="unloaded"))
+            session.commit()
 
 
 class FairEngine(stock.TinkerEngine):

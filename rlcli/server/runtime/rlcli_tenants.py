@@ -112,7 +112,7 @@ class TenantGate:
         body = _parse_body(path, headers, raw)
         if body is _UNREADABLE:  # fail closed: a body the gate cannot read could name anyone's ids
             return await _answer(send, 422, {"detail": "request body is neither JSON nor a forward_backward proto"})
-        if path == "/api/v1/create_model" and quota.get("max_models") and "app" in scope:
+        if _creates_model(path, body) and quota.get("max_models") and "app" in scope:  # a load creates one too
             await self._forget_unloaded(scope["app"], tenant)
         refusal = self._refusal(tenant, quota, path, body)
         if refusal is not None:
