@@ -161,15 +161,6 @@ def install_embedded_model() -> str:
 
 
 @pytest.fixture(autouse=True)
-def _sigterm_restored() -> Iterator[None]:
-    """A benchmark's main run in-process (the soak's smoke test) makes SIGTERM exit its process
-    (benchmarks.common.stop_servers_on_sigterm); put back what the worker had, so no later test inherits it."""
-    before = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, before)
-
-
-@pytest.fixture(autouse=True)
 def _close_tinker_sessions() -> Iterator[None]:
     """Close the sessions of the tinker clients a test made in this process when the test ends.
 

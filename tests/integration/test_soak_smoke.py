@@ -5,6 +5,7 @@ sampled, every job started, requests sent and counted, a trend and a verdict per
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
@@ -16,7 +17,11 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def receipt(tmp_path_factory):
     out = tmp_path_factory.mktemp("soak")
-    soak.main(minutes=0.5, interval=3, rate=2, loop_every=5, out=str(out))
+    before = signal.getsignal(signal.SIGTERM)  # main makes SIGTERM exit: no later test on this worker inherits it
+    try:
+        soak.main(minutes=0.5, interval=3, rate=2, loop_every=5, out=str(out))
+    finally:
+        signal.signal(signal.SIGTERM, before)
     (path,) = out.glob("soak-*.json")
     return path
 
