@@ -369,19 +369,20 @@ def check_model_checks() -> str:
 
 
 
-def self_check(slots: int = 6, seed: int = 0, dtype: str = "float32") -> float:
+def self_check(slots: int = 6, seed: int = 0, dtype: str = "float32", base_slot_zero: bool = False) -> float:
     """Largest difference between the stock path and this one, values and gradients, on random layers
     (linear, fused qkv-style linear, embedding) with a batch that mixes adapters and leaves slots unused, and with
-    decode-step batches (one token per row) mixed and on one adapter."""
+    decode-step batches (one token per row) mixed and on one adapter. base_slot_zero: slot 0 as SkyRL's base model
+    (B zero), whose batches skip the sums; values only there (slot 0 is never trained, so its gradient is moot)."""
     import jax
 
     # SkyRL's layers are built under a device mesh (as the backend builds them); one device is enough here.
     mesh = jax.make_mesh((1,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
     with jax.set_mesh(mesh):
-        return _self_check(slots, seed, dtype)
+        return _self_check(slots, seed, dtype, base_slot_zero)
 
 
-def _self_check(slots: int, seed: int, dtype: str) -> float:
+def _self_check(slots: int, seed: int, dtype: str, base_slot_zero: bool) -> float:
     import itertools
 
     import jax
@@ -403,9 +404,12 @@ def _self_check(slots: int, seed: int, dtype: str) -> float:
         layer.lora_A[...] = jax.random.normal(k1, layer.lora_A[...].shape, dtype)
         layer.lora_B[...] = jax.random.normal(k2, layer.lora_B[...].shape, dtype)
         layer.lora_scaling[...] = jax.random.uniform(k3, (slots,), dtype, minval=0.5, maxval=2.0)
+    if base_slot_zero:  # as SkyRL's base model: slot 0's B zero (the path that skips its sums)
+        for layer in layers.values():
+            layer.lora_B[...] = layer.lora_B[...].at[0].set(0)
     # (adapter per row, tokens per row): mixed adapters (slots 2 and 4 unused, 3 twice) as in training; and as in a
     # decode step (one token per row), mixed and all on one adapter (the path that reads its A and B once).
-    cases = [([3, 1, 3, 0, 5], 7), ([3, 1, 3, 0, 5], 1), ([3, 3, 3, 3, 3], 1)]
+    cases = [([3, 1, 3, 0, 5], 7), ([3, 1, 3, 0, 5], 1), ([3, 3, 3, 3, 3], 1), ([0] * 5, 1), ([0] * 5, 7)]
     worst = 0.0
     for (rows, tokens), (name, layer) in itertools.product(cases, layers.items()):
         indices = jnp.array(rows, dtype=jnp.int32)
@@ -430,6 +434,8 @@ def _self_check(slots: int, seed: int, dtype: str) -> float:
         (_, want), want_grads = jax.value_and_grad(loss, argnums=argnums, has_aux=True)(params, x, original)
         (_, got), got_grads = jax.value_and_grad(loss, argnums=argnums, has_aux=True)(params, x, ours)
         worst = max(worst, _relative(got, want))
+        if base_slot_zero and not any(rows):
+            continue
         for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
             worst = max(worst, _relative(g, w))
     return worst
@@ -446,7 +452,8 @@ def check_lora() -> str:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    found = {dtype: self_check(dtype=dtype) for dtype in ("float64", "float32")}
+    found = {dtype: max(self_check(dtype=dtype), self_check(dtype=dtype, base_slot_zero=True))
+             for dtype in ("float64", "float32")}
     if found["float64"] > 1e-12 or found["float32"] > 1e-5:
         raise SystemExit(f"per-sequence LoRA differs from SkyRL's ragged_dot path: {found} (relative)")
     return ("per-sequence LoRA matches SkyRL's ragged_dot path, values and gradients (largest relative difference: "
