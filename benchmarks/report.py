@@ -216,6 +216,13 @@ def eval_batching_row(r: dict) -> tuple[str, str]:
             f"one request a problem {one:.1f} s → batched **{batched:.1f} s** ({one / batched:.1f}×)")
 
 
+def max_tokens_row(r: dict) -> tuple[str, str]:
+    s, c = r["summary"], r["config"]
+    return (f"{s['values']} new `max_tokens` values on a fresh server, {c['model']} model, {c['batch']} rows",
+            f"**{s['programs_built']}** decode programs built, first requests {s['first_requests_s_total']:.1f} s "
+            f"in all (median build {s['build_s_median']:.1f} s)")
+
+
 def fuzz_row(r: dict) -> tuple[str, str]:
     parts = []
     for surface in r["surfaces"]:
@@ -260,6 +267,7 @@ ROWS: dict[str, tuple[Callable[[dict], bool], Callable[[dict], tuple[str, str]]]
     "endpoint": (lambda r: "headline" in r and "requests_per_s" in r["headline"], endpoint_row),
     "sampling-breakdown": (lambda r: bool(r.get("breakdown")) and r.get("hf") is not None, sampling_breakdown_row),
     "eval-batching": (lambda r: "capped" in r.get("results", {}), eval_batching_row),
+    "max-tokens-programs": (lambda r: "summary" in r, max_tokens_row),
     "fuzz": (lambda r: "surfaces" in r, fuzz_row),
     "soak": (lambda r: "verdict" in r, soak_row),
     "kill-loop": (lambda r: "summary" in r, kill_loop_row),

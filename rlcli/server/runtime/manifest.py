@@ -88,7 +88,8 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
 )) + _entries(REBINDING, JAX, (
     ("skyrl.tx.layers.lora:LoRAMixin.apply_lora", "lora: each sequence its own adapter", UP + "lora-per-sequence.md"),
     ("skyrl.tx.utils.generator:GeneratorMixin._prefill_and_decode", "decode: a greedy batch draws no sample",
-     UP + "greedy-decode.md", "holds", "self._prefill_and_decode(", "prompt_logprobs=prompt_logprobs,"),
+     UP + "greedy-decode.md", "holds", "self._prefill_and_decode(", "prompt_logprobs=prompt_logprobs,",
+     "end_positions = jnp.where(has_stop, stop_pos, max_tokens)"),
     ("skyrl.tinker.loss_fns:LOSS_FUNCTIONS", "gspo appended to the jax loss registry", UP + "jax-gspo.md",
      "by", "rlcli_losses: the stock registry, the backend's own objects"),
     ("skyrl.tinker.types:LOSS_TYPES", "gspo's index in the jax loss registry", UP + "jax-gspo.md", "by",
@@ -150,7 +151,7 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
     ("skyrl.tinker.types:PreparedModelPassBatch", "warmup: the replayed batches", ""),
     ("skyrl.tx.utils.models:extract_adapter_state", "samplers: a slot set aside", ""),
     ("skyrl.tx.utils.models:insert_adapter_state", "samplers: a slot put back", ""),
-    ("skyrl.tx.utils.models:round_up_seq_len", "warmup: the padded length", ""),
+    ("skyrl.tx.utils.models:round_up_seq_len", "warmup: the padded length; decode: the max_tokens bucket", ""),
     ("skyrl.tx.layers.lora:LoRAMixin._apply_lora_weight", "lora: the contraction it steps aside from", ""),
     ("skyrl.tx.layers.lora:LoRAEmbed._apply_lora_weight", "lora: the embedding's contraction", ""),
     ("skyrl.tx.utils.generator:DecodeState", "decode: the loop's state", "", "fields", "kv_cache", "rngs",

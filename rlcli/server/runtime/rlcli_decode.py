@@ -4,6 +4,11 @@ temperature 0. On CPU at 64 rows that draw was over a third of a step (docs/deci
 runs only when some row samples (`lax.cond` on the batch's temperatures), and the argmax is two plain reductions
 (XLA's CPU argmax is a slow two-operand reduce). Same keys split each step, same tokens, same logprobs
 (docs/upstream/greedy-decode.md).
+
+`max_tokens` is bucketed too: SkyRL's loop takes the batch's largest `max_tokens` as a static argument, so every
+distinct value compiled a program of its own (5-8 s on CPU, ~20 s on a GPU: an endpoint's clients each asking their
+own `max_tokens` paid it again and again). Here the program is built for SkyRL's own length bucket of it (32, 48,
+64, 96, ...) and the loop stops at the batch's true largest, a traced bound: the same steps, the same outputs.
 """
 
 from __future__ import annotations
@@ -60,8 +65,9 @@ def prefill(model, input_ids, attention_mask, adapter_indices, prompt_logprobs: 
 
 def prefill_and_decode(model, input_ids, attention_mask, max_length: int, max_new_tokens: int, adapter_indices,
                        temperatures, rngs, stop_tokens, top_k_values, top_p_values, max_top_k: int, use_top_p: bool,
-                       prompt_logprobs: bool = False):
-    """SkyRL's `_prefill_and_decode` contract (arguments, static names, outputs), its loop with `next_tokens`."""
+                       prompt_logprobs: bool = False, steps=None):
+    """SkyRL's `_prefill_and_decode` contract (arguments, static names, outputs), its loop with `next_tokens`;
+    `steps` (traced) stops the loop before `max_new_tokens` (static: the buffers' width)."""
     import jax
     import jax.numpy as jnp
     from skyrl.tx.utils.generator import DecodeState
@@ -86,7 +92,7 @@ def prefill_and_decode(model, input_ids, attention_mask, max_length: int, max_ne
             generated_logprobs=s.generated_logprobs.at[:, s.step].set(model.logits_to_logprobs(s.logits, token)))
 
     def going(s: DecodeState):
-        return (s.step < max_new_tokens) & jnp.any(s.stop_pos == -1)
+        return (s.step < (max_new_tokens if steps is None else steps)) & jnp.any(s.stop_pos == -1)
 
     n = input_ids.shape[0]
     start = DecodeState(
@@ -102,6 +108,20 @@ def prefill_and_decode(model, input_ids, attention_mask, max_length: int, max_ne
 installed: dict = {}  # "stock" and "rlcli": the mixin's staticmethods, one jitted function each per process
 
 
+def bucketed(program):
+    """`generate`'s call of the decode program, with `max_new_tokens` rounded up to SkyRL's length bucket and the
+    true value passed as the loop's traced bound: one program a bucket. Outputs are wider than `max_new_tokens`;
+    `generate` cuts each row at its own `max_tokens` (never above the true largest) or its stop."""
+    import jax.numpy as jnp
+    from skyrl.tx.utils.models import round_up_seq_len
+
+    def call(model, input_ids, attention_mask, max_length, max_new_tokens, *rest, prompt_logprobs=False):
+        return program(model, input_ids, attention_mask, max_length, round_up_seq_len(max_new_tokens), *rest,
+                       prompt_logprobs=prompt_logprobs, steps=jnp.int32(max_new_tokens))
+
+    return call
+
+
 def install() -> None:
     """Rebind the mixin's jitted static method (`generate` calls it through `self`)."""
     import jax
@@ -109,10 +129,11 @@ def install() -> None:
 
     if not installed:
         installed["stock"] = GeneratorMixin.__dict__["_prefill_and_decode"]
-        installed["rlcli"] = staticmethod(jax.jit(prefill_and_decode, static_argnames=STATIC))
+        installed["rlcli"] = staticmethod(bucketed(jax.jit(prefill_and_decode, static_argnames=STATIC)))
     GeneratorMixin._prefill_and_decode = installed["rlcli"]
 
 
 def describe() -> dict:
     """What the capabilities route says (API process)."""
-    return {"decode": "a batch at temperature 0 takes each row's argmax without drawing a sample"}
+    return {"decode": "a batch at temperature 0 takes each row's argmax without drawing a sample; one program per "
+                      "max_tokens bucket"}
