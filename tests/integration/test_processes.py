@@ -114,7 +114,8 @@ def _local_worker(srv) -> int:
 
 def test_a_stopped_worker_is_named_by_requests_and_status(two_processes):
     """A worker stopped with SIGSTOP (alive, not dead) while its engine beats on: a request fails within its
-    --server-timeout with one line naming the worker, `serve status` says it; continued, the server serves again."""
+    --server-timeout with one line naming the worker, `serve status` says it; continued, the server is running
+    again (the next test trains on it)."""
     worker, timeout_s = _local_worker(two_processes), 5
     beat = two_processes.home / "servers" / "default" / "rlcli-worker-1-heartbeat"
     assert json.loads(beat.read_text())["pid"] == worker and time.time() - beat.stat().st_mtime < 3
@@ -133,8 +134,6 @@ def test_a_stopped_worker_is_named_by_requests_and_status(two_processes):
         os.kill(worker, signal.SIGCONT)
     wait_for(lambda: run_rlcli("serve", "status", env=two_processes.env).returncode == 0, 60, None,
              "the server to serve again")
-    sample = run_rlcli("sample", "--prompt", "hi", "--max-tokens", "2", env=two_processes.env, timeout=300)
-    assert sample.returncode == 0, sample.stderr
 
 
 def test_a_dead_worker_stops_the_server_and_stop_leaves_nothing(two_processes, tmp_path):
