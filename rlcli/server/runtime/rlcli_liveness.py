@@ -71,4 +71,5 @@ def report(folder: Path) -> dict:
 
 
 def describe() -> dict:
-    return {"heartbeat": f"the engine process touches {HEARTBEAT_FILE} every {BEAT_S} s (a thread of its own)"}
+    return {"heartbeat": f"the engine process touches {HEARTBEAT_FILE} every {BEAT_S} s (a thread of its own); each "
+                         f"local jax worker its own {WORKER_HEARTBEAT.format('K')}"}
