@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -67,8 +68,14 @@ def ensure_api_key() -> str:
 
 
 def private_dir(path: Path) -> Path:
-    """Create a folder only its owner can read: user data and server state go there."""
+    """A folder only its owner can enter: user data and server state go there. Made 0700 whatever the umask (a
+    notebook or a script calling rlcli's functions keeps its own, often 022), and tightened to 0700 where it exists
+    already (an empty --log-path the user made first): what is written inside is then nobody else's, whatever its
+    own mode. A link, or a folder of someone else's, is left as it is."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.lstat()
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+        path.chmod(0o700)
     return path
 
 

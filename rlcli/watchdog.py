@@ -76,11 +76,20 @@ def engine_beat(url: str, timeout_s: float) -> dict | None:
 
 
 def frozen_engine(beat: dict | None, after_s: float) -> str | None:
-    """'engine process PID gave no heartbeat for N s' when the engine has not beaten for after_s seconds."""
-    age = (beat or {}).get("beat_age_s")
-    if not isinstance(age, (int, float)) or age < after_s:
-        return None
-    return f"engine process {beat.get('pid')} gave no heartbeat for {age:.0f} s"
+    """'engine process PID gave no heartbeat for N s' when the engine has not beaten for after_s seconds, or 'jax
+    worker process K (pid PID) gave ...' when a local worker of a multi-process engine has not (the engine waiting
+    on a stopped worker beats on)."""
+    beat = beat or {}
+    age = beat.get("beat_age_s")
+    if isinstance(age, (int, float)) and age >= after_s:
+        return f"engine process {beat.get('pid')} gave no heartbeat for {age:.0f} s"
+    workers = beat.get("workers")
+    for worker in workers if isinstance(workers, list) else []:
+        age = worker.get("beat_age_s") if isinstance(worker, dict) else None
+        if isinstance(age, (int, float)) and age >= after_s:
+            return (f"jax worker process {worker.get('process')} (pid {worker.get('pid')}) gave no heartbeat for "
+                    f"{age:.0f} s")
+    return None
 
 
 def healthy(url: str, timeout_s: float) -> bool:

@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from rlcli.config import private_dir
 from rlcli.endpoint import retention
 from rlcli.errors import UsageError
 
@@ -178,7 +179,7 @@ def drain(data_dir: Path, out_dir: Path) -> Path | None:
     (late feedback on one of them writes that conversation again, scored by all its ratings so far)."""
     from rlcli.files import staged_file
 
-    out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(out_dir)
     state_file = out_dir / "cursor.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() else {"cursor": 0}
     rows = read_all(data_dir, state["cursor"])

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rlcli.config import ensure_api_key, resolve_base_url
+from rlcli.config import ensure_api_key, private_dir, resolve_base_url
 from rlcli.errors import EXIT_FAILED, RlcliError
 from rlcli.harbor.daemon import DEFAULT_DOCKER_TIMEOUT_S
 from rlcli.harbor.options import COMMAND_TIMEOUT_S, HarborOptions
@@ -134,7 +134,7 @@ def run(o: HarborRunOptions) -> int:
                              solve_timeout_s=o.command_timeout, reward_key=o.reward_key)
     client, unbuilt = prepare_images(tasks)
     runnable = [t for t in tasks if t.name not in unbuilt]
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)  # the trajectories: the model's answers and the tasks' output
     try:
         with trainer.sigterm_as_interrupt():
             records = asyncio.run(run_all(runnable, o.policy, client, settings, folder, o.max_sandboxes, sampler,

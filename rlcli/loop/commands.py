@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from rlcli.config import private_dir
 from rlcli.endpoint import capture
 from rlcli.errors import UsageError
 from rlcli.loop import champion, data, evaluation, gate, settings, stages
@@ -117,8 +118,7 @@ def init(o: InitOptions) -> int:
         given |= {"traces": capture.CAPTURE_PREFIX + str(capture.store_dir(traces)), "format": "messages"}
     s = LoopSettings(**given)
     rows = data.check_regression(o.regression) if o.regression else []
-    folder.mkdir(parents=True, exist_ok=True)
-    folder.chmod(0o700)  # traces and answers: the user's data
+    private_dir(folder)  # traces and answers: the user's data
     data.write_jsonl(folder / data.REGRESSION, rows)
     settings.write(folder, s)
     with opened(folder) as ledger:

@@ -401,19 +401,31 @@ def status(o: Named) -> int:
     return 0 if word == "running" else 3
 
 
-def _frozen_engine(name: str, state: process.ServerState) -> str | None:
-    """'engine process PID gave no heartbeat for N s' where the engine of this running server stopped beating
-    (runtime/rlcli_liveness.py: its heartbeat file is in the server's folder, its working directory)."""
-    from rlcli.watchdog import frozen_engine
-
-    beat = config.server_state_dir(name) / shared.HEARTBEAT_FILE
+def _beat(path: Path, members: list[int]) -> dict | None:
+    """{"pid", "beat_age_s"} of a heartbeat file of this server's; None before its first beat, or where the file is an
+    earlier server's (the API and the supervisor clear them as they start)."""
     try:
-        pid, age = json.loads(beat.read_text())["pid"], time.time() - beat.stat().st_mtime
+        pid, age = json.loads(path.read_text())["pid"], time.time() - path.stat().st_mtime
     except (OSError, ValueError, KeyError, TypeError):  # not started yet, or a server without the heartbeat
         return None
-    if pid not in process.live_members(state):  # an earlier server's file (its API clears it as it starts)
+    return {"pid": pid, "beat_age_s": age} if pid in members else None
+
+
+def _frozen_engine(name: str, state: process.ServerState) -> str | None:
+    """'engine process PID gave no heartbeat for N s' (or 'jax worker process K ...') where the engine of this running
+    server, or a local worker of it, stopped beating (runtime/rlcli_liveness.py: the heartbeat files are in the
+    server's folder, its working directory)."""
+    from rlcli.watchdog import frozen_engine
+
+    folder, members = config.server_state_dir(name), process.live_members(state)
+    engine = _beat(folder / shared.HEARTBEAT_FILE, members)
+    if engine is None:
         return None
-    return frozen_engine({"pid": pid, "beat_age_s": age}, FROZEN_AFTER_S)
+    workers = []
+    for k in range(1, 1 + len(list(folder.glob(shared.WORKER_HEARTBEAT.format("*"))))):
+        if beat := _beat(folder / shared.WORKER_HEARTBEAT.format(k), members):
+            workers.append({"process": k, **beat})
+    return frozen_engine({**engine, "workers": workers}, FROZEN_AFTER_S)
 
 
 def _warmup_line(name: str) -> str | None:

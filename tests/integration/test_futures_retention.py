@@ -2,21 +2,22 @@
 --futures-retention minutes ago, never a pending row nor the newest, on sqlite and on Postgres; the running server
 prunes and keeps handing out new ids above every old one.
 
-The policy runs `prune` itself in the server venv against SkyRL's own tables (fast); the real server prunes rows a
-first start left, aged by hand while it was stopped (a retention of minutes cannot be waited for in a test).
+The policy runs `prune` itself in the server venv against SkyRL's own tables (fast); the real server prunes the rows
+an earlier server left in its database, finished two hours ago (a retention of minutes cannot be waited for in a
+test). Those rows are written with SkyRL's own models into the file the server then opens, as its API makes it
+(SQLModel's create_all): one server start, not a first one to leave rows and a second to prune them.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import subprocess
-from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from rlcli.server import commands
 from rlcli.server.private import private_server
-from tests.conftest import shared_server_venv
+from tests.conftest import shared_compile_cache, shared_server_venv
 
 pytestmark = pytest.mark.server
 
@@ -49,13 +50,35 @@ with Session(engine) as session:
 print(deleted, list(kept), newest)
 """
 
+# What an earlier server leaves: finished rows (its readiness round trip's), here finished two hours ago.
+EARLIER = r"""
+import sys
+from datetime import datetime, timedelta, timezone
+from skyrl.tinker import types
+from skyrl.tinker.db_models import FutureDB, RequestStatus
+from sqlmodel import Session, SQLModel, create_engine
 
-def _policy(url: str) -> str:
+engine = create_engine(sys.argv[1])
+SQLModel.metadata.create_all(engine)
+aged = datetime.now(timezone.utc) - timedelta(hours=2)
+with Session(engine) as session:
+    for status in ("completed", "failed", "completed"):
+        session.add(FutureDB(request_type=types.RequestType.FORWARD, request_data={}, status=RequestStatus(status),
+                             completed_at=aged))
+    session.commit()
+"""
+
+
+def _in_server_venv(script: str, url: str) -> str:
     python = shared_server_venv() / "bin" / "python"
-    run = subprocess.run([str(python), "-c", POLICY, url], capture_output=True, text=True, timeout=120,
+    run = subprocess.run([str(python), "-c", script, url], capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(commands.RUNTIME_DIR), "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr[-2000:]
     return run.stdout.strip()
+
+
+def _policy(url: str) -> str:
+    return _in_server_venv(POLICY, url)
 
 
 def test_old_finished_rows_go_pending_recent_and_the_newest_stay_on_sqlite(tmp_path):
@@ -70,23 +93,20 @@ def test_the_same_on_postgres(request):
 
 
 def test_a_running_server_prunes_what_an_earlier_start_left(tmp_path, embedded_model):
-    """A first start's rows (its readiness round trip), aged two hours while stopped: the second start's engine
-    deletes them at its first look, and its own requests take ids above every one of them."""
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
+    """An earlier server's rows, finished two hours ago: this start's engine deletes them at its first look, and its
+    own requests take ids above every one of them."""
+    home = shared_compile_cache(tmp_path / "home")  # the programs earlier sessions compiled
     db = home / "servers" / "default" / "tinker.db"
-    with private_server(embedded_model, home=home):
-        pass
+    db.parent.mkdir(parents=True, mode=0o700)
+    _in_server_venv(EARLIER, f"sqlite:///{db}")
     with sqlite3.connect(db) as con:
         first = [i for (i,) in con.execute("SELECT request_id FROM futures ORDER BY request_id")]
-        aged = (datetime.now(UTC) - timedelta(hours=2)).strftime("%Y-%m-%d %H:%M:%S.%f")
-        con.execute("UPDATE futures SET completed_at = ? WHERE status != 'PENDING'", (aged,))
-    assert len(first) >= 2, first
+    assert len(first) == 3, first
     with private_server(embedded_model, home=home) as server:
         log = server.log.read_text()
     with sqlite3.connect(db) as con:
         kept = [i for (i,) in con.execute("SELECT request_id FROM futures ORDER BY request_id")]
-    # The first look may come before or after this start's own readiness rows: the first start's newest row
+    # The first look may come before or after this start's own readiness rows: the earlier server's newest row
     # stays only while it is the newest of all.
     gone = len(first) - len(set(first) & set(kept))
     assert set(first) & set(kept) <= {first[-1]} and gone >= len(first) - 1, (first, kept)

@@ -1,8 +1,9 @@
 """The fuzzer at a bounded, seeded size (benchmarks/fuzz.py; the full run is `make fuzz`): each HTTP surface from its
 own OpenAPI schema with a well-behaved client beside it, one test per hand-made case class, and the findings' fixes.
 
-SkyRL's API is the session's server; the tenant surface a --tenants server of this module's own (alice, bob, carol as
-in test_tenants.py); the endpoint one started over the session's server.
+SkyRL's API is the session's server; the endpoint one started over it. The tenant surface's tests are in
+test_secrets.py, on its team server (a --tenants server of their own cost one more start), before the full run
+whose files are searched for the keys.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import requests
 
 from benchmarks import fuzz, fuzz_cases
 from tests.conftest import run_rlcli
-from tests.integration.test_tenants import tenant_server
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -160,37 +160,3 @@ def test_endpoint_hand_made_cases(endpoint_url, watched):
         assert result["findings"] == [], (name, result["findings"])
     assert cases["big_bodies"]["statuses"] == {"413": 2}
     assert fuzz.tree(watched) == before and fuzz.healthy(endpoint_url, "/healthz")
-
-
-@pytest.fixture(scope="module")
-def tenants(tmp_path_factory, embedded_model):
-    with tenant_server(tmp_path_factory.mktemp("fuzz-tenants-home"), embedded_model, []) as (srv, keys):
-        yield srv, keys, fuzz_cases.tenant_data(srv.url, srv.model, keys["bob"])
-
-
-def test_tenant_api_from_its_schema_with_alices_key_over_bobs_ids(tenants):
-    import schemathesis
-
-    srv, keys, bob = tenants
-    alice = {"X-API-Key": keys["alice"]}
-    schema = schemathesis.openapi.from_url(srv.url + "/openapi.json", headers=alice)
-    tally = fuzz.Tally()
-    with fuzz.Beside(fuzz.tinker_step(srv.url, srv.model, keys["alice"])) as beside:
-        fuzz.fuzz_schema(schema, srv.url, tally, examples=EXAMPLES, seed=SEED, headers=alice,
-                         foreign={k: bob[k] for k in fuzz.ID_KEYS}, secrets=(bob["model_id"], bob["checkpoint"]))
-    body = tally.body()
-    assert body["requests"] > 150 and body["findings"] == [], body["findings"]
-    assert beside.calls > 0 and beside.failures == [], beside.failures
-
-
-def test_alice_asks_for_each_of_bobs_things_by_hand(tenants):
-    srv, keys, bob = tenants
-    must_hold(fuzz_cases.other_tenant(srv.url, keys["alice"], bob))
-
-
-def test_the_tenant_gates_own_inputs(tenants):
-    """Regression: `?offset=abc` was a 500 from the gate's int(); a 64 MB body is read once (and refused by the cap)."""
-    srv, keys, _ = tenants
-    result = fuzz_cases.gate_inputs(srv.url, keys["carol"], pid=None)
-    must_hold(result)
-    assert result["statuses"].get("500", 0) == 0 and "413" in result["statuses"], result

@@ -10,6 +10,7 @@ behind.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -103,13 +104,43 @@ def test_every_process_loads_the_extensions(two_processes):
     assert status.returncode == 0 and status.stdout.startswith("running:")
 
 
+def _local_worker(srv) -> int:
+    state = read_state(srv.home / "servers" / "default")
+    workers = [pid for pid in group_members(state.pgid)
+               if b"launcher.py\0worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(workers) == 1
+    return workers[0]
+
+
+def test_a_stopped_worker_is_named_by_requests_and_status(two_processes):
+    """A worker stopped with SIGSTOP (alive, not dead) while its engine beats on: a request fails within its
+    --server-timeout with one line naming the worker, `serve status` says it; continued, the server is running
+    again (the next test trains on it)."""
+    worker, timeout_s = _local_worker(two_processes), 5
+    beat = two_processes.home / "servers" / "default" / "rlcli-worker-1-heartbeat"
+    assert json.loads(beat.read_text())["pid"] == worker and time.time() - beat.stat().st_mtime < 3
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        wait_for(lambda: time.time() - beat.stat().st_mtime > 11, 60, None, "the worker's heartbeat to age")
+        sample = run_rlcli("sample", "--prompt", "hi", "--max-tokens", "2", "--server-timeout", str(timeout_s),
+                           env=two_processes.env, timeout=120)
+        lines = sample.stderr.strip().splitlines()
+        assert sample.returncode == EXIT_SERVER_GONE and len(lines) == 1, sample.stderr
+        assert f"has a frozen engine (jax worker process 1 (pid {worker}) gave no heartbeat for" in lines[0], lines
+        status = run_rlcli("serve", "status", env=two_processes.env)
+        assert status.returncode == 3 and status.stdout.startswith("frozen:"), status.stdout
+        assert f"jax worker process 1 (pid {worker})" in status.stdout, status.stdout
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    wait_for(lambda: run_rlcli("serve", "status", env=two_processes.env).returncode == 0, 60, None,
+             "the server to serve again")
+
+
 def test_a_dead_worker_stops_the_server_and_stop_leaves_nothing(two_processes, tmp_path):
     """Last in this file: it ends the module's server. A training run in flight ends within its --server-timeout,
     and every request after fails at once, each with one line naming the worker."""
     state = read_state(two_processes.home / "servers" / "default")
-    workers = [pid for pid in group_members(state.pgid)
-               if b"launcher.py\0worker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-    assert len(workers) == 1
+    workers = [_local_worker(two_processes)]
     folder = tmp_path / "run"
     training = trainer("train", "sl", "--dataset", str(SL_DATA), "--batch-size", "2", "--epochs", "1", "--base-url",
                        two_processes.url, "--log-path", str(folder), "--server-timeout", "10", env=two_processes.env)

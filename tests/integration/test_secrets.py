@@ -1,9 +1,12 @@
-"""Secrets never leak and user data stays its owner's, after one full run under the ordinary umask 022.
+"""Secrets never leak and user data stays its owner's, after one full run under the ordinary umask 022; and the
+fuzzer's tenant surface (benchmarks/fuzz.py, at test_fuzz.py's size), on the same team server first.
 
 One team server (`serve start --tenants`, SkyRL's state in Postgres where the tests have it: the password in
---database-url), and through it: `import -o`, `train sl`, `export`, a loop iteration, the endpoint answering a
-tenant, refusing a wrong key and failing a request, a CLI command refused for a wrong key, `serve restart`, then
-`serve status` and `doctor`. Then every file under the private RLCLI_HOME, the run, loop, export and import
+--database-url). First the fuzzer: alice's key over bob's ids from the schema, by hand, and the gate's own inputs
+(tenants alice, bob, carol as in test_tenants.py). Then, through the same server: `import -o`, `train sl`, `export`,
+a loop iteration, the endpoint answering a tenant, refusing a wrong key and failing a request, a CLI command
+refused for a wrong key, `serve restart`, then `serve status` and `doctor`. Then every file under the private
+RLCLI_HOME (the fuzzer's hostile requests' traces in the server's log included), the run, loop, export and import
 outputs, and every command's stdout and stderr is searched for each secret, raw, base64 and URL-encoded (`tenant
 add` excepted: printing the new key is its job); and every file and folder rlcli wrote must be its owner's alone.
 """
@@ -21,12 +24,14 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import fuzz, fuzz_cases
 from rlcli.loop import batches, settings
 from rlcli.server import database
 from rlcli.server.private import free_port
 from tests.conftest import run_rlcli, shared_compile_cache
 from tests.integration.test_endpoint import post
-from tests.integration.test_tenants import tenant_server
+from tests.integration.test_fuzz import EXAMPLES, SEED, must_hold
+from tests.integration.test_tenants import call, tenant_server
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(900)]
 # A key nobody was given, with characters that URL-encoding changes; and the tests' own key for the wrong tenant.
@@ -108,16 +113,69 @@ def restart_and_report(run: Run) -> None:
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory, embedded_model, request):
+def team(tmp_path_factory, embedded_model, request):
+    """(root, server, keys, --database-url) of the module's team server, started under umask 022."""
     root = tmp_path_factory.mktemp("secrets")
     database = database_url(request)
     with umask(0o022), tenant_server(shared_compile_cache(root / "home"), embedded_model, database) as (srv, keys):
-        run = Run(root, {**srv.env, "TINKER_BASE_URL": srv.url, "TINKER_API_KEY": keys["carol"]})
-        train_and_loop(run, keys["carol"])
-        endpoint_requests(run, keys)
-        restart_and_report(run)
-        password = database[1].split(":")[2].split("@")[0] if database else None
-        yield run, srv, [*keys.values(), WRONG_KEY, *([password] if password else [])]
+        yield root, srv, keys, database
+
+
+@pytest.fixture(scope="module")
+def tenants(team):
+    _, srv, keys, _ = team
+    return srv, keys, fuzz_cases.tenant_data(srv.url, srv.model, keys["bob"])
+
+
+def test_tenant_api_from_its_schema_with_alices_key_over_bobs_ids(tenants):
+    import schemathesis
+
+    srv, keys, bob = tenants
+    alice = {"X-API-Key": keys["alice"]}
+    schema = schemathesis.openapi.from_url(srv.url + "/openapi.json", headers=alice)
+    tally = fuzz.Tally()
+    with fuzz.Beside(fuzz.tinker_step(srv.url, srv.model, keys["alice"])) as beside:
+        fuzz.fuzz_schema(schema, srv.url, tally, examples=EXAMPLES, seed=SEED, headers=alice,
+                         foreign={k: bob[k] for k in fuzz.ID_KEYS}, secrets=(bob["model_id"], bob["checkpoint"]))
+    body = tally.body()
+    assert body["requests"] > 150 and body["findings"] == [], body["findings"]
+    assert beside.calls > 0 and beside.failures == [], beside.failures
+
+
+def test_alice_asks_for_each_of_bobs_things_by_hand(tenants):
+    srv, keys, bob = tenants
+    must_hold(fuzz_cases.other_tenant(srv.url, keys["alice"], bob))
+
+
+def test_the_tenant_gates_own_inputs(tenants):
+    """Regression: `?offset=abc` was a 500 from the gate's int(); a 64 MB body is read once (and refused by the cap)."""
+    srv, keys, _ = tenants
+    result = fuzz_cases.gate_inputs(srv.url, keys["carol"], pid=None)
+    must_hold(result)
+    assert result["statuses"].get("500", 0) == 0 and "413" in result["statuses"], result
+
+
+def free_slots(srv, keys: dict[str, str]) -> None:
+    """Unload every model alice and bob hold (the fuzzer's): the team server has 3 LoRA slots, the full run needs
+    them for carol."""
+    for key in (keys["alice"], keys["bob"]):
+        for run in call(srv.url + "/api/v1/training_runs", key=key)[1]["training_runs"]:
+            status, queued, _ = call(srv.url + "/api/v1/unload_model", "POST", {"model_id": run["training_run_id"]},
+                                     key=key)
+            if status == 200:
+                call(srv.url + "/api/v1/retrieve_future", "POST", {"request_id": queued["request_id"]}, key=key)
+
+
+@pytest.fixture(scope="module")
+def full_run(team):
+    root, srv, keys, database = team
+    free_slots(srv, keys)
+    run = Run(root, {**srv.env, "TINKER_BASE_URL": srv.url, "TINKER_API_KEY": keys["carol"]})
+    train_and_loop(run, keys["carol"])
+    endpoint_requests(run, keys)
+    restart_and_report(run)
+    password = database[1].split(":")[2].split("@")[0] if database else None
+    return run, srv, [*keys.values(), WRONG_KEY, *([password] if password else [])]
 
 
 def encodings(secret: str) -> list[bytes]:

@@ -10,6 +10,8 @@ import signal
 import pytest
 
 from benchmarks import soak
+from rlcli.server.private import private_server
+from tests.conftest import shared_compile_cache
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -17,9 +19,16 @@ pytestmark = [pytest.mark.server, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def receipt(tmp_path_factory):
     out = tmp_path_factory.mktemp("soak")
+    home = shared_compile_cache(tmp_path_factory.mktemp("soak-server") / "home")
+
+    def cached(*args, **kwargs):  # its server loads the programs earlier sessions compiled, as every test server does
+        return private_server(*args, **{**kwargs, "home": home})
+
     before = signal.getsignal(signal.SIGTERM)  # main makes SIGTERM exit: no later test on this worker inherits it
     try:
-        soak.main(minutes=0.5, interval=3, rate=2, loop_every=5, out=str(out))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(soak, "private_server", cached)
+            soak.main(minutes=0.5, interval=3, rate=2, loop_every=5, out=str(out))
     finally:
         signal.signal(signal.SIGTERM, before)
     (path,) = out.glob("soak-*.json")

@@ -60,6 +60,25 @@ def test_the_engines_heartbeat_file_ages_and_an_earlier_servers_is_forgotten(tmp
     assert liveness.report(tmp_path)["state"] == "starting"
 
 
+def test_a_stopped_worker_is_named_while_its_engine_beats_on(tmp_path):
+    """A local jax worker's own heartbeat file: the engine waiting on a stopped worker beats on, the worker's file
+    ages, and the verdict names the worker; a worker that beats (a long compile: its thread still runs) is fine."""
+    liveness = runtime("rlcli_liveness")
+    liveness.start(tmp_path)
+    worker = tmp_path / "rlcli-worker-1-heartbeat"
+    worker.write_text(json.dumps({"pid": 4243}))  # as a worker's start writes it; its beats are ours to make here
+    beat = liveness.report(tmp_path)
+    assert [(w["process"], w["pid"]) for w in beat["workers"]] == [(1, 4243)]
+    assert watchdog.frozen_engine(beat, 30.0) is None
+    old = time.time() - 40
+    os.utime(worker, (old, old))
+    assert liveness.report(tmp_path)["beat_age_s"] < 1.5
+    assert watchdog.frozen_engine(liveness.report(tmp_path), 30.0) == (
+        "jax worker process 1 (pid 4243) gave no heartbeat for 40 s")
+    liveness.forget(tmp_path, "rlcli-worker-*-heartbeat")
+    assert liveness.report(tmp_path)["workers"] == []
+
+
 def test_a_command_that_left_the_block_is_not_ended_later(health_server, monkeypatch):
     monkeypatch.setattr(watchdog, "GRACE_S", 0.5)
     with pytest.raises(watchdog.ServerGone), watchdog.watch(health_server, 0.5):

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from shared import DISTRIBUTED_ENV, EXTENSIONS_ENV, PRELOAD_MODULES, RLCLI, TENANTS
+from shared import DISTRIBUTED_ENV, EXTENSIONS_ENV, LOCAL_WORKER_ENV, PRELOAD_MODULES, RLCLI, TENANTS, WORKER_HEARTBEAT
 
 PRELOADED_ENV = "RLCLI_PRELOADED_ENGINE"  # the API's engine command stands in for this pid (the preload)
 
@@ -220,6 +220,20 @@ def _spawn(*args: str, env: dict | None = None) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
+def _spawn_workers(several: tuple[str, int], local_workers: int) -> list[subprocess.Popen]:
+    """The local jax workers 1..local_workers, in this folder; with rlcli's changes each beats (rlcli_liveness),
+    an earlier server's heartbeat files cleared first."""
+    if not local_workers:
+        return []
+    env = dict(os.environ)
+    if RLCLI in _features():
+        import rlcli_liveness
+
+        rlcli_liveness.forget(Path.cwd(), WORKER_HEARTBEAT.format("*"))
+        env[LOCAL_WORKER_ENV] = "1"
+    return [_spawn("worker", several[0], str(several[1]), str(i), env=env) for i in range(1, local_workers + 1)]
+
+
 def supervise(log: Path, max_log_bytes: int, api_argv: list[str], local_workers: int = 0) -> int:
     import distributed
     import ray_actors
@@ -227,7 +241,7 @@ def supervise(log: Path, max_log_bytes: int, api_argv: list[str], local_workers:
     out = _RotatingLog(log, max_log_bytes)
     env = dict(os.environ)
     several = distributed.settings_from_engine_argv(api_argv)  # (coordinator, number of jax processes)
-    workers = [_spawn("worker", several[0], str(several[1]), str(i)) for i in range(1, local_workers + 1)]
+    workers = _spawn_workers(several, local_workers)
     if several:  # every process runs rlcli's changes: the API may say so
         env[DISTRIBUTED_ENV] = "launcher"
     elif ray_actors.on_ray(api_argv):  # so does every Ray actor (ray_actors.py)
@@ -305,6 +319,10 @@ def main() -> int:
     if role == "worker":  # worker COORDINATOR NUM_PROCESSES PROCESS_ID
         import distributed
 
+        if os.environ.get(LOCAL_WORKER_ENV):  # one the supervisor started: it beats in the server's folder
+            import rlcli_liveness
+
+            rlcli_liveness.start(Path.cwd(), WORKER_HEARTBEAT.format(int(rest[2])))
         _prepare_jax_imports()
         distributed.run_worker(rest[0], int(rest[1]), int(rest[2]), _features())
         return 0

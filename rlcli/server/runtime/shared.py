@@ -24,6 +24,8 @@ READINESS_TAG = "rlcli-readiness"
 # Files in the server's state folder (its working directory) and in the server venv.
 OWNERS_FILE = "tenant-owners.jsonl"  # which tenant created each id
 HEARTBEAT_FILE = "rlcli-engine-heartbeat"  # the engine process touches it every second (rlcli_liveness)
+WORKER_HEARTBEAT = "rlcli-worker-{}-heartbeat"  # a local jax worker's (its process id), likewise
+LOCAL_WORKER_ENV = "RLCLI_LOCAL_WORKER"  # set for the jax workers the supervisor starts in the server's folder
 RAY_REPORT = "rlcli-ray-actors.json"  # what the Ray actors loaded, for the capabilities route
 PEFT_RECORD = "rlcli-peft-lora-config.json"  # peft's LoraConfig as recorded for the torch-free engine (sys.prefix)
 
