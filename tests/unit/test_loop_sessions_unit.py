@@ -116,3 +116,10 @@ def test_every_loop_command_frees_what_a_killed_one_left_before_it_starts(tmp_pa
         assert url == URL and tag in os.environ[sessions.TAGS_ENV]
     assert sessions.TAGS_ENV not in os.environ or tag not in os.environ[sessions.TAGS_ENV]
     assert "freed 1 server LoRA slot a killed command left (session_k:train:0)" in capsys.readouterr().err
+
+
+def test_a_tenant_key_cannot_list_sessions_by_tag():
+    """The route lists sessions whoever made them: on a server with --tenants only its own key may ask."""
+    from tests.unit.test_tenant_fair_unit import runtime
+
+    assert TAGGED_MODELS_ROUTE in runtime("rlcli_tenants").ADMIN
