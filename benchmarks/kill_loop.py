@@ -5,15 +5,16 @@ Launch:  .venv/bin/python -m benchmarks.kill_loop --seed 0 --kills 50       (mak
          .venv/bin/python -m benchmarks.kill_loop --seed 7 --kills 60 --keep /tmp/kl   (replay seed 7, keep folders)
 
 One private server on the embedded model (CPU) and one loop folder (`sft,rl,distill,dpo`, 2 steps a stage, a
-16-chat batch with preference pairs per round: seconds per stage). Each round delivers a batch and runs the loop;
-an iteration the gate did not promote is promoted by hand (`loop promote`), and every second round rolls the
+16-chat batch with preference pairs per round: seconds per stage; a hook that takes HOOK_S). Each round delivers a
+batch and runs the loop; an iteration the gate did not promote is promoted by hand (`loop promote`: the auto gate
+never passes these candidates, so export and promotion points wait for it), and every second round rolls the
 champion back (`loop rollback`). Kill points (benchmarks/kill_points.py) cycle through the stages in a seeded
-order; each lands on the command running when its stage comes, SIGKILL or SIGTERM to the command's process group,
-or kill -9 to every server process. After a kill the folder is checked as a reader finds it
-(benchmarks/loop_invariants.py at_kill), the server is started again if it was the one killed, the same command
-is run again (itself open to the next kill point) until it completes, and each round ends with every invariant
-checked. The receipt records the seed, every kill point (stage, event, delay, signal, target, where it landed, the
-resume's outcome, the invariants), and the counts by stage.
+order, up to PENDING waiting at a time; each lands on the command running when its stage comes, SIGKILL or SIGTERM
+to the command's process group, or kill -9 to every server process. After a kill the folder is checked as a
+reader finds it (benchmarks/loop_invariants.py at_kill), the server is started again if it was the one killed, the
+same command is run again (itself open to the next kill point) until it completes, and each round ends with every
+invariant checked. The receipt records the seed, every kill point (stage, event, delay, signal, target, where it
+landed, the resume's outcome, the invariants), and the counts by stage.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.kill_points import KillPoint, Watched, draw
+from benchmarks.kill_points import HOOK_S, KillPoint, Watched, draw
 from benchmarks.loop_invariants import after_resume, at_kill
 from rlcli.loop import batches, data, settings
 from rlcli.loop.ledger import Champion, opened
@@ -41,7 +42,12 @@ SETTINGS = dict(train="sft,rl,distill,dpo", match="number", steps=2, distill_ste
 CHATS = 16  # a batch: 12 to train, a few held out
 COMMAND_TIMEOUT_S = 600
 ARMED_TRIES = 4  # commands a kill point waits through for its stage before it is dropped (not reached)
-RUN_COMMANDS = {"run": lambda stage: stage != "rollback",
+FREED = "server LoRA slot"  # in the line a loop command says when it freed what a killed one held (sessions.py)
+PENDING = 6  # a round draws points until this many wait (each command is open to one at a time)
+# The commands a stage's points wait for. The auto gate never passes these 2-step candidates (their slices cannot show
+# a gain), so every promotion is `loop promote`'s (the same export and alias move as a gate's): an export or promotion
+# point offered to `loop run` would hold each of its attempts for a stage that never comes.
+RUN_COMMANDS = {"run": lambda stage: stage not in ("export", "promotion", "rollback"),
                 "promote": lambda stage: stage in ("export", "promotion"),
                 "rollback": lambda stage: stage == "rollback"}
 
@@ -89,6 +95,7 @@ class Harness:
         self.points: list[KillPoint] = []
         self.rounds: list[dict[str, Any]] = []
         self.cycle: list[str] = []
+        self.freed: list[str] = []  # each command's line saying it freed the slots a killed one held
         self.settings = {**SETTINGS, **(overrides or {})}
         self.stage_names = ["ingest", "split", "power", *(f"train:{k}" for k in self.settings["train"].split(",")),
                             "scoring", "gate", "export", "promotion", "rollback"]
@@ -98,7 +105,7 @@ class Harness:
         regression = batches.write_regression(self.root / "regression.jsonl", n=4)
         self._rlcli("loop", "init", str(self.folder), "--traces", str(self.inbox / "batch-*.openai.jsonl"),
                     "-f", "openai", "--regression", str(regression), "--base-url", self.server.url,
-                    "--hook", f"echo $RLCLI_LOOP_ITERATION >> {self.hook_log}")
+                    "--hook", f"sleep {HOOK_S}; echo $RLCLI_LOOP_ITERATION >> {self.hook_log}")
         s = settings.read(self.folder)
         settings.write(self.folder, type(s)(**{**s.__dict__, **self.settings}))
 
@@ -110,7 +117,7 @@ class Harness:
         return proc.stdout
 
     def draw_points(self, count: int) -> None:
-        for _ in range(count):
+        for _ in range(max(count, 0)):
             if not self.cycle:
                 self.cycle = self.stage_names[:]
                 self.rng.shuffle(self.cycle)
@@ -123,13 +130,11 @@ class Harness:
 
     # --- one round ------------------------------------------------------------------------------------------
     def round(self, r: int, kills: int | None = None) -> dict[str, Any]:
-        """Deliver batch r, draw `kills` more kill points (default: 4-6), run the round's commands to the end."""
+        """Deliver batch r, draw `kills` more kill points (default: 4-6, fewer where some still wait), run the
+        round's commands to the end."""
         started = time.monotonic()
-        path = self.inbox / f"batch-{r}.openai.jsonl"
-        batches.write_batch(path, 1 + (r - 1) % 3, CHATS, seed=self.seed * 1000 + r)
-        data.write_jsonl(data.pairs_beside(path), _pairs(r))
-        self.delivered.append(path)
-        self.draw_points(self.rng.randint(4, 6) if kills is None else kills)
+        self.deliver(r)
+        self.draw_points(min(self.rng.randint(4, 6), PENDING - len(self.pending)) if kills is None else kills)
         self.command("run", ["loop", "run", str(self.folder), "--once"])
         with opened(self.folder) as ledger:
             n = ledger.last_iteration()
@@ -147,6 +152,13 @@ class Harness:
             f"invariants: {problems or 'all hold'}")
         self.rounds.append(row)
         return row
+
+    def deliver(self, r: int) -> None:
+        """Round r's batch of traces, with its preference pairs beside it, into the inbox."""
+        path = self.inbox / f"batch-{r}.openai.jsonl"
+        batches.write_batch(path, 1 + (r - 1) % 3, CHATS, seed=self.seed * 1000 + r)
+        data.write_jsonl(data.pairs_beside(path), _pairs(r))
+        self.delivered.append(path)
 
     def rollback_target(self) -> int | None:
         """The champion before the current one (as `loop rollback` picks it), given explicitly so a rerun after a
@@ -178,6 +190,7 @@ class Harness:
                 said = next((x for x in w.lines if "resuming" in x or "already" in x), "")
                 for p in killed:  # each kill of this command resumed: its last attempt completed
                     p.outcome |= {"resumed": True, "resume_seconds": took, "resume_said": said[-200:]}
+                self.freed += [x[-300:] for x in w.lines if FREED in x]
                 return
             self.pending.remove(point)
             point.command = name
@@ -189,6 +202,7 @@ class Harness:
             if point.target == "server":
                 self.server.start()
             killed.append(point)
+            self.freed += [x[-300:] for x in w.lines if FREED in x]
 
     current: Watched | None = None
 
@@ -224,8 +238,11 @@ def summary(h: Harness) -> dict[str, Any]:
         ok = p.outcome.get("at_kill") == "all hold" and p.outcome.get("resumed") and not p.outcome.get("hung")
         row["survived"] += bool(ok) and p.outcome.get("round") not in failed_rounds
     landed = sum(r["landed"] for r in by_stage.values())
+    dropped = sum(p.landed is None and p.outcome.get("commands_armed", 0) >= ARMED_TRIES for p in h.points)
     return {"landed": landed, "survived": sum(r["survived"] for r in by_stage.values()), "by_stage": by_stage,
-            "not_reached": sum(p.landed is None for p in h.points), "rounds": len(h.rounds),
+            "server_kills": sum(r["server"] for r in by_stage.values()),
+            "not_reached": dropped, "still_pending_at_the_end": sum(p.landed is None for p in h.points) - dropped,
+            "rounds": len(h.rounds),
             "rounds_with_broken_invariants": sorted(failed_rounds)}
 
 
@@ -268,11 +285,13 @@ def main(seed: int = 0, kills: int = 50, server_share: float = 0.15, max_rounds:
             "versions": versions("tinker", "tinker-cookbook"), "settings": h.settings, "chats_per_batch": CHATS,
             "minutes": round((time.monotonic() - started) / 60, 2),
             "load_average_1_5_15": {"before": load, "after": os.getloadavg()},
-            "summary": summary(h), "rounds": h.rounds, "kill_points": [p.record() for p in h.points],
+            "summary": summary(h), "slots_freed_by_resumes": h.freed, "rounds": h.rounds,
+            "kill_points": [p.record() for p in h.points],
             "replay": f"python -m benchmarks.kill_loop --seed {seed} --kills {kills}"}
     receipt = write_receipt("kill-loop", body, Path(out) if out else None, names={str(root): "$ROOT"})
     s = body["summary"]
-    say(f"{s['survived']} of {s['landed']} kill points survived ({s['not_reached']} not reached) in "
+    say(f"{s['survived']} of {s['landed']} kill points survived ({s['server_kills']} of the server; "
+        f"{s['not_reached']} not reached, {s['still_pending_at_the_end']} drawn but still waiting at the end) in "
         f"{s['rounds']} rounds, {body['minutes']} min; by stage: "
         + ", ".join(f"{k} {v['survived']}/{v['landed']}" for k, v in sorted(s["by_stage"].items())))
     say(f"receipt: {receipt}")

@@ -28,10 +28,13 @@ OPENERS = [(re.compile(r"iteration \d+: (\d+ new trace file|resuming after)"), "
            (re.compile(r"iteration \d+: evaluating "), "scoring"),
            (re.compile(r"iteration \d+: held-out "), "gate"),
            (re.compile(r"exporting .* to "), "export"),
-           (re.compile(r"champion -> "), "promotion")]
-# Where the seconds after an event should land a kill inside its stage (ingest and split take milliseconds).
-DELAYS = {"ingest": 0.15, "split": 0.15, "power": 0.5, "scoring": 3.0, "gate": 0.3, "export": 2.0, "promotion": 0.5,
-          "rollback": 3.0}
+           (re.compile(r"moving the champion alias to |champion -> "), "promotion")]
+# Where the seconds after an event should land a kill inside its stage (ingest and split take milliseconds; a
+# promotion is the alias's transaction, the link's rename and the hook, which the harness's takes HOOK_S to run; a
+# rollback's first line comes before its export, a few seconds).
+HOOK_S = 0.5
+DELAYS = {"ingest": 0.15, "split": 0.15, "power": 0.5, "scoring": 3.0, "gate": 0.3, "export": 2.0,
+          "promotion": 0.8 * HOOK_S, "rollback": 1.5}
 TRAIN_DELAY = 2.0
 EVENTS = {"train": 4, "scoring": 2}  # how many of a stage's lines a point may wait for (the rest: its first)
 

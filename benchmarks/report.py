@@ -250,9 +250,10 @@ def kill_loop_row(r: dict) -> tuple[str, str]:
     s = r["summary"]
     stages = len(s["by_stage"])
     broken = len(s["rounds_with_broken_invariants"])
+    server = f"; {s['server_kills']} of them kill -9 of the server" if "server_kills" in s else ""
     return (f"`rlcli loop run` and its server killed at random (seed {r['seed']})",
             f"**{s['survived']}** of {s['landed']} kill points survived across {stages} stages; rounds with a broken "
-            f"invariant {broken}")
+            f"invariant {broken}{server}")
 
 
 # benchmark -> (can this receipt be shown, its row); the table's order

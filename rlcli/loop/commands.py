@@ -26,7 +26,7 @@ from pathlib import Path
 from rlcli.config import private_dir
 from rlcli.endpoint import capture
 from rlcli.errors import UsageError
-from rlcli.loop import champion, data, evaluation, gate, settings, stages
+from rlcli.loop import champion, data, evaluation, gate, sessions, settings, stages
 from rlcli.loop.ledger import Champion, Ledger, now, opened
 from rlcli.loop.settings import LoopSettings
 from rlcli.loop.stages import say
@@ -77,7 +77,8 @@ class RollbackOptions(Folder):
 
 @contextlib.contextmanager
 def locked(folder: Path) -> Iterator[Ledger]:
-    """The folder's lock for the whole command, then its ledger; a second command is refused in one line."""
+    """The folder's lock for the whole command, then its ledger; a second command is refused in one line. Holding
+    it, the server slots a killed command left are freed first, and the sessions this one opens are tagged."""
     settings.read(folder)
     with open(folder / LOCK, "a+") as f:
         try:
@@ -89,7 +90,11 @@ def locked(folder: Path) -> Iterator[Ledger]:
         f.truncate(0)
         f.write(str(os.getpid()))
         f.flush()
-        with opened(folder) as ledger:
+        url = _url(settings.read(folder))
+        if freed := sessions.free(folder):  # the lock was free: whoever opened those sessions is gone
+            say(f"freed {len(freed)} server LoRA slot{'s' * (len(freed) != 1)} a killed command left "
+                f"({', '.join(freed)})")
+        with sessions.tagged(folder, url), opened(folder) as ledger:
             yield ledger
 
 

@@ -24,6 +24,7 @@ from rlcli.problems.traces import Problem, first_problems
 from rlcli.slot_wait import NoFreeSlot
 
 EVAL_FILE = "eval.jsonl"
+SERVER_TIMEOUT_S = 60.0  # silence from the server that ends the evaluation (rlcli.watchdog's default, a trainer's)
 SETS = ("heldout", "regression")
 
 
@@ -182,8 +183,11 @@ def evaluate(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Ch
     say(f"iteration {n}: evaluating {champion.label()} and the candidate on {count['heldout']} held-out and "
         f"{count['regression']} regression problems in {len(found.slices())} slices, {s.samples} answer"
         f"{'s' * (s.samples > 1)} each, both models' requests at once")
+    from rlcli import watchdog
+
     try:
-        graded = answers_of({"champion": champion, "candidate": candidate}, problems, s, url)
+        with watchdog.watch(url, SERVER_TIMEOUT_S, _gone(folder, n, url)):  # a dead server: one line, not a hang
+            graded = answers_of({"champion": champion, "candidate": candidate}, problems, s, url)
     except NoFreeSlot as e:  # nothing of this stage is recorded yet: the next run starts it again
         raise NoFreeSlot(f"{e}; then `rlcli loop run {folder}` resumes iteration {n} at its evaluation") from None
     result: dict[str, Any] = {"champion_iteration": champion.iteration, "samples": s.samples}
@@ -204,6 +208,17 @@ def evaluate(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Ch
                            (n, who, problems_name, cmp[who], cmp["n"]))
         ledger.done(db, n, "evaluate", result)
     return result
+
+
+def _gone(folder: Path, n: int, url: str):
+    """The line a `loop run` ends with (exit 75) when its server stops answering during the evaluation: tinker's
+    requests to a server that is gone wait on, retrying, so without the watch the command hung (the random-kill
+    harness, seed 0: kill -9 of the server while both models answered, then nothing for 10 minutes)."""
+    def message(silent_s: float, cause: str | None = None) -> str:
+        what = cause or f"stopped answering (no answer for {silent_s:.0f} s)"
+        return (f"the server at {url} {what} during iteration {n}'s evaluation: restart it (`rlcli serve restart`), "
+                f"then `rlcli loop run {folder}` resumes iteration {n} at its evaluation")
+    return message
 
 
 def _scores(graded: list[Any], at: list[int]) -> list[float]:

@@ -162,6 +162,7 @@ def move_to(folder: Path, ledger: Ledger, champ: Champion, s: LoopSettings, url:
     old champion everywhere; after it, the next loop command finishes the switch and the hook (champion.sync)."""
     say(f"exporting {champ.label()} to {folder / CHAMPION_DIR}")
     target = champion.export(folder, champ, s, url)
+    say(f"moving the champion alias to {champ.label()} ({target.relative_to(folder)} is whole)")
     with ledger.transaction() as db:
         ledger.move_alias(db, champ, reason)
         if n is not None and ledger.stage(n, "promote") is None:

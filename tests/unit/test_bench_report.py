@@ -249,6 +249,9 @@ def test_the_trust_receipts_have_rows_that_count_what_they_ran():
             "seed": 3, "summary": {"landed": 52, "survived": 51, "by_stage": {"ingest": {}, "export": {}},
                                    "rounds_with_broken_invariants": [4]}}
     rows = "\n".join(report.receipt_rows([fuzz, soak, kill]))
+    assert "; rounds with a broken invariant 1 |" in rows  # a receipt from before server kills were counted
+    kill["summary"] |= {"server_kills": 7}
+    assert "invariant 1; 7 of them kill -9 of the server |" in "\n".join(report.receipt_rows([kill]))
     assert "skyrl 468 generated + 40 hand-made; **1** findings in this run, **a must-hold broke**" in rows
     assert "**2** failed of 3,575 requests; flat after warm-up: 1 of 2 series; growing: server_rss_mb +386/h" in rows
     assert "**51** of 52 kill points survived across 2 stages; rounds with a broken invariant 1" in rows

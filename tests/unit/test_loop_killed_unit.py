@@ -183,3 +183,33 @@ def test_the_endpoint_serves_the_champion_after_a_loop_killed_inside_a_transacti
     answer = Models("base", {}, [folder]).resolve(CHAMPION)
     assert answer.iteration == 1 and answer.weights == "tinker://r1/sampler_weights/final"
     assert at_kill(folder) == {}
+
+
+def test_an_evaluation_whose_server_is_killed_ends_in_one_line_instead_of_waiting(loop, monkeypatch, health_server):
+    """The harness's kill -9 of the server while both models answered left `loop run` waiting on tinker's retries
+    for 10 minutes; the evaluation now ends as a trainer does (exit 75), saying how to resume it."""
+    import time
+
+    from rlcli.loop import evaluation, settings
+    from rlcli.loop.ledger import Champion
+    from rlcli.watchdog import ServerGone
+    from tests.unit.conftest import Health
+
+    def answering_then_killed(*args):  # tinker, retrying a server that is gone
+        time.sleep(1.5)
+        Health.answering = False
+        time.sleep(120)
+
+    folder, _ = loop
+    monkeypatch.setattr(evaluation, "SERVER_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(evaluation, "plan", lambda *args: evaluation.Plan([], frozenset()))
+    monkeypatch.setattr(evaluation, "answers_of", answering_then_killed)
+    started = time.monotonic()
+    with opened(folder) as ledger, pytest.raises(ServerGone) as gone:
+        evaluation.evaluate(folder, ledger, 2, settings.read(folder), Champion(1), Champion(2), health_server)
+    assert time.monotonic() - started < 30
+    assert gone.value.exit_code == 75
+    assert f"iteration 2's evaluation: restart it (`rlcli serve restart`), then `rlcli loop run {folder}` resumes " \
+           "iteration 2 at its evaluation" in str(gone.value)
+    with opened(folder) as ledger:
+        assert ledger.stage(2, "evaluate") == {}  # the fixture's record, untouched: nothing half-written

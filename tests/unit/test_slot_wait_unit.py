@@ -82,8 +82,9 @@ def test_the_endpoint_answers_a_full_server_503_with_the_line():
     assert "every LoRA slot" in json.loads(answer.text)["error"]["message"]
 
 
-def test_a_full_server_leaves_the_loops_evaluation_to_be_run_again(monkeypatch, tmp_path):
-    """Nothing of the stage is recorded (the ledger is not touched), and the line says how to resume."""
+def test_a_full_server_leaves_the_loops_evaluation_to_be_run_again(monkeypatch, tmp_path, health_server):
+    """Nothing of the stage is recorded (the ledger is not touched), and the line says how to resume. The server
+    answers its health route (the evaluation's watchdog would otherwise call the failure a server gone)."""
     from rlcli.loop import evaluation
     from rlcli.loop.ledger import Champion
     from rlcli.loop.settings import LoopSettings
@@ -95,5 +96,5 @@ def test_a_full_server_leaves_the_loops_evaluation_to_be_run_again(monkeypatch, 
     monkeypatch.setattr(evaluation, "answers_of", full)
     settings, candidate = LoopSettings(traces="t/*.jsonl"), Champion(2, "tinker://r/sampler_weights/a")
     with pytest.raises(NoFreeSlot) as ended:
-        evaluation.evaluate(tmp_path, None, 2, settings, Champion(0), candidate, "u")
+        evaluation.evaluate(tmp_path, None, 2, settings, Champion(0), candidate, health_server)
     assert f"`rlcli loop run {tmp_path}` resumes iteration 2 at its evaluation" in str(ended.value)

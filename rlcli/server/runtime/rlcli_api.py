@@ -1,8 +1,9 @@
 """SkyRL's API process as rlcli runs it (a module of functions and a FastAPI app: no class to subclass): the asample
 route today's tinker SDKs need (rlcli_sdk), the request path's and the tenant gate's rebindings (the engine command is
 the launcher's), and rlcli's routes: GET
-CAPABILITIES_ROUTE (the losses served in one forward_backward, what each change does) and POST FORGET_ROUTE
-(docs/decisions.md, "`serve start`'s readiness probe leaves no training run behind").
+CAPABILITIES_ROUTE (the losses served in one forward_backward, what each change does), POST FORGET_ROUTE
+(docs/decisions.md, "`serve start`'s readiness probe leaves no training run behind") and POST TAGGED_MODELS_ROUTE
+(docs/decisions.md, "A killed loop command's models are found by the tag it recorded first").
 """
 
 from __future__ import annotations
@@ -23,7 +24,16 @@ import rlcli_sdk
 import rlcli_tenants
 import rlcli_wake
 import rlcli_warmup
-from shared import CAPABILITIES_ROUTE, ENGINE_ROUTE, EXTENSIONS_ENV, FORGET_ROUTE, READINESS_TAG, RLCLI, TENANTS
+from shared import (
+    CAPABILITIES_ROUTE,
+    ENGINE_ROUTE,
+    EXTENSIONS_ENV,
+    FORGET_ROUTE,
+    READINESS_TAG,
+    RLCLI,
+    TAGGED_MODELS_ROUTE,
+    TENANTS,
+)
 
 
 def install(api, features: set[str]) -> None:
@@ -46,6 +56,7 @@ def install(api, features: set[str]) -> None:
         api.app.add_api_route(CAPABILITIES_ROUTE, rlcli_capabilities, methods=["GET"])
         api.app.add_api_route(FORGET_ROUTE, rlcli_forget_readiness_models, methods=["POST"])
         api.app.add_api_route(ENGINE_ROUTE, rlcli_engine_liveness, methods=["GET"])
+        api.app.add_api_route(TAGGED_MODELS_ROUTE, tagged_models_endpoint(api), methods=["POST"])
         rlcli_liveness.forget(Path.cwd())
     if TENANTS in features:
         rlcli_tenants.install(api)
@@ -82,6 +93,33 @@ def capabilities(engine_config) -> dict:
     if TENANTS in features:
         answer["rlcli_tenants"] = rlcli_tenants.describe()
     return answer
+
+
+LET_GO = ("unloaded", "unloading", "failed")  # model states that hold no LoRA slot (or soon none)
+
+
+def tagged_models_endpoint(api):
+    """POST {"tag"} -> {"tag", "sessions": [ids], "models": [ids]}: the sessions tagged so (TINKER_TAGS) and their
+    models that may still hold a slot. A client killed while its model was being created never learned the id
+    (SkyRL names it when the request is filed); the tag it recorded before opening any session finds it here."""
+    from fastapi import Body
+
+    async def rlcli_tagged_models(tag: str = Body(..., embed=True, min_length=1, max_length=api.ID_MAX_LENGTH)) -> dict:
+        from skyrl.tinker.db_models import ModelDB, SessionDB
+        from sqlalchemy import String, cast
+        from sqlmodel import select
+        from sqlmodel.ext.asyncio.session import AsyncSession
+
+        async with AsyncSession(api.app.state.db_engine) as session:
+            found = await session.exec(select(SessionDB.session_id, SessionDB.tags)
+                                       .where(cast(SessionDB.tags, String).like(f'%"{tag}"%')))
+            sessions = sorted(sid for sid, tags in found.all() if tag in (tags or []))
+            rows = (await session.exec(select(ModelDB.model_id, ModelDB.status)
+                                       .where(ModelDB.session_id.in_(sessions)))).all() if sessions else []
+        return {"tag": tag, "sessions": sessions,
+                "models": sorted(m for m, status in rows if status not in LET_GO)}
+
+    return rlcli_tagged_models
 
 
 async def forget_readiness_models(db_engine) -> dict:

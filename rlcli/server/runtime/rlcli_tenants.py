@@ -15,13 +15,21 @@ import sys
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode
 
-from shared import FORGET_ROUTE, INTERNAL_TENANT, OWNERS_FILE, TENANTS_FILE_ENV, TENANTS_INTERNAL_ENV
+from shared import (
+    FORGET_ROUTE,
+    INTERNAL_TENANT,
+    OWNERS_FILE,
+    TAGGED_MODELS_ROUTE,
+    TENANTS_FILE_ENV,
+    TENANTS_INTERNAL_ENV,
+)
 from tenant_owners import Owners
 
 PUBLIC = {("GET", "/api/v1/healthz")}  # the only requests answered without a key
 # Server-wide controls, no tenant's business: 404 (as unknown paths) to every key but the internal one: SkyRL's
 # torch profiler, and rlcli's clean-up of its readiness probes.
-ADMIN = {"/start_profiling", "/stop_profiling", "/profiling_status", FORGET_ROUTE}
+ADMIN = {"/start_profiling", "/stop_profiling", "/profiling_status", FORGET_ROUTE,
+         TAGGED_MODELS_ROUTE}  # it lists sessions by tag, whoever made them
 ID_FIELDS = ("session_id", "model_id", "sampling_session_id", "request_id", "sampler_id")
 RETRY_AFTER_S = 2
 # Routes that queue work for the engine (a future each): what max_queued counts and limits.

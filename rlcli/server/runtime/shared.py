@@ -19,6 +19,7 @@ DISTRIBUTED_ENV = "RLCLI_DISTRIBUTED"  # set where rlcli's launcher brought jax'
 CAPABILITIES_ROUTE = "/api/v1/rlcli/capabilities"
 FORGET_ROUTE = "/api/v1/rlcli/forget_readiness_models"
 ENGINE_ROUTE = "/api/v1/rlcli/engine"  # the engine process's heartbeat: its pid, seconds since its last beat
+TAGGED_MODELS_ROUTE = "/api/v1/rlcli/tagged_models"  # the models of the sessions with one tag that may hold a slot
 READINESS_TAG = "rlcli-readiness"
 
 # Files in the server's state folder (its working directory) and in the server venv.
