@@ -19,7 +19,7 @@ import functools
 import inspect
 import sqlite3
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +75,14 @@ def ledger_paths(ledger: Path) -> set[str]:
     return {p for row in rows for p in row if p}
 
 
-async def prune(folder: Path, rest: Any, keep: int, ended: bool = False) -> list[str]:
+async def prune(folder: Path, rest_of: Callable[[], Any], keep: int, ended: bool = False) -> list[str]:
     """Delete what `doomed` names: rows out of checkpoints.jsonl first (a kill between leaves files on the server,
-    never a row naming a deleted checkpoint), then each path through `rest` (a tinker.RestClient). The names."""
+    never a row naming a deleted checkpoint), then each path through `rest_of()` (a tinker.RestClient, made only
+    when something goes). The names."""
     rows = runs.read_jsonl(folder / "checkpoints.jsonl")
     ended = ended and bool(rows) and is_final(rows[-1])
-    return await delete_rows(folder, rows, doomed(rows, keep, referenced(folder), ended), rest)
+    going = doomed(rows, keep, referenced(folder), ended)
+    return await delete_rows(folder, rows, going, rest_of()) if going else []
 
 
 async def delete_rows(folder: Path, rows: list[dict[str, Any]], going: list[dict[str, Any]], rest: Any) -> list[str]:
@@ -112,12 +114,15 @@ def kept_checkpoints(folder: Path, url: str, keep: int) -> Iterator[None]:
         return
     signature, rest = inspect.signature(original), []
 
+    def client() -> Any:  # one per run, made when a checkpoint first goes
+        rest[:] = rest or [tinker.RestClient(base_url=url)]
+        return rest[0]
+
     @functools.wraps(original)  # failed_saves, around this, reads the cookbook's signature through it
     async def save_checkpoint_async(*args: Any, **kwargs: Any) -> Any:
         paths = await original(*args, **kwargs)
         if Path(signature.bind(*args, **kwargs).arguments["log_path"]).resolve() == folder.resolve():
-            rest[:] = rest or [tinker.RestClient(base_url=url)]
-            await prune(folder, rest[0], keep)
+            await prune(folder, client, keep)
         return paths
 
     checkpoint_utils.save_checkpoint_async = save_checkpoint_async
@@ -126,4 +131,4 @@ def kept_checkpoints(folder: Path, url: str, keep: int) -> Iterator[None]:
     finally:
         checkpoint_utils.save_checkpoint_async = original
     # Here only when the recipe returned (an interrupted run keeps its intermediate ones to resume from)
-    asyncio.run(prune(folder, rest[0] if rest else tinker.RestClient(base_url=url), keep, ended=True))
+    asyncio.run(prune(folder, client, keep, ended=True))
