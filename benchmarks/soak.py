@@ -13,8 +13,11 @@ One `rlcli serve start` on the embedded model (a private RLCLI_HOME, the shared 
   then, no retries (a failed request is counted, never hidden);
 - the loop: every --loop-every seconds either a new trace batch, `rlcli loop run --once` (manual gate) and
   `rlcli loop promote`, or `rlcli loop rollback DIR 0`, in turn.
-Every --interval seconds: RSS and open file descriptors of the server's and the endpoint's processes (per role),
-SkyRL's futures rows, disk under the server's home (benchmarks/soak_probe.py), the window's requests, failures and
+- `rlcli train prune RUNS --keep-runs 6 --loops DIR` every minute: the finished runs' retention a user opts into.
+The server runs with 6 LoRA slots (the mix holds up to 5 models at once) and short retentions (below).
+Every --interval seconds: RSS (and its anonymous part) and open file descriptors (and their kinds) of the server's
+and the endpoint's processes (per role), the jax programs the server compiled, SkyRL's futures rows, disk under the
+server's home (benchmarks/soak_probe.py), the window's requests, failures and
 latency p50/p99. The receipt keeps the raw series, every job run and every failed request, and per resource the
 slope after warm-up (the first third) with its noise and the verdict (soak_probe.py's rule); a PNG beside it.
 """
