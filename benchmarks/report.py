@@ -236,14 +236,21 @@ def fuzz_row(r: dict) -> tuple[str, str]:
 
 
 def soak_row(r: dict) -> tuple[str, str]:
+    """Growth where flat is expected comes first; growth a receipt expects (a bound, by design) is named apart."""
     v, minutes = r["verdict"], r["config"]["minutes"]
     trends = v["trends"]
     flat = [name for name, t in trends.items() if t["verdict"] == "flat"]
-    not_flat = [f"{name} {t['per_hour']:+,.0f}/h" for name, t in trends.items()
-                if t["verdict"] == "growing"]
+    expected_flat = {name for name, t in trends.items() if t.get("expected", "flat").startswith("flat")}
+
+    def growing(names: set[str]) -> list[str]:
+        return [f"{name} {t['per_hour']:+,.0f}/h" for name, t in trends.items()
+                if name in names and t["verdict"] == "growing"]
+
+    expected = growing(set(trends) - expected_flat)
     return (f"soak, {minutes} min (trainers, RL, endpoint, loop and rollback on one server)",
             f"**{v['failed_requests']}** failed of {v['requests']:,} requests; flat after warm-up: {len(flat)} of "
-            f"{len(trends)} series; growing: {', '.join(not_flat) or 'none'}")
+            f"{len(trends)} series; growing: {', '.join(growing(expected_flat)) or 'none'}"
+            + (f"; growing as expected (bounded or by design): {', '.join(expected)}" if expected else ""))
 
 
 def kill_loop_row(r: dict) -> tuple[str, str]:

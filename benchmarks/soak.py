@@ -13,8 +13,11 @@ One `rlcli serve start` on the embedded model (a private RLCLI_HOME, the shared 
   then, no retries (a failed request is counted, never hidden);
 - the loop: every --loop-every seconds either a new trace batch, `rlcli loop run --once` (manual gate) and
   `rlcli loop promote`, or `rlcli loop rollback DIR 0`, in turn.
-Every --interval seconds: RSS and open file descriptors of the server's and the endpoint's processes (per role),
-SkyRL's futures rows, disk under the server's home (benchmarks/soak_probe.py), the window's requests, failures and
+- `rlcli train prune RUNS --keep-runs 6 --loops DIR` every minute: the finished runs' retention a user opts into.
+The server runs with 6 LoRA slots (the mix holds up to 5 models at once) and short retentions (below).
+Every --interval seconds: RSS (and its anonymous part) and open file descriptors (and their kinds) of the server's
+and the endpoint's processes (per role), the jax programs the server compiled, SkyRL's futures rows, disk under the
+server's home (benchmarks/soak_probe.py), the window's requests, failures and
 latency p50/p99. The receipt keeps the raw series, every job run and every failed request, and per resource the
 slope after warm-up (the first third) with its noise and the verdict (soak_probe.py's rule); a PNG beside it.
 """
@@ -42,6 +45,7 @@ from benchmarks.models import server_versions
 from rlcli.loop import batches, settings
 from rlcli.model import ensure_embedded_model
 from rlcli.server.private import PACKAGE_PARENT, RLCLI, PrivateServer, free_port, private_server
+from rlcli.train import retention
 
 MAX_TOKENS = 16
 SL_DATA = PACKAGE_PARENT / "tests" / "fixtures" / "sl_small.jsonl"
@@ -57,18 +61,26 @@ SNAPSHOTS_KEPT = 4  # `serve start --sampler-snapshots`'s default, which this se
 FUTURES_MINUTES = 5  # serve start --futures-retention
 KEEP_CHECKPOINTS = 1  # train sl --keep-checkpoints (SL_ARGS): a run's newest intermediate checkpoint and its final
 CAPTURE_MAX_HOURS = 0.1  # endpoint start --capture-max-hours: no loop drains this store (the loop reads an inbox)
+# The mix holds up to 5 models at once (two SFT runs, the RL run, the loop's stage, its candidate's reload): a trainer
+# refuses at its start when no slot is free (by design, one line), which on the default 4 failed 7 runs in 30 minutes.
+SLOTS = 6
+KEEP_RUNS = 6  # train prune --keep-runs, every PRUNE_EVERY_S: the finished runs' retention (opt-in, off by default)
+PRUNE_EVERY_S = 60
 # What each series is judged against: "flat" (a leak if it grows) or the retention that bounds it, if any.
 EXPECTED = {
     "server_rss_mb": "flat", "server_fds": "flat", "endpoint_rss_mb": "flat", "endpoint_fds": "flat",
+    "compiled_programs": "bounded: one per new batch shape or sequence length the mix brings (a fixed set)",
     "disk_mb_sampler_snapshots": "flat: --sampler-snapshots (4) per loaded model, a model's all deleted when unloaded",
     "futures_rows": f"flat: --futures-retention {FUTURES_MINUTES} (finished rows older are deleted once a minute)",
     "disk_mb_database": "flat: SQLite reuses the pages of deleted futures rows",
-    "disk_mb_checkpoints_intermediate": f"flat: --keep-checkpoints {KEEP_CHECKPOINTS} per run (older intermediate "
-                                        "states and their sampler weights deleted as a run saves)",
-    "disk_mb_checkpoints_final": "no retention: each finished run keeps its final state and sampler weights (user "
-                                 "data: what a run made)",
-    "disk_mb_checkpoints_training": "no retention: the finals (above) plus the bounded intermediate states",
-    "disk_mb_sampler_named": "no retention: the finals' sampler weights plus the bounded intermediate ones",
+    "disk_mb_checkpoints_intermediate": f"flat: the runs in flight's, --keep-checkpoints {KEEP_CHECKPOINTS} each (and "
+                                        "the one just saved); a run's all deleted when it ends with its final",
+    "disk_mb_checkpoints_final": f"flat: `train prune --keep-runs {KEEP_RUNS}` every {PRUNE_EVERY_S} s keeps the "
+                                 "newest finished runs' finals (opt-in: finals are user data, kept by default)",
+    "disk_mb_checkpoints_loop": "grows by design: the loop's stage runs and champions its ledger names (its history, "
+                                "what a rollback needs), one iteration per two loop cycles",
+    "disk_mb_checkpoints_training": "by kind, the states of the three rows above: flat but for the loop's",
+    "disk_mb_sampler_named": "by kind, the named sampler weights of the three rows above: flat but for the loop's",
     "disk_mb_capture": f"flat: --capture-max-hours {CAPTURE_MAX_HOURS} (no loop drains this store)",
     "disk_mb_server_log": "rotated at 20 MB (two parts: 40 MB)",
     "latency_p50_ms": "flat", "latency_p99_ms": "flat",
@@ -185,6 +197,21 @@ def loop_cycles(jobs: Jobs, folder: Path, inbox: Path, every: float) -> threadin
     return thread
 
 
+def pruning(jobs: Jobs, runs: Path, loop: Path, url: str) -> threading.Thread:
+    """Every PRUNE_EVERY_S: `rlcli train prune RUNS --keep-runs KEEP_RUNS --loops LOOP`, the finished runs' retention
+    a user opts into (rlcli/train/prune.py)."""
+    def body() -> None:
+        k = 0
+        while not jobs.stop.wait(PRUNE_EVERY_S):
+            k += 1
+            if runs.is_dir():
+                jobs.run("prune", k, "train", "prune", str(runs), "--keep-runs", str(KEEP_RUNS), "--loops", str(loop),
+                         "--base-url", url)
+    thread = threading.Thread(target=body, name="prune", daemon=True)
+    thread.start()
+    return thread
+
+
 def pgid_of(state: Path) -> int | None:
     try:
         record = json.loads(state.read_text())
@@ -193,14 +220,16 @@ def pgid_of(state: Path) -> int | None:
     return record.get("pgid", record.get("pid"))
 
 
-def sample(server: PrivateServer, capture: Path, load: Load, last_s: float, now_s: float) -> dict[str, Any]:
+def sample(server: PrivateServer, capture: Path, ledger: Path, load: Load, last_s: float,
+           now_s: float) -> dict[str, Any]:
     """One reading; the window's requests are those answered after last_s, up to now_s (seconds into the soak)."""
     server_dir = server.home / "servers" / "default"
     row: dict[str, Any] = {"t_s": round(now_s, 3), "load_1min": os.getloadavg()[0]}
     row |= probe.process_readings("server", pgid_of(server_dir / "state.json"))
     row |= probe.process_readings("endpoint", pgid_of(server.home / "endpoints" / "default.json"))
     row |= probe.futures_rows(server_dir / "tinker.db")
-    row |= probe.disk_readings(server_dir, capture, server_dir / "checkpoints")
+    row |= probe.compiled_programs(Path(server.env.get("JAX_COMPILATION_CACHE_DIR") or server.home / "cache" / "jax"))
+    row |= probe.disk_readings(server_dir, capture, server_dir / "checkpoints", ledger)
     return row | load.window(last_s, now_s)
 
 
@@ -234,15 +263,17 @@ def soak(server: PrivateServer, root: Path, minutes: float, interval: float, rat
         "train", "rl", *RL_ARGS, "--seed", str(k), "--base-url", server.url,
         "--log-path", str(root / "runs" / f"rl-{k:04d}")]))
     threads.append(loop_cycles(jobs, folder, inbox, loop_every))
+    threads.append(pruning(jobs, root / "runs", folder, server.url))
     series, last_s, end = [], 0.0, origin + minutes * 60
     try:
         while time.monotonic() < end:
             time.sleep(max(0.0, min(interval, end - time.monotonic())))
             now_s = time.monotonic() - origin
-            series.append(sample(server, capture, load, last_s, now_s))
+            series.append(sample(server, capture, folder / retention.LEDGER, load, last_s, now_s))
             last_s = now_s
             s = series[-1]
-            print(f"{s['t_s']:7.0f}s server {s['server_rss_mb']:.0f} MB/{s['server_fds']:.0f} fds, endpoint "
+            print(f"{s['t_s']:7.0f}s server {s['server_rss_mb']:.0f} MB/{s['server_fds']:.0f} fds "
+                  f"({s['server_fds_socket']} sockets), {s['compiled_programs']} programs, endpoint "
                   f"{s['endpoint_rss_mb']:.0f} MB, futures {s.get('futures_rows')}, snapshots "
                   f"{s['disk_mb_sampler_snapshots']:.1f} MB, requests {s['requests']} ({s['failed']} failed), p50 "
                   f"{s['latency_p50_ms']} ms, load {s['load_1min']:.1f}", flush=True)
@@ -259,8 +290,9 @@ def soak(server: PrivateServer, root: Path, minutes: float, interval: float, rat
 def judge(series: list[dict[str, Any]], requests: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> dict:
     """Per resource its trend and expectation; the targets: leaks none, failed requests none, snapshots bounded."""
     times = [r["t_s"] / 60 for r in series]
-    trends = {key: {**probe.trend(times, [r.get(key) for r in series], WARMUP_SHARE), "expected": expected}
-              for key, expected in EXPECTED.items()}
+    trends = {key: {**probe.trend(times, [r.get(key) for r in series], WARMUP_SHARE,
+                                  probe.FLOOR_MINUTES if key.endswith("_fds") else None),
+                    "expected": expected} for key, expected in EXPECTED.items()}
     leaks = [k for k, t in trends.items() if t["expected"].startswith("flat") and t["verdict"] == "growing"]
     failed = [r for r in requests if not r["ok"]]
     most_states = max((r.get("intermediate_states_most_per_model", 0) for r in series), default=0)
@@ -270,7 +302,7 @@ def judge(series: list[dict[str, Any]], requests: list[dict[str, Any]], jobs: li
         if j["rc"] == 0:
             counts[j["job"]] = counts.get(j["job"], 0) + 1
     return {"trends": trends, "growing_where_flat_expected": leaks,
-            "unbounded_by_design": [k for k, t in trends.items() if t["expected"].startswith("no retention")
+            "unbounded_by_design": [k for k, t in trends.items() if t["expected"].startswith("grows by design")
                                     and t["verdict"] == "growing"],
             "requests": len(requests), "failed_requests": len(failed), "first_failures": failed[:10],
             "failed_job_runs": len(failed_jobs), "completed_job_runs": counts,
@@ -290,7 +322,7 @@ def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_ever
     """workdir: keep the jobs' logs, run folders and loop folder there (a new folder; default: a temporary one)."""
     stop_servers_on_sigterm()
     model = str(ensure_embedded_model())
-    with (private_server(model, "--futures-retention", str(FUTURES_MINUTES)) as server,
+    with (private_server(model, "--futures-retention", str(FUTURES_MINUTES), "--slots", str(SLOTS)) as server,
           tempfile.TemporaryDirectory(prefix="rlcli-soak-") as tmp):
         root = Path(workdir) if workdir else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
@@ -302,9 +334,11 @@ def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_ever
             "config": {"minutes": minutes, "interval_s": interval, "rate_per_s": rate, "loop_every_s": loop_every,
                        "warmup_share": WARMUP_SHARE, "flat_rule": probe.__doc__.split("Trend: ")[1].strip(),
                        "model": "rlcli-tiny-qwen3-v1",
-                       "server": f"`rlcli serve start --futures-retention {FUTURES_MINUTES}`, else its defaults",
+                       "server": f"`rlcli serve start --futures-retention {FUTURES_MINUTES} --slots {SLOTS}`, else "
+                                 "its defaults",
                        "retention": {"futures_minutes": FUTURES_MINUTES, "keep_checkpoints": KEEP_CHECKPOINTS,
-                                     "capture_max_hours": CAPTURE_MAX_HOURS},
+                                     "capture_max_hours": CAPTURE_MAX_HOURS, "keep_runs": KEEP_RUNS,
+                                     "prune_every_s": PRUNE_EVERY_S},
                        "sl": " ".join(SL_ARGS) + " on tests/fixtures/sl_small.jsonl, twice at once, repeated",
                        "rl": " ".join(RL_ARGS) + ", repeated", "loop": LOOP, "endpoint_max_tokens": MAX_TOKENS,
                        "nice": os.nice(0), "machine": "shared 2-core machine (other engineers' tests and benchmarks "

@@ -11,10 +11,10 @@ from pathlib import Path
 
 PANELS = (
     ("RSS (MB)", ("server_rss_mb", "server_rss_mb_engine", "server_rss_mb_api", "endpoint_rss_mb")),
-    ("open file descriptors", ("server_fds", "endpoint_fds")),
+    ("open fds; jax programs compiled", ("server_fds", "endpoint_fds", "compiled_programs")),
     ("futures rows", ("futures_rows",)),
     ("disk (MB)", ("disk_mb_sampler_snapshots", "disk_mb_checkpoints_intermediate", "disk_mb_checkpoints_final",
-                   "disk_mb_capture", "disk_mb_database", "disk_mb_server_log")),
+                   "disk_mb_checkpoints_loop", "disk_mb_capture", "disk_mb_database", "disk_mb_server_log")),
     ("latency per window (ms)", ("latency_p50_ms", "latency_p99_ms")),
     ("requests per window", ("requests", "failed")),
 )

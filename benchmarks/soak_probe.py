@@ -8,7 +8,9 @@ store, SkyRL's database and the server log.
 
 Trend: a least-squares line through a series after warm-up. A series is flat when the line's rise over that window
 is within twice its standard error (no trend beyond the noise) or within FLAT_SHARE of the series' mean there (a
-trend too small to matter at this length).
+trend too small to matter at this length). Open file descriptors are judged by their floor: the least reading of each
+FLOOR_MINUTES, since connections in flight (a trainer's, a request's) come and go between readings and a leak is
+what never goes, which lifts the floor.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import psutil
 from rlcli.server import process
 
 FLAT_SHARE = 0.05
+FLOOR_MINUTES = 2.0
 # SkyRL names an unnamed (per-step, sampling-session) sampler save ss<session>_seq<n>; a name a client gave is kept
 UNNAMED = re.compile(r"^ss.*_seq\d+")
 FINAL = "final"  # the name the recipes save a run's last checkpoint under (what --keep-checkpoints always keeps)
@@ -52,26 +55,68 @@ def role_of(cmd: str) -> str:
     for i, word in enumerate(words[:-1]):
         if word.endswith("launcher.py"):
             return LAUNCHER_ROLES.get(words[i + 1], words[i + 1])
-    return "capture" if "capture" in cmd else "endpoint" if "endpoint" in cmd else "other"
+    # the endpoint app's own flags say "capture" (--capture-max-hours): it is told apart by its command first
+    return "endpoint" if " endpoint " in f" {cmd} " else "capture" if "capture" in cmd else "other"
 
 
 def process_readings(prefix: str, pgid: int | None) -> dict[str, float]:
-    """RSS (MB) and open file descriptors of a group, in all and per role; the count of its processes."""
+    """RSS (MB), its anonymous part (heap: what a leak or malloc's arenas grow; the rest is mapped files) and open
+    file descriptors of a group, in all and per role; the group's descriptors by kind; the count of its processes."""
     by_role = roles(pgid) if pgid else {}
     out: dict[str, float] = {f"{prefix}_processes": sum(len(ps) for ps in by_role.values())}
     rss_all = fds_all = 0.0
+    kinds = dict.fromkeys(FD_KINDS, 0)
     for role, procs in sorted(by_role.items()):
-        rss = fds = 0.0
+        rss = anon = fds = 0.0
         for p in procs:
             try:
                 rss += p.memory_info().rss / 2**20
                 fds += p.num_fds()
             except psutil.Error:
                 pass
+            anon += anonymous_kb(p.pid) / 1024
+            for kind, n in fd_kinds(p.pid).items():
+                kinds[kind] += n
         out[f"{prefix}_rss_mb_{role}"], out[f"{prefix}_fds_{role}"] = round(rss, 1), fds
+        out[f"{prefix}_anon_mb_{role}"] = round(anon, 1)
         rss_all, fds_all = rss_all + rss, fds_all + fds
     out[f"{prefix}_rss_mb"], out[f"{prefix}_fds"] = round(rss_all, 1), fds_all
+    return out | {f"{prefix}_fds_{kind}": n for kind, n in kinds.items()}
+
+
+FD_KINDS = ("socket", "pipe", "anon", "file")
+
+
+def fd_kinds(pid: int) -> dict[str, int]:
+    """A process's open descriptors by what they point at: sockets, pipes, anon inodes (eventfd, epoll), files."""
+    out = dict.fromkeys(FD_KINDS, 0)
+    for fd in _entries(Path(f"/proc/{pid}/fd")):
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed while we looked
+            continue
+        kind = target.split(":", 1)[0] if target.startswith(("socket:", "pipe:")) else (
+            "anon" if target.startswith("anon_inode:") else "file")
+        out[kind] += 1
     return out
+
+
+def anonymous_kb(pid: int) -> int:
+    """The anonymous resident memory of a process (/proc/PID/smaps_rollup's Anonymous), 0 when unreadable."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def compiled_programs(cache: Path) -> dict[str, float]:
+    """Programs jax compiled on this server so far: entries of its persistent compilation cache (the server writes
+    every one, however fast: rlcli/server/commands.py's compilation_cache_env), each an executable in the engine's
+    memory. A new batch shape or sequence length adds one; a fixed set of shapes bounds them."""
+    return {"compiled_programs": sum(not f.name.endswith("-atime") for f in _entries(cache))}
 
 
 def futures_rows(db: Path) -> dict[str, float]:
@@ -96,28 +141,43 @@ def tree_bytes(folder: Path) -> int:
     return total
 
 
-def checkpoint_bytes(base: Path) -> dict[str, int]:
-    """Training checkpoints, named sampler weights, unnamed sampler snapshots under checkpoints/MODEL/KIND/NAME."""
+def checkpoint_bytes(base: Path, loop_models: frozenset[str] = frozenset()) -> dict[str, int]:
+    """Training checkpoints, named sampler weights, unnamed sampler snapshots under checkpoints/MODEL/KIND/NAME; of
+    those, the bytes of final checkpoints and of the models a loop's ledger names (`loop_models`: its stages' runs,
+    kept as its history whatever the retention)."""
     out = {"training": 0, "sampler_named": 0, "sampler_snapshots": 0, "snapshot_files": 0, "most_of_a_model": 0,
-           "final": 0, "most_states_of_a_model": 0}
+           "final": 0, "most_states_of_a_model": 0, "loop": 0}
     for model in _entries(base):
         files = states = 0
+        looped = model.name in loop_models
         for kind in _entries(model):
             if kind.name != "sampler_weights":
                 size = tree_bytes(kind) if kind.is_dir() else _size(kind)
                 out["training"] += size
-                out["final"] += size if kind.name.startswith(f"{FINAL}.") else 0
+                out["loop" if looped else "final"] += size if looped or kind.name.startswith(f"{FINAL}.") else 0
                 states += kind.name.endswith(".tar.gz") and not kind.name.startswith(f"{FINAL}.")
                 continue
             for f in _entries(kind):
                 unnamed = bool(UNNAMED.match(f.name))
                 out["sampler_snapshots" if unnamed else "sampler_named"] += _size(f)
-                out["final"] += _size(f) if f.name.startswith(f"{FINAL}.") else 0
+                if not unnamed:
+                    out["loop" if looped else "final"] += _size(f) if looped or f.name.startswith(f"{FINAL}.") else 0
                 files += unnamed and f.name.endswith(".tar.gz")
         out["snapshot_files"] += files
         out["most_of_a_model"] = max(out["most_of_a_model"], files)
         out["most_states_of_a_model"] = max(out["most_states_of_a_model"], states)
     return out
+
+
+def loop_models(ledger: Path) -> frozenset[str]:
+    """The server models (tinker://MODEL/...) a loop's ledger names: its stages' runs and its champions."""
+    from rlcli.train.retention import ledger_paths
+
+    try:
+        paths = ledger_paths(ledger)
+    except sqlite3.Error:
+        return frozenset()
+    return frozenset(p.removeprefix("tinker://").split("/")[0] for p in paths if p.startswith("tinker://"))
 
 
 def _entries(folder: Path) -> list[Path]:
@@ -134,9 +194,9 @@ def _size(path: Path) -> int:
         return 0
 
 
-def disk_readings(server_dir: Path, capture: Path, checkpoints: Path) -> dict[str, float]:
+def disk_readings(server_dir: Path, capture: Path, checkpoints: Path, ledger: Path | None = None) -> dict[str, float]:
     mb = 2**20
-    ck = checkpoint_bytes(checkpoints)
+    ck = checkpoint_bytes(checkpoints, loop_models(ledger) if ledger and ledger.is_file() else frozenset())
     db = sum(_size(server_dir / f"tinker.db{s}") for s in ("", "-wal", "-shm"))
     logs = sum(_size(server_dir / f"server.log{s}") for s in ("", ".1"))
     return {"disk_mb_checkpoints_training": round(ck["training"] / mb, 3),
@@ -144,7 +204,9 @@ def disk_readings(server_dir: Path, capture: Path, checkpoints: Path) -> dict[st
             "disk_mb_sampler_snapshots": round(ck["sampler_snapshots"] / mb, 3),
             "sampler_snapshot_files": ck["snapshot_files"], "sampler_snapshots_most_per_model": ck["most_of_a_model"],
             "disk_mb_checkpoints_final": round(ck["final"] / mb, 3),
-            "disk_mb_checkpoints_intermediate": round((ck["training"] + ck["sampler_named"] - ck["final"]) / mb, 3),
+            "disk_mb_checkpoints_loop": round(ck["loop"] / mb, 3),
+            "disk_mb_checkpoints_intermediate": round((ck["training"] + ck["sampler_named"] - ck["final"] - ck["loop"])
+                                                      / mb, 3),
             "intermediate_states_most_per_model": ck["most_states_of_a_model"],
             "disk_mb_capture": round(tree_bytes(capture) / mb, 3), "disk_mb_database": round(db / mb, 3),
             "disk_mb_server_log": round(logs / mb, 3)}
@@ -158,14 +220,25 @@ def pct(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def trend(times_min: list[float], values: list[float | None], warmup_share: float) -> dict:
+def floors(pairs: list[tuple[float, float]], minutes: float) -> list[tuple[float, float]]:
+    """Per window of `minutes` (from the first reading): its middle and its least reading."""
+    windows: dict[int, list[tuple[float, float]]] = {}
+    for t, v in pairs:
+        windows.setdefault(int((t - pairs[0][0]) // minutes), []).append((t, v))
+    return [((w[0][0] + w[-1][0]) / 2, min(v for _, v in w)) for _, w in sorted(windows.items())]
+
+
+def trend(times_min: list[float], values: list[float | None], warmup_share: float,
+          floor_minutes: float | None = None) -> dict:
     """The least-squares slope (per minute) after warm-up, its standard error, the rise over that window, and the
-    verdict by the module's rule."""
+    verdict by the module's rule; with floor_minutes, of the series' floor (`floors`) after warm-up."""
     pairs = [(t, v) for t, v in zip(times_min, values, strict=True) if v is not None]
     if not pairs:
         return {"n": 0, "verdict": "no data"}
     start = pairs[0][0] + warmup_share * (pairs[-1][0] - pairs[0][0])
     kept = [(t, v) for t, v in pairs if t >= start]
+    if floor_minutes and kept and kept[-1][0] - kept[0][0] >= 3 * floor_minutes:  # a short soak: every reading
+        kept = floors(kept, floor_minutes)
     if len(kept) < 3:
         return {"n": len(kept), "verdict": "too few samples"}
     ts, vs = [t for t, _ in kept], [v for _, v in kept]

@@ -52,6 +52,8 @@ COMMANDS: dict[str, Any] = {
                        "rlcli.harbor.train:train_harbor"),
             "distill": ("on-policy distillation: the student's own samples, a teacher's logprobs as the signal",
                         "rlcli.train.distill:train_distill"),
+            "prune": ("delete the checkpoints of finished runs under a folder beyond the newest N (opt-in)",
+                      "rlcli.train.prune:prune"),
         },
     ),
     "import": (

@@ -199,6 +199,8 @@ HOMONYMS: dict[str, tuple[str, ...]] = {
     "loss": ("an RL loss (train rl, harbor)", "a distillation loss, fewer choices (train distill)"),
     "kl_coef": ("a KL penalty, 0: off (train rl)", "the teacher signal's weight (train distill)"),
     "policy": ("an env check without a model (eval)", "a Harbor agent (harbor run)"),
+    "loops": ("loop folders whose champions it serves (endpoint start)", "loop folders whose checkpoints stay (train "
+              "prune)"),
     "lr": ("a trainer's learning rate", "loop.toml's, where 0 means each trainer's default (TOML has no null)"),
     "steps": ("demo rounds (demo)", "each stage's steps (loop init)", "pretraining steps (model build)"),
 }

@@ -1,17 +1,23 @@
-"""`--keep-checkpoints` against the real server: a run keeps its final checkpoint and its newest N intermediate ones;
-the older ones are gone from checkpoints.jsonl, from the server's records (its checkpoint listing) and from its disk,
-state and sampler weights alike; a killed run still resumes (rlcli/train/retention.py)."""
+"""`--keep-checkpoints` against the real server: while a run trains it keeps its newest N intermediate checkpoints, and
+once it ended its final one alone; the others are gone from checkpoints.jsonl, from the server's records (its
+checkpoint listing) and from its disk, state and sampler weights alike; a run stopped mid-way still resumes from an
+intermediate one kept (rlcli/train/retention.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from rlcli.client import parse_tinker_path
 from rlcli.train.retention import canonical
-from tests.conftest import REPO, run_rlcli
+from tests.conftest import REPO, RLCLI, run_rlcli
 
 pytestmark = pytest.mark.server
 
@@ -39,13 +45,13 @@ def _on_disk(home: Path, run_id: str) -> set[str]:
     return {p.name.removesuffix(".tar.gz") for p in entries if p.name.endswith(".tar.gz")}
 
 
-def test_a_run_keeps_its_final_and_newest_intermediate_checkpoints(server, tmp_path, monkeypatch):
+def test_a_finished_run_keeps_its_final_checkpoint_alone(server, tmp_path, monkeypatch):
     run = tmp_path / "run"
     proc = run_rlcli(*SL, "--max-steps", "6", "--save-every", "1", "--keep-checkpoints", "2", "--log-path",
                      str(run), "--base-url", server.url, env=server.env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _rows(run)
-    assert [r["name"] for r in rows][-1] == "final" and len(rows) == 3, rows
+    assert [r["name"] for r in rows] == ["final"], rows  # the newest 2 kept while it trained: superseded
     run_id = parse_tinker_path(rows[-1]["state_path"])[0]
     kept = {canonical(r[k]) for r in rows for k in ("state_path", "sampler_path")}
     assert _listed(server.url, run_id, monkeypatch) == kept  # the server's records agree with the run folder
@@ -60,9 +66,33 @@ def test_keep_zero_keeps_every_checkpoint_and_a_resume_after_pruning_works(serve
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(_rows(run)) == 4  # three intermediate ones (steps 1-3) and the final
     pruned = tmp_path / "pruned"
-    args = [*SL, "--max-steps", "4", "--save-every", "1", "--keep-checkpoints", "1", "--log-path", str(pruned),
-            "--base-url", server.url]
-    assert run_rlcli(*args, env=server.env, timeout=300).returncode == 0
-    (pruned / "checkpoints.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(pruned)[:-1]))
+    args = [*SL, "--epochs", "2", "--max-steps", "12", "--save-every", "1", "--keep-checkpoints", "1", "--log-path",
+            str(pruned), "--base-url", server.url]
+    stopped_at = _stopped_after_saves(args, pruned, server.env, saves=3)
+    assert stopped_at and not any(r["name"] == "final" for r in stopped_at), stopped_at  # stopped mid-way
     resumed = run_rlcli(*args, "--resume", env=server.env, timeout=300)  # from the newest intermediate one kept
     assert resumed.returncode == 0 and f"resuming {pruned} from checkpoint" in resumed.stderr, resumed.stderr[-3000:]
+    assert [r["name"] for r in _rows(pruned)] == ["final"]
+
+
+def _stopped_after_saves(args: list[str], run: Path, env: dict, saves: int) -> list[dict]:
+    """`rlcli ARGS` stopped (SIGTERM, as Ctrl-C's kin) once its folder has recorded `saves` checkpoints: the rows
+    it kept then. An interrupted run never ended, so the end's pruning leaves its intermediate ones."""
+    proc = subprocess.Popen([*RLCLI, *args], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline, seen = time.monotonic() + 240, 0
+    while proc.poll() is None and time.monotonic() < deadline and seen < saves:
+        time.sleep(0.1)
+        rows = [r for r in _rows_if_any(run) if r.get("name") != "final"]
+        seen = max(seen, int(rows[-1]["name"]) if rows else 0)
+    with contextlib.suppress(ProcessLookupError):  # it ended first: the assertion after says so
+        os.killpg(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=120)
+    return _rows(run)
+
+
+def _rows_if_any(run: Path) -> list[dict]:
+    try:
+        return _rows(run)
+    except (OSError, ValueError):  # not written yet, or a line written as we read
+        return []

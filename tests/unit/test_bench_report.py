@@ -255,3 +255,9 @@ def test_the_trust_receipts_have_rows_that_count_what_they_ran():
     assert "skyrl 468 generated + 40 hand-made; **1** findings in this run, **a must-hold broke**" in rows
     assert "**2** failed of 3,575 requests; flat after warm-up: 1 of 2 series; growing: server_rss_mb +386/h" in rows
     assert "**51** of 52 kill points survived across 2 stages; rounds with a broken invariant 1" in rows
+    soak["verdict"]["trends"] |= {"disk_mb_checkpoints_loop": {**trend, "verdict": "growing", "expected": "grows by "
+                                                               "design"},
+                                  "disk_mb_capture": {**trend, "verdict": "flat", "expected": "flat: a retention"}}
+    rows = "\n".join(report.receipt_rows([soak]))
+    assert ("flat after warm-up: 2 of 4 series; growing: server_rss_mb +386/h; growing as expected (bounded or by "
+            "design): disk_mb_checkpoints_loop +386/h") in rows

@@ -31,6 +31,14 @@ def test_at_the_end_the_final_one_and_the_newest_n_intermediate_ones_stay():
     assert _names(doomed(rows, 2, set())) == ["000001", "000002", "000003"]
 
 
+def test_once_the_run_ended_the_final_one_supersedes_every_intermediate_one_but_a_loops():
+    rows = [*(_row(f"{i:06d}") for i in range(1, 6)), _row("final", final=True)]
+    assert _names(doomed(rows, 2, set(), ended=True)) == ["000001", "000002", "000003", "000004", "000005"]
+    assert _names(doomed(rows, 2, {"tinker://m/weights/000004"}, ended=True)) == ["000001", "000002", "000003",
+                                                                                    "000005"]
+    assert doomed(rows, 0, set(), ended=True) == []  # keep 0 keeps every one, at the end too
+
+
 def test_keep_zero_keeps_everything_and_the_final_row_is_never_a_candidate():
     rows = [_row("final"), *(_row(f"{i:06d}") for i in range(1, 4))]
     assert doomed(rows, 0, set()) == []

@@ -46,11 +46,29 @@ def test_checkpoints_split_into_training_named_sampler_and_snapshots(tmp_path):
         (model / "sampler_weights" / f"ss1_seq{n}.tar.gz").write_bytes(b"x" * 7)
     got = probe.checkpoint_bytes(tmp_path)
     assert got == {"training": 140, "sampler_named": 10, "sampler_snapshots": 21, "snapshot_files": 3,
-                   "most_of_a_model": 3, "final": 50, "most_states_of_a_model": 1}
+                   "most_of_a_model": 3, "final": 50, "most_states_of_a_model": 1, "loop": 0}
+    looped = probe.checkpoint_bytes(tmp_path, frozenset({"m1"}))  # a model a loop's ledger names: its history
+    assert looped | {"loop": 0, "final": 50} == got and looped["loop"] == 150 and looped["final"] == 0
 
 
 def test_server_processes_are_told_apart_by_their_launcher_role():
     assert probe.role_of("python /x/runtime/launcher.py preload") == "engine"
     assert probe.role_of("python /x/runtime/launcher.py api --port 1") == "api"
     assert probe.role_of("python /x/runtime/launcher.py supervise --log l") == "launcher"
+    assert probe.role_of("python -m rlcli endpoint run --port 1 --capture-max-hours 0.1") == "endpoint"
+    assert probe.role_of("python -m tinker_cookbook.capture.store.daemon --data-dir d") == "capture"
     assert probe.pct([3, 1, 2, 4], 0.5) == 2 and probe.pct([], 0.5) is None
+
+
+def test_descriptors_are_judged_by_their_floor_so_connections_in_flight_are_not_a_leak():
+    rng = random.Random(2)
+    t = minutes(180)
+    bursts = [40 + (rng.random() < 0.3) * rng.randint(0, 110) for _ in t]  # a flat floor, connections on top
+    bursts[-12:] = [40, *[150] * 11]  # a burst of them at the end tips a line through every reading
+    assert probe.trend(t, bursts, 1 / 3)["verdict"] == "growing"
+    assert probe.trend(t, bursts, 1 / 3, probe.FLOOR_MINUTES)["verdict"] == "flat"
+    leak = [40 + 3 * m + (rng.random() < 0.3) * rng.randint(0, 110) for m in t]  # 3 fds a minute that never go
+    assert probe.trend(t, leak, 1 / 3, probe.FLOOR_MINUTES)["verdict"] == "growing"
+    assert probe.floors([(0, 5), (1, 3), (2.5, 9), (3, 7)], 2) == [(0.5, 3), (2.75, 7)]
+    short = probe.trend(minutes(6), [40, 90, 41, 80, 40, 41], 0, probe.FLOOR_MINUTES)  # under 3 windows: readings
+    assert short["verdict"] == "flat" and short["n"] == 6

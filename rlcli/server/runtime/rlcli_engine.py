@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import rlcli_futures as futures
+import rlcli_memory as memory
 import rlcli_samplers as samplers
 import rlcli_wake as wake
 import rlcli_warmup as warmup
@@ -35,6 +36,7 @@ class RlcliEngine(stock.TinkerEngine):
         self.refused_creates: dict[str, str] = {}  # model id -> why its creation failed
         super().__init__(config)
         self.pruner = futures.Pruner(self.db_engine, futures.retention_minutes())
+        self.trimmer = memory.Trimmer()
         if hasattr(self.backend, "snapshots"):
             try:
                 if deleted := samplers.sweep(self):
@@ -57,6 +59,7 @@ class RlcliEngine(stock.TinkerEngine):
             before = self.bell.completed
             self.process_pending_requests_once()
             self.pruner.maybe()
+            self.trimmer.maybe()
             if self.bell.owed:
                 self.bell.look_ring()
             if self.bell.completed != before:
