@@ -112,30 +112,6 @@ def _local_worker(srv) -> int:
     return workers[0]
 
 
-def test_a_stopped_worker_is_named_by_requests_and_status(two_processes):
-    """A worker stopped with SIGSTOP (alive, not dead) while its engine beats on: a request fails within its
-    --server-timeout with one line naming the worker, `serve status` says it; continued, the server is running
-    again (the next test trains on it)."""
-    worker, timeout_s = _local_worker(two_processes), 5
-    beat = two_processes.home / "servers" / "default" / "rlcli-worker-1-heartbeat"
-    assert json.loads(beat.read_text())["pid"] == worker and time.time() - beat.stat().st_mtime < 3
-    os.kill(worker, signal.SIGSTOP)
-    try:
-        wait_for(lambda: time.time() - beat.stat().st_mtime > 11, 60, None, "the worker's heartbeat to age")
-        sample = run_rlcli("sample", "--prompt", "hi", "--max-tokens", "2", "--server-timeout", str(timeout_s),
-                           env=two_processes.env, timeout=120)
-        lines = sample.stderr.strip().splitlines()
-        assert sample.returncode == EXIT_SERVER_GONE and len(lines) == 1, sample.stderr
-        assert f"has a frozen engine (jax worker process 1 (pid {worker}) gave no heartbeat for" in lines[0], lines
-        status = run_rlcli("serve", "status", env=two_processes.env)
-        assert status.returncode == 3 and status.stdout.startswith("frozen:"), status.stdout
-        assert f"jax worker process 1 (pid {worker})" in status.stdout, status.stdout
-    finally:
-        os.kill(worker, signal.SIGCONT)
-    wait_for(lambda: run_rlcli("serve", "status", env=two_processes.env).returncode == 0, 60, None,
-             "the server to serve again")
-
-
 def test_a_dead_worker_stops_the_server_and_stop_leaves_nothing(two_processes, tmp_path):
     """Last in this file: it ends the module's server. A training run in flight ends within its --server-timeout,
     and every request after fails at once, each with one line naming the worker."""
@@ -200,6 +176,32 @@ def _shared_program(cache: Path, mode: str) -> str:
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-2000:]
     return "".join(out for out, _ in outs)
+
+
+def test_a_stopped_worker_is_named_by_requests_and_status(embedded_model, tmp_path_factory):
+    """A worker stopped with SIGSTOP (alive, not dead) while its engine beats on: a request fails within its
+    --server-timeout with one line naming the worker, `serve status` says it. A server of its own: jax's
+    coordination service declares a process silent for 30 s dead (distributed.HEARTBEAT_S) and the worker then
+    aborts once continued, and on a loaded machine this test's stop can last that long."""
+    home = shared_compile_cache(tmp_path_factory.mktemp("rlcli-2proc-stop-home"))
+    with private_server(embedded_model, "--processes", "2", "--slots", "7", venv=shared_server_venv(), home=home,
+                        timeout=900) as pair:
+        worker, timeout_s = _local_worker(pair), 5
+        beat = pair.home / "servers" / "default" / "rlcli-worker-1-heartbeat"
+        assert json.loads(beat.read_text())["pid"] == worker and time.time() - beat.stat().st_mtime < 3
+        os.kill(worker, signal.SIGSTOP)
+        try:
+            wait_for(lambda: time.time() - beat.stat().st_mtime > 11, 60, None, "the worker's heartbeat to age")
+            sample = run_rlcli("sample", "--prompt", "hi", "--max-tokens", "2", "--server-timeout", str(timeout_s),
+                               env=pair.env, timeout=120)
+            lines = sample.stderr.strip().splitlines()
+            assert sample.returncode == EXIT_SERVER_GONE and len(lines) == 1, sample.stderr
+            assert f"has a frozen engine (jax worker process 1 (pid {worker}) gave no heartbeat for" in lines[0], lines
+            status = run_rlcli("serve", "status", env=pair.env)
+            assert status.returncode == 3 and status.stdout.startswith("frozen:"), status.stdout
+            assert f"jax worker process 1 (pid {worker})" in status.stdout, status.stdout
+        finally:
+            os.kill(worker, signal.SIGCONT)  # a stopped process would hold the stop's SIGTERM
 
 
 def test_a_worker_writes_its_own_compilation_cache_entries(tmp_path):
