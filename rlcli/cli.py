@@ -17,7 +17,7 @@ import inspect
 import sys
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from rlcli import __version__
 from rlcli.errors import EXIT_USAGE, run_guarded
@@ -294,7 +294,31 @@ def entry() -> None:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 128 + 13  # what a shell reports for a command ended by SIGPIPE
-    sys.exit(code)
+    leave(code)
+
+
+def leave(code: int) -> NoReturn:
+    """Exit with `code`. A process that ran the tinker client skips the interpreter's finalization, after
+    everything an exit does before it (other threads joined, atexit handlers run, output flushed): the client's
+    HTTP runs on native threads that call back into Python, and one that does so while the interpreter finalizes
+    aborts the process, which then exits SIGABRT with its work done and nothing said (docs/decisions.md, "A
+    command that ran the tinker client leaves without finalizing")."""
+    if "tinker" not in sys.modules:
+        sys.exit(code)
+    import atexit
+    import os
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader gone, or a stream closed: nothing more to say there
+            pass
+    os._exit(int(code or 0))
 
 
 if __name__ == "__main__":

@@ -13,14 +13,14 @@ import sys
 
 def launch(*words: str) -> None:
     """Run `rlcli WORDS ...` with this script's arguments, and exit with its code."""
-    from rlcli.cli import main
+    from rlcli.cli import leave, main
 
-    sys.exit(main([*words, *sys.argv[1:]], script=(os.path.basename(sys.argv[0]), len(words))))
+    leave(main([*words, *sys.argv[1:]], script=(os.path.basename(sys.argv[0]), len(words))))
 
 
 def launch_one_of(commands: dict[str, tuple[str, ...]]) -> None:
     """A script whose first word picks one of several commands (`harbor.py train` is `rlcli train harbor`)."""
-    from rlcli.cli import COMMANDS, main
+    from rlcli.cli import COMMANDS, leave, main
 
     script, args = os.path.basename(sys.argv[0]), sys.argv[1:]
     if not args or args[0] not in commands:
@@ -31,4 +31,4 @@ def launch_one_of(commands: dict[str, tuple[str, ...]]) -> None:
         asked = args[:1] in (["--help"], ["-h"])
         print("\n".join(lines), file=sys.stdout if asked else sys.stderr)
         sys.exit(0 if asked else 2)
-    sys.exit(main([*commands[args[0]], *args[1:]], script=(f"{script} {args[0]}", len(commands[args[0]]))))
+    leave(main([*commands[args[0]], *args[1:]], script=(f"{script} {args[0]}", len(commands[args[0]]))))
