@@ -19,6 +19,7 @@ import asyncio
 import contextvars
 import json
 import logging
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -98,6 +99,7 @@ class RoutingSampler:
         self.models, self.base_url, self.renderer, self.tokenizer = models, base_url, renderer, tokenizer
         self.context, self.default_key = context, default_key
         self._services: dict[str, Any] = {}
+        self._services_lock = threading.Lock()  # reloads make theirs in a worker thread
         self._clients: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._pending: dict[tuple[str, str], asyncio.Future] = {}
         self._reloading: dict[tuple[str, str], asyncio.Future] = {}
@@ -121,9 +123,19 @@ class RoutingSampler:
         finally:
             del waiting[slot]
 
-    async def client(self, answerer: Answerer, key: str | None) -> Any:
+    def _service(self, key: str) -> Any:
+        """One tinker ServiceClient per key for the endpoint's life, for sampling and reloads alike: each holds a
+        session with its heartbeat and its HTTP connections, which a dropped client never gave back (the soak's
+        endpoint gained descriptors with every reload while each made a client of its own)."""
         import tinker
 
+        with self._services_lock:
+            service = self._services.get(key)
+            if service is None:
+                service = self._services[key] = tinker.ServiceClient(base_url=self.base_url, api_key=key)
+            return service
+
+    async def client(self, answerer: Answerer, key: str | None) -> Any:
         key = key or self.default_key
         slot = (key, answerer.weights)
         if slot in self._clients:
@@ -131,9 +143,7 @@ class RoutingSampler:
             return self._clients[slot]
 
         async def make() -> Any:
-            service = self._services.get(key)
-            if service is None:
-                service = self._services[key] = tinker.ServiceClient(base_url=self.base_url, api_key=key)
+            service = self._service(key)
             if answerer.sampler_path:
                 made = await service.create_sampling_client(model_path=answerer.sampler_path)
             else:
@@ -168,15 +178,12 @@ class RoutingSampler:
         return await self._once(self._reloading, slot, make)
 
     def _load_state(self, answerer: Answerer, key: str) -> tuple[Any, str]:
-        import tinker
-
         from rlcli.client import parse_tinker_path
 
         run, _, name = parse_tinker_path(answerer.sampler_path or "")
         state = answerer.state_path or f"tinker://{run}/weights/{name}"
         log.info("%s: its model is unloaded; loading %s to serve it", answerer.sampler_path, state)
-        service = tinker.ServiceClient(base_url=self.base_url, api_key=key)
-        trainer = load_state(service, state, self.base_url, self.slot_wait_s)
+        trainer = load_state(self._service(key), state, self.base_url, self.slot_wait_s)
         return trainer.save_weights_and_get_sampling_client().result(), trainer.model_id
 
     def _unload(self, model_id: str, key: str) -> None:

@@ -327,12 +327,25 @@ def test_weights_whose_model_was_unloaded_are_served_again(endpoint, server):
     path = trainer.save_weights_for_sampler("finished").result().path
     assert unload_models(server.url, [trainer.model_id]) == []
     client = openai_client(endpoint)
+    client.chat.completions.create(model="base", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    sessions = server_sessions(server)  # the endpoint's own session is open by now
     ask = {"model": path, "messages": [{"role": "user", "content": "What is 2 + 3?"}], "max_tokens": 4}
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda _: client.chat.completions.with_raw_response.create(**ask), range(4)))
     assert all(a.headers["x-rlcli-weights"] == path for a in answers)
     log = Path(endpoint["env"]["RLCLI_HOME"]) / "endpoints" / "default.log"
     assert log.read_text().count(f"{path}: its model is unloaded") == 1
+    # the reload went through the endpoint's session: a client per reload kept a session, its heartbeat and its
+    # connections open for the endpoint's life
+    assert server_sessions(server) == sessions
+
+
+def server_sessions(server) -> int:
+    import sqlite3
+
+    db = server.home / "servers" / "default" / "tinker.db"
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+        return conn.execute("SELECT count(*) FROM sessions").fetchone()[0]
 
 
 @pytest.mark.slow
