@@ -166,8 +166,9 @@ bench: venv server-venv model
 
 # The soak (benchmarks/soak.py): two SFT trainers, RL sampling, the endpoint under 2 requests/s and the loop promoting
 # and rolling back, against one server for SOAK_MINUTES; RSS, fds, futures rows and disk every 10 s, each judged flat
-# or not after warm-up. Niced: it shares the machine for that long. Receipt and PNG in benchmarks/receipts/.
-SOAK_MINUTES ?= 30
+# or within its retention after 15 minutes of warm-up (30 judged). Niced: it shares the machine for that long.
+# Receipt and PNG in benchmarks/receipts/.
+SOAK_MINUTES ?= 45
 .PHONY: soak
 soak: venv server-venv model
 	nice -n 10 $(BIN)/python -m benchmarks.soak --minutes $(SOAK_MINUTES)

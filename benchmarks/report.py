@@ -236,21 +236,38 @@ def fuzz_row(r: dict) -> tuple[str, str]:
 
 
 def soak_row(r: dict) -> tuple[str, str]:
-    """Growth where flat is expected comes first; growth a receipt expects (a bound, by design) is named apart."""
+    """Growth where flat or bounded is expected comes first; growth a receipt expects is named apart. Receipts from
+    before the peak rule judged bounded series by their slope and named their growth as expected."""
     v, minutes = r["verdict"], r["config"]["minutes"]
     trends = v["trends"]
+    if "peak_rule" in r["config"]:
+        return soak_row_judged(r)
     flat = [name for name, t in trends.items() if t["verdict"] == "flat"]
     expected_flat = {name for name, t in trends.items() if t.get("expected", "flat").startswith("flat")}
-
-    def growing(names: set[str]) -> list[str]:
-        return [f"{name} {t['per_hour']:+,.0f}/h" for name, t in trends.items()
-                if name in names and t["verdict"] == "growing"]
-
-    expected = growing(set(trends) - expected_flat)
+    expected = growing(trends, set(trends) - expected_flat)
     return (f"soak, {minutes} min (trainers, RL, endpoint, loop and rollback on one server)",
             f"**{v['failed_requests']}** failed of {v['requests']:,} requests; flat after warm-up: {len(flat)} of "
-            f"{len(trends)} series; growing: {', '.join(growing(expected_flat)) or 'none'}"
+            f"{len(trends)} series; growing: {', '.join(growing(trends, expected_flat)) or 'none'}"
             + (f"; growing as expected (bounded or by design): {', '.join(expected)}" if expected else ""))
+
+
+def growing(trends: dict, names: set[str]) -> list[str]:
+    return [f"{name} {t.get('per_hour', t.get('trend_per_hour')) or 0:+,.0f}/h" for name, t in trends.items()
+            if name in names and t["verdict"] == "growing"]
+
+
+def soak_row_judged(r: dict) -> tuple[str, str]:
+    """A receipt whose every series but the by-design ones is judged: flat (trend rule) or bounded (peak rule)."""
+    v, config, trends = r["verdict"], r["config"], r["verdict"]["trends"]
+    judged = {name for name, t in trends.items() if not t.get("expected", "").startswith("grows by design")}
+    held = [name for name in judged if trends[name]["verdict"] in ("flat", "bounded", "falling")]
+    design = growing(trends, set(trends) - judged)
+    warm = round(config["minutes"] * config.get("warmup_share", 1 / 3))
+    return (f"soak, {config['minutes']:g} min (trainers, RL, endpoint, loop and rollback on one server)",
+            f"**{v['failed_requests']}** failed of {v['requests']:,} requests; after {warm} min of warm-up "
+            f"**{len(held)} of {len(judged)}** judged series flat or within their retention; growing: "
+            f"{', '.join(growing(trends, judged)) or 'none'}"
+            + (f"; grows by design: {', '.join(design)}" if design else ""))
 
 
 def kill_loop_row(r: dict) -> tuple[str, str]:

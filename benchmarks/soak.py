@@ -1,7 +1,8 @@
 """A soak: a realistic mix against one server for many minutes, its resources read every few seconds, each judged flat
 or not after warm-up.
 
-    .venv/bin/python -m benchmarks.soak --minutes 30 [--interval 10] [--rate 2] [--loop-every 300] [--out DIR]
+    .venv/bin/python -m benchmarks.soak --minutes 30 [--warmup-minutes 15] [--interval 10] [--rate 2]
+                                        [--loop-every 300] [--out DIR]
     make soak                                        # the same, 30 minutes, under nice -n 10
 
 One `rlcli serve start` on the embedded model (a private RLCLI_HOME, the shared server venv), and against it:
@@ -11,15 +12,17 @@ One `rlcli serve start` on the embedded model (a private RLCLI_HOME, the shared 
 - `rlcli endpoint start --loops DIR` under a steady rate of chat requests (model `champion`) from the `openai`
   package, open-loop: each request leaves on its schedule whatever the ones before did, its latency counted from
   then, no retries (a failed request is counted, never hidden);
-- the loop: every --loop-every seconds either a new trace batch, `rlcli loop run --once` (manual gate) and
-  `rlcli loop promote`, or `rlcli loop rollback DIR 0`, in turn.
+- the loop: at once and then every --loop-every seconds either a new trace batch, `rlcli loop run --once` (manual
+  gate) and `rlcli loop promote`, or `rlcli loop rollback DIR 0`, in turn.
 - `rlcli train prune RUNS --keep-runs 6 --loops DIR` every minute: the finished runs' retention a user opts into.
 The server runs with 6 LoRA slots (the mix holds up to 5 models at once) and short retentions (below).
 Every --interval seconds: RSS (and its anonymous part) and open file descriptors (and their kinds) of the server's
-and the endpoint's processes (per role), the jax programs the server compiled, SkyRL's futures rows, disk under the
-server's home (benchmarks/soak_probe.py), the window's requests, failures and
-latency p50/p99. The receipt keeps the raw series, every job run and every failed request, and per resource the
-slope after warm-up (the first third) with its noise and the verdict (soak_probe.py's rule); a PNG beside it.
+and the endpoint's processes (per role), the jax programs the server compiled and the arrays its engine holds (its
+once-a-minute memory line), SkyRL's futures rows (and any kept past their retention), disk under the server's home
+(benchmarks/soak_probe.py), the window's requests, failures and latency p50/p99. The first --warmup-minutes (15) are
+recorded, not judged: every workload of the mix, a loop iteration and a rollback included, runs in them. The receipt
+keeps the raw series, every job run and every failed request, and per resource its verdict by what it is expected
+to do (EXPECTED): flat by soak_probe's trend rule, bounded by its peak rule; a PNG beside it.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ RL_ARGS = ("--loss", "gspo", "--dataset", "arithmetic", "--max-operand", "9", "-
            "--max-tokens", "8", "--eval-size", "8", "--eval-every", "0", "--save-every", "0", "--lr", "1e-3",
            "--max-steps", "20")
 LOOP = dict(gate="manual", steps=4, lr=1e-2, save_every=2, max_tokens=8, eval_limit=8, match="number")
-WARMUP_SHARE = 1 / 3
+WARMUP_MINUTES = 15  # the mix's every workload (a loop iteration, a rollback) runs in it; not judged
 SNAPSHOTS_KEPT = 4  # `serve start --sampler-snapshots`'s default, which this server runs with
 # The retentions the soak runs with, short enough to reach within its minutes (the defaults: 60 minutes, 2, none).
 FUTURES_MINUTES = 5  # serve start --futures-retention
@@ -66,23 +69,28 @@ CAPTURE_MAX_HOURS = 0.1  # endpoint start --capture-max-hours: no loop drains th
 SLOTS = 6
 KEEP_RUNS = 6  # train prune --keep-runs, every PRUNE_EVERY_S: the finished runs' retention (opt-in, off by default)
 PRUNE_EVERY_S = 60
-# What each series is judged against: "flat" (a leak if it grows) or the retention that bounds it, if any.
+# What each series is judged against: "flat" (a leak if its line rises: soak_probe's trend rule), "bounded" (a
+# sawtooth a retention bounds: soak_probe's peak rule), or "grows by design" (reported, not judged).
 EXPECTED = {
     "server_rss_mb": "flat", "server_fds": "flat", "endpoint_rss_mb": "flat", "endpoint_fds": "flat",
-    "compiled_programs": "bounded: one per new batch shape or sequence length the mix brings (a fixed set)",
-    "disk_mb_sampler_snapshots": "flat: --sampler-snapshots (4) per loaded model, a model's all deleted when unloaded",
-    "futures_rows": f"flat: --futures-retention {FUTURES_MINUTES} (finished rows older are deleted once a minute)",
-    "disk_mb_database": "flat: SQLite reuses the pages of deleted futures rows",
-    "disk_mb_checkpoints_intermediate": f"flat: the runs in flight's, --keep-checkpoints {KEEP_CHECKPOINTS} each (and "
-                                        "the one just saved); a run's all deleted when it ends with its final",
-    "disk_mb_checkpoints_final": f"flat: `train prune --keep-runs {KEEP_RUNS}` every {PRUNE_EVERY_S} s keeps the "
+    "engine_arrays_mb": "flat: the jax arrays the engine holds (weights, LoRA slots, optimizer states, snapshots)",
+    "compiled_programs": "bounded: one per new batch shape or sequence length the mix brings (a fixed set, met "
+                         "in the warm-up)",
+    "disk_mb_sampler_snapshots": "bounded: --sampler-snapshots (4) per loaded model, a model's all deleted when "
+                                 "unloaded",
+    "futures_rows": f"bounded: --futures-retention {FUTURES_MINUTES}: no finished row older than it (and the "
+                    f"pruner's {probe.PRUNE_SLACK_MINUTES:.0f} minutes) at any reading, whatever the request rate",
+    "disk_mb_database": "bounded: SQLite reuses the pages of deleted futures rows",
+    "disk_mb_checkpoints_intermediate": f"bounded: the runs in flight's, --keep-checkpoints {KEEP_CHECKPOINTS} each "
+                                        "(and the one just saved); a run's all deleted when it ends with its final",
+    "disk_mb_checkpoints_final": f"bounded: `train prune --keep-runs {KEEP_RUNS}` every {PRUNE_EVERY_S} s keeps the "
                                  "newest finished runs' finals (opt-in: finals are user data, kept by default)",
     "disk_mb_checkpoints_loop": "grows by design: the loop's stage runs and champions its ledger names (its history, "
                                 "what a rollback needs), one iteration per two loop cycles",
-    "disk_mb_checkpoints_training": "by kind, the states of the three rows above: flat but for the loop's",
-    "disk_mb_sampler_named": "by kind, the named sampler weights of the three rows above: flat but for the loop's",
-    "disk_mb_capture": f"flat: --capture-max-hours {CAPTURE_MAX_HOURS} (no loop drains this store)",
-    "disk_mb_server_log": "rotated at 20 MB (two parts: 40 MB)",
+    "disk_mb_checkpoints_training": "grows by design: by kind, the states of the three rows above (the loop's grow)",
+    "disk_mb_sampler_named": "grows by design: by kind, the named sampler weights of the three rows above",
+    "disk_mb_capture": f"bounded: --capture-max-hours {CAPTURE_MAX_HOURS} (no loop drains this store)",
+    "disk_mb_server_log": "bounded: rotated at 20 MB (two parts: 40 MB)",
     "latency_p50_ms": "flat", "latency_p99_ms": "flat",
 }
 
@@ -179,10 +187,11 @@ class Load:
 
 
 def loop_cycles(jobs: Jobs, folder: Path, inbox: Path, every: float) -> threading.Thread:
-    """Every `every` seconds, in turn: new traces, `loop run --once`, `loop promote N`; then `loop rollback DIR 0`."""
+    """At once and then every `every` seconds, in turn: new traces, `loop run --once`, `loop promote N`; then `loop
+    rollback DIR 0`."""
     def body() -> None:
         k, iteration = 0, 0
-        while not jobs.stop.wait(every):
+        while not jobs.stop.wait(every if k else 0):  # the first cycle at once: the warm-up meets a loop iteration
             k += 1
             if k % 2:
                 batches.write_batch(inbox / f"soak-{k:03d}.openai.jsonl", batch=1, n=24, seed=k)
@@ -227,7 +236,8 @@ def sample(server: PrivateServer, capture: Path, ledger: Path, load: Load, last_
     row: dict[str, Any] = {"t_s": round(now_s, 3), "load_1min": os.getloadavg()[0]}
     row |= probe.process_readings("server", pgid_of(server_dir / "state.json"))
     row |= probe.process_readings("endpoint", pgid_of(server.home / "endpoints" / "default.json"))
-    row |= probe.futures_rows(server_dir / "tinker.db")
+    row |= probe.futures_rows(server_dir / "tinker.db", FUTURES_MINUTES)
+    row |= probe.engine_memory(server.log)
     row |= probe.compiled_programs(Path(server.env.get("JAX_COMPILATION_CACHE_DIR") or server.home / "cache" / "jax"))
     row |= probe.disk_readings(server_dir, capture, server_dir / "checkpoints", ledger)
     return row | load.window(last_s, now_s)
@@ -287,13 +297,26 @@ def soak(server: PrivateServer, root: Path, minutes: float, interval: float, rat
     return {"series": series, "jobs": jobs.runs, "requests": load.rows}
 
 
-def judge(series: list[dict[str, Any]], requests: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> dict:
+def verdict_of(key: str, series: list[dict[str, Any]], warmup_share: float) -> dict[str, Any]:
+    """A series' verdict by what it is expected to do (EXPECTED): flat by the trend rule (descriptors by their
+    floor), bounded by the peak rule (futures rows by none kept past their retention), else its trend, reported."""
+    times, values = [r["t_s"] / 60 for r in series], [r.get(key) for r in series]
+    slope = probe.trend(times, values, warmup_share, probe.FLOOR_MINUTES if key.endswith("_fds") else None)
+    if not EXPECTED[key].startswith("bounded"):
+        return slope
+    if key == "futures_rows":
+        past = max((r.get("futures_past_retention", 0) for r in series), default=0)
+        return {**slope, "most_past_retention": past, "verdict": "bounded" if past == 0 else "growing"}
+    return {**probe.peaks(times, values, warmup_share), "trend_per_hour": slope.get("per_hour")}
+
+
+def judge(series: list[dict[str, Any]], requests: list[dict[str, Any]], jobs: list[dict[str, Any]],
+          warmup_share: float = 1 / 3) -> dict:
     """Per resource its trend and expectation; the targets: leaks none, failed requests none, snapshots bounded."""
-    times = [r["t_s"] / 60 for r in series]
-    trends = {key: {**probe.trend(times, [r.get(key) for r in series], WARMUP_SHARE,
-                                  probe.FLOOR_MINUTES if key.endswith("_fds") else None),
-                    "expected": expected} for key, expected in EXPECTED.items()}
-    leaks = [k for k, t in trends.items() if t["expected"].startswith("flat") and t["verdict"] == "growing"]
+    trends = {key: {**verdict_of(key, series, warmup_share), "expected": expected}
+              for key, expected in EXPECTED.items()}
+    leaks = [k for k, t in trends.items() if not t["expected"].startswith("grows by design")
+             and t["verdict"] == "growing"]
     failed = [r for r in requests if not r["ok"]]
     most_states = max((r.get("intermediate_states_most_per_model", 0) for r in series), default=0)
     failed_jobs = [j for j in jobs if j["rc"] not in (0, None)]
@@ -318,8 +341,11 @@ def judge(series: list[dict[str, Any]], requests: list[dict[str, Any]], jobs: li
 
 
 def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_every: float = 300, label: str = "",
-         out: str | None = None, plot: bool = True, workdir: str | None = None) -> None:
-    """workdir: keep the jobs' logs, run folders and loop folder there (a new folder; default: a temporary one)."""
+         out: str | None = None, plot: bool = True, workdir: str | None = None,
+         warmup_minutes: float = WARMUP_MINUTES) -> None:
+    """minutes: the whole run, warm-up included (its first warmup_minutes are recorded, not judged; a third of a
+    run too short for them). workdir: keep the jobs' logs, run folders and loop folder there (a new folder;
+    default: a temporary one)."""
     stop_servers_on_sigterm()
     model = str(ensure_embedded_model())
     with (private_server(model, "--futures-retention", str(FUTURES_MINUTES), "--slots", str(SLOTS)) as server,
@@ -328,11 +354,14 @@ def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_ever
         root.mkdir(parents=True, exist_ok=True)
         run = soak(server, root, minutes, interval, rate, loop_every)
         names = {str(root): "<soak-root>", str(server.home): "<server-home>"}
-    verdict = judge(run["series"], run["requests"], run["jobs"])
+    warmup_share = warmup_minutes / minutes if warmup_minutes < minutes / 2 else 1 / 3
+    verdict = judge(run["series"], run["requests"], run["jobs"], warmup_share)
     body = {"label": label,
             "versions": {**versions("tinker", "tinker-cookbook", "openai"), "server": server_versions()},
             "config": {"minutes": minutes, "interval_s": interval, "rate_per_s": rate, "loop_every_s": loop_every,
-                       "warmup_share": WARMUP_SHARE, "flat_rule": probe.__doc__.split("Trend: ")[1].strip(),
+                       "warmup_share": warmup_share,
+                       "flat_rule": probe.__doc__.split("Trend: ")[1].split("Peaks: ")[0].strip(),
+                       "peak_rule": probe.__doc__.split("Peaks: ")[1].strip(),
                        "model": "rlcli-tiny-qwen3-v1",
                        "server": f"`rlcli serve start --futures-retention {FUTURES_MINUTES} --slots {SLOTS}`, else "
                                  "its defaults",

@@ -11,6 +11,10 @@ is within twice its standard error (no trend beyond the noise) or within FLAT_SH
 trend too small to matter at this length). Open file descriptors are judged by their floor: the least reading of each
 FLOOR_MINUTES, since connections in flight (a trainer's, a request's) come and go between readings and a leak is
 what never goes, which lifts the floor.
+
+Peaks: a series a retention bounds (checkpoints deleted as runs end or are pruned, captures past their age) is a
+sawtooth whose slope says nothing; it is bounded when the highest reading of the second half of the window after
+warm-up is within FLAT_SHARE of the first half's highest (a leak lifts every peak after the first).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 import re
 import sqlite3
 import statistics
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psutil
@@ -27,7 +32,7 @@ import psutil
 from rlcli.server import process
 
 FLAT_SHARE = 0.05
-FLOOR_MINUTES = 2.0
+FLOOR_MINUTES = 5.0
 # SkyRL names an unnamed (per-step, sampling-session) sampler save ss<session>_seq<n>; a name a client gave is kept
 UNNAMED = re.compile(r"^ss.*_seq\d+")
 FINAL = "final"  # the name the recipes save a run's last checkpoint under (what --keep-checkpoints always keeps)
@@ -119,15 +124,45 @@ def compiled_programs(cache: Path) -> dict[str, float]:
     return {"compiled_programs": sum(not f.name.endswith("-atime") for f in _entries(cache))}
 
 
-def futures_rows(db: Path) -> dict[str, float]:
-    """Rows of SkyRL's futures table (all, and still pending), read-only so the engine's writes never wait on us."""
+def futures_rows(db: Path, retention_minutes: float | None = None) -> dict[str, float]:
+    """Rows of SkyRL's futures table (all, and still pending), read-only so the engine's writes never wait on us;
+    with retention_minutes, the finished rows older than it and the pruner's minute (`futures_past_retention`:
+    what the retention failed to delete; 0 when it holds, whatever the request rate)."""
     try:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
             total = conn.execute("SELECT count(*) FROM futures").fetchone()[0]
             pending = conn.execute("SELECT count(*) FROM futures WHERE status = 'PENDING'").fetchone()[0]
+            out = {"futures_rows": total, "futures_pending": pending}
+            if retention_minutes is not None:
+                cutoff = datetime.now(UTC) - timedelta(minutes=retention_minutes + PRUNE_SLACK_MINUTES)
+                out["futures_past_retention"] = conn.execute(
+                    "SELECT count(*) FROM futures WHERE status != 'PENDING' AND completed_at < ?",
+                    (cutoff.strftime("%Y-%m-%d %H:%M:%S"),)).fetchone()[0]
     except sqlite3.Error:
         return {}
-    return {"futures_rows": total, "futures_pending": pending}
+    return out
+
+
+# The engine's pruner runs at most once a minute, after a look: a row may outlive the retention by that much
+PRUNE_SLACK_MINUTES = 2.0
+ENGINE_MEMORY = re.compile(r"\[rlcli memory\] trimmed the heap .*?RSS (\d+) -> (\d+) MB; jax arrays alive (\d+) "
+                           r"\(([\d.]+) MB\)")
+
+
+def engine_memory(log: Path) -> dict[str, float]:
+    """The engine's newest memory line in the server log (runtime/rlcli_memory.py, once a minute): its RSS after
+    the heap trim and the jax arrays it holds alive (count, MB); nothing before its first trim."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 256 * 1024))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return {}
+    found = ENGINE_MEMORY.findall(tail)
+    if not found:
+        return {}
+    _, after, count, mb = found[-1]
+    return {"engine_trimmed_rss_mb": int(after), "engine_arrays": int(count), "engine_arrays_mb": float(mb)}
 
 
 def tree_bytes(folder: Path) -> int:
@@ -254,3 +289,17 @@ def trend(times_min: list[float], values: list[float | None], warmup_share: floa
             "slope_per_min": slope, "slope_stderr": se, "rise_over_window": rise, "noise_bound": bound,
             "per_hour": slope * 60, "verdict": "flat" if abs(rise) <= bound or small else
             ("growing" if slope > 0 else "falling")}
+
+
+def peaks(times_min: list[float], values: list[float | None], warmup_share: float) -> dict:
+    """The highest reading of each half of the window after warm-up, and the verdict by the module's peak rule."""
+    pairs = [(t, v) for t, v in zip(times_min, values, strict=True) if v is not None]
+    if len(pairs) < 4:
+        return {"n": len(pairs), "verdict": "too few samples"}
+    start = pairs[0][0] + warmup_share * (pairs[-1][0] - pairs[0][0])
+    kept = [(t, v) for t, v in pairs if t >= start]
+    middle = (kept[0][0] + kept[-1][0]) / 2
+    first = max((v for t, v in kept if t <= middle), default=0.0)
+    second = max((v for t, v in kept if t > middle), default=0.0)
+    return {"n": len(kept), "from_min": round(kept[0][0], 2), "to_min": round(kept[-1][0], 2), "first_peak": first,
+            "second_peak": second, "verdict": "bounded" if second <= first * (1 + FLAT_SHARE) else "growing"}

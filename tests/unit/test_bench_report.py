@@ -261,3 +261,18 @@ def test_the_trust_receipts_have_rows_that_count_what_they_ran():
     rows = "\n".join(report.receipt_rows([soak]))
     assert ("flat after warm-up: 2 of 4 series; growing: server_rss_mb +386/h; growing as expected (bounded or by "
             "design): disk_mb_checkpoints_loop +386/h") in rows
+
+
+def test_a_soak_judged_by_trend_and_peak_names_what_grew():
+    trends = {"server_rss_mb": {"verdict": "flat", "per_hour": 12.0, "expected": "flat"},
+              "server_fds": {"verdict": "growing", "per_hour": 30.0, "expected": "flat"},
+              "disk_mb_capture": {"verdict": "bounded", "trend_per_hour": 90.0, "expected": "bounded: a retention"},
+              "futures_rows": {"verdict": "growing", "per_hour": 500.0, "expected": "bounded: a retention"},
+              "disk_mb_checkpoints_loop": {"verdict": "growing", "per_hour": 40.0, "expected": "grows by design"}}
+    soak = {"benchmark": "soak", "created_utc": "20261205T120000Z", "hardware": EPYC, "_file": "soak.json",
+            "config": {"minutes": 60, "warmup_share": 0.25, "peak_rule": "..."},
+            "verdict": {"failed_requests": 0, "requests": 7000, "trends": trends}}
+    rows = "\n".join(report.receipt_rows([soak]))
+    assert ("**0** failed of 7,000 requests; after 15 min of warm-up **2 of 4** judged series flat or within their "
+            "retention; growing: server_fds +30/h, futures_rows +500/h; grows by design: disk_mb_checkpoints_loop "
+            "+40/h") in rows

@@ -72,3 +72,39 @@ def test_descriptors_are_judged_by_their_floor_so_connections_in_flight_are_not_
     assert probe.floors([(0, 5), (1, 3), (2.5, 9), (3, 7)], 2) == [(0.5, 3), (2.75, 7)]
     short = probe.trend(minutes(6), [40, 90, 41, 80, 40, 41], 0, probe.FLOOR_MINUTES)  # under 3 windows: readings
     assert short["verdict"] == "flat" and short["n"] == 6
+
+
+def test_a_sawtooth_under_retention_is_bounded_and_rising_peaks_are_not():
+    t = minutes(360)
+    saw = [(i % 30) * 3.0 for i in range(len(t))]  # grows for 5 minutes, deleted back to nothing, again
+    assert probe.peaks(t, saw, 1 / 3)["verdict"] == "bounded"
+    rising = [v + 0.5 * m for v, m in zip(saw, t, strict=True)]  # what each cycle leaves behind
+    got = probe.peaks(t, rising, 1 / 3)
+    assert got["verdict"] == "growing" and got["second_peak"] > got["first_peak"]
+    assert probe.peaks([0, 1], [1, 2], 0)["verdict"] == "too few samples"
+
+
+def test_futures_past_their_retention_are_counted(tmp_path):
+    import sqlite3
+    from datetime import UTC, datetime, timedelta
+
+    db = tmp_path / "tinker.db"
+    now = datetime.now(UTC)
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE futures (request_id INTEGER PRIMARY KEY, status TEXT, completed_at TEXT)")
+        for i, (status, age) in enumerate([("COMPLETED", 1), ("COMPLETED", 9), ("FAILED", 20), ("PENDING", None)]):
+            done = None if age is None else (now - timedelta(minutes=age)).strftime("%Y-%m-%d %H:%M:%S.%f")
+            conn.execute("INSERT INTO futures VALUES (?, ?, ?)", (i, status, done))
+    got = probe.futures_rows(db, retention_minutes=5)  # older than 5 + 2 minutes: the 9 and the 20
+    assert got == {"futures_rows": 4, "futures_pending": 1, "futures_past_retention": 2}
+    assert "futures_past_retention" not in probe.futures_rows(db)
+
+
+def test_the_engines_memory_line_is_read_from_the_log_tail(tmp_path):
+    log = tmp_path / "server.log"
+    assert probe.engine_memory(log) == {}
+    log.write_text("noise\n[rlcli memory] trimmed the heap (malloc_trim): RSS 1500 -> 1210 MB; jax arrays alive 310 "
+                   "(96.5 MB); again every 60 s\n" + "x" * 300_000 + "\n[rlcli memory] trimmed the heap "
+                   "(malloc_trim): RSS 1400 -> 1300 MB; jax arrays alive 320 (99.0 MB); again every 60 s\n")
+    assert probe.engine_memory(log) == {"engine_trimmed_rss_mb": 1300, "engine_arrays": 320,
+                                        "engine_arrays_mb": 99.0}
