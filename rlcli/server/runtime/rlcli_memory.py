@@ -4,12 +4,17 @@ XLA compiling a program and running a step allocate much and free most of it, on
 they freed in its arenas and the engine's RSS keeps the high-water mark: the soak saw it rise in steps of 13-95 MB
 after warm-up, 140 MB of it free heap at one reading (docs/decisions.md, "The engine trims its heap once a
 minute"). A trim costs milliseconds; on a C library without malloc_trim (musl, macOS) there is nothing to call.
+
+Each trim logs one line: RSS before and after, and what jax holds alive (arrays and their bytes: weights, LoRA
+slots, optimizer states, sampler snapshots). RSS that rises while the arrays stay flat is memory outside them
+(compiled programs, the allocator's arenas); arrays that rise are state a model or a request left behind.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import math
 import os
 import sys
 import time
@@ -29,6 +34,15 @@ def malloc_trim():
         return None
 
 
+def live_arrays() -> tuple[int, int] | None:
+    """How many jax arrays are alive in this process and their bytes; None where jax is not loaded."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    arrays = jax.live_arrays()
+    return len(arrays), sum(a.nbytes for a in arrays)
+
+
 def rss_mb() -> int | None:
     """This process's resident set in MB (Linux's /proc), None elsewhere."""
     try:
@@ -39,11 +53,13 @@ def rss_mb() -> int | None:
 
 
 class Trimmer:
-    """The engine's: `maybe()` after each look trims when EVERY_S have passed since the last trim."""
+    """The engine's: `maybe()` after each look trims at the first look and then when EVERY_S have passed since the
+    last trim."""
 
     def __init__(self, every_s: float = EVERY_S, trim=None):
         self.trim, self.every_s = trim or malloc_trim(), every_s
-        self.last = time.monotonic()
+        self.last = -math.inf  # the first look trims: start-up's loading and compiling freed much, and its line says
+        # what the engine holds once serving
         self.trims = 0
 
     def maybe(self) -> None:
@@ -54,8 +70,13 @@ class Trimmer:
             before = rss_mb()
             self.trim(0)
             self.trims += 1
-            if self.trims == 1:  # once: the log says it runs and what it gave back
-                log(f"trimmed the heap (malloc_trim): RSS {before} -> {rss_mb()} MB; again every {self.every_s:.0f} s")
         except Exception as e:  # housekeeping: the engine serves without it
             log(f"could not trim the heap: {type(e).__name__}: {e}")
             self.trim = None
+            return
+        try:
+            alive = live_arrays()
+        except Exception:  # a reading, not a duty: the trim's line says what it can
+            alive = None
+        held = f"; jax arrays alive {alive[0]} ({alive[1] / 2**20:.1f} MB)" if alive else ""
+        log(f"trimmed the heap (malloc_trim): RSS {before} -> {rss_mb()} MB{held}; again every {self.every_s:.0f} s")
