@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 PANELS = (
-    ("RSS (MB)", ("server_rss_mb", "server_rss_mb_engine", "server_rss_mb_api", "endpoint_rss_mb")),
+    ("RSS (MB); the engine's jax arrays", ("server_rss_mb", "server_rss_mb_engine", "server_rss_mb_api",
+                                           "endpoint_rss_mb", "engine_arrays_mb")),
     ("open fds; jax programs compiled", ("server_fds", "endpoint_fds", "compiled_programs")),
     ("futures rows", ("futures_rows",)),
     ("disk (MB)", ("disk_mb_sampler_snapshots", "disk_mb_checkpoints_intermediate", "disk_mb_checkpoints_final",
