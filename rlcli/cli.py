@@ -309,9 +309,7 @@ def leave(code: int) -> NoReturn:
     import os
     import threading
 
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    threading._shutdown()  # as an exit does first: executors told to stop, the other non-daemon threads joined
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

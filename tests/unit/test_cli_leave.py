@@ -24,6 +24,8 @@ PROGRAM = textwrap.dedent("""
     kept = Finalized()  # dropped only when the interpreter finalizes
     atexit.register(lambda: (out / "atexit").write_text("ran"))
     threading.Thread(target=lambda: (time.sleep(0.3), (out / "thread").write_text("done"))).start()
+    from concurrent.futures import ThreadPoolExecutor
+    ThreadPoolExecutor(2).submit(lambda: None).result()  # its idle worker waits for the exit to tell it to stop
     sys.stdout.write("no newline, still buffered")
     leave(3)
 """)
