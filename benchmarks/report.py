@@ -30,7 +30,8 @@ FOOTER = ("*overhead*: wall time in the client minus the engine's own time for t
           "dropped. *floor*: what compute alone predicts for fused / 2-pass, from the engine's per-request times.")
 _IMPORT_LOGS = {"openai": "OpenAI logs", "responses": "OpenAI Responses logs", "gemini": "Gemini logs",
                 "otel": "OpenTelemetry traces"}
-_DEFAULT_SIZE = {"request-path": "tiny", "server-start": "tiny"}  # what a receipt without config.size ran
+# what a receipt without config.size ran (the soak's size is its mix: "full", or "steady" without the loop)
+_DEFAULT_SIZE = {"request-path": "tiny", "server-start": "tiny", "soak": "full"}
 _BY_MODEL = ("sampling-breakdown", "eval-batching")
 
 
@@ -263,7 +264,9 @@ def soak_row_judged(r: dict) -> tuple[str, str]:
     held = [name for name in judged if trends[name]["verdict"] in ("flat", "bounded", "falling")]
     design = growing(trends, set(trends) - judged)
     warm = round(config["minutes"] * config.get("warmup_share", 1 / 3))
-    return (f"soak, {config['minutes']:g} min (trainers, RL, endpoint, loop and rollback on one server)",
+    mix = ("trainers, RL, endpoint, loop and rollback" if config.get("size", "full") == "full" else
+           "steady mix: trainers, RL and endpoint, no loop")
+    return (f"soak, {config['minutes']:g} min ({mix} on one server)",
             f"**{v['failed_requests']}** failed of {v['requests']:,} requests; after {warm} min of warm-up "
             f"**{len(held)} of {len(judged)}** judged series flat or within their retention; growing: "
             f"{', '.join(growing(trends, judged)) or 'none'}"

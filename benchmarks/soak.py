@@ -2,7 +2,8 @@
 or not after warm-up.
 
     .venv/bin/python -m benchmarks.soak --minutes 30 [--warmup-minutes 15] [--interval 10] [--rate 2]
-                                        [--loop-every 300] [--out DIR]
+                                        [--loop-every 300] [--out DIR] [--label NAME]
+    .venv/bin/python -m benchmarks.soak --loop-every 0 ...   # the steady mix: trainers and endpoint, no loop
     make soak                                        # the same, 30 minutes, under nice -n 10
 
 One `rlcli serve start` on the embedded model (a private RLCLI_HOME, the shared server venv), and against it:
@@ -272,7 +273,8 @@ def soak(server: PrivateServer, root: Path, minutes: float, interval: float, rat
     threads.append(jobs.repeat("rl", lambda k: [
         "train", "rl", *RL_ARGS, "--seed", str(k), "--base-url", server.url,
         "--log-path", str(root / "runs" / f"rl-{k:04d}")]))
-    threads.append(loop_cycles(jobs, folder, inbox, loop_every))
+    if loop_every > 0:  # 0: a steady mix, no new trace batches (no new shapes after warm-up), no promotions
+        threads.append(loop_cycles(jobs, folder, inbox, loop_every))
     threads.append(pruning(jobs, root / "runs", folder, server.url))
     series, last_s, end = [], 0.0, origin + minutes * 60
     try:
@@ -358,7 +360,8 @@ def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_ever
     verdict = judge(run["series"], run["requests"], run["jobs"], warmup_share)
     body = {"label": label,
             "versions": {**versions("tinker", "tinker-cookbook", "openai"), "server": server_versions()},
-            "config": {"minutes": minutes, "interval_s": interval, "rate_per_s": rate, "loop_every_s": loop_every,
+            "config": {"minutes": minutes, "size": "full" if loop_every > 0 else "steady", "interval_s": interval,
+                       "rate_per_s": rate, "loop_every_s": loop_every,
                        "warmup_share": warmup_share,
                        "flat_rule": probe.__doc__.split("Trend: ")[1].split("Peaks: ")[0].strip(),
                        "peak_rule": probe.__doc__.split("Peaks: ")[1].strip(),

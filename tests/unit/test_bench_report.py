@@ -276,3 +276,17 @@ def test_a_soak_judged_by_trend_and_peak_names_what_grew():
     assert ("**0** failed of 7,000 requests; after 15 min of warm-up **2 of 4** judged series flat or within their "
             "retention; growing: server_fds +30/h, futures_rows +500/h; grows by design: disk_mb_checkpoints_loop "
             "+40/h") in rows
+
+
+def test_the_steady_soak_has_a_row_of_its_own():
+    base = {"benchmark": "soak", "created_utc": "20261205T120000Z", "hardware": EPYC,
+            "verdict": {"failed_requests": 0, "requests": 10, "trends": {
+                "server_rss_mb": {"verdict": "flat", "per_hour": 1.0, "expected": "flat"}}}}
+    full = {**base, "_file": "full.json", "config": {"minutes": 75, "peak_rule": "...", "size": "full"}}
+    steady = {**base, "_file": "steady.json", "created_utc": "20261205T130000Z",
+              "config": {"minutes": 30, "peak_rule": "...", "size": "steady"}}
+    old = {**base, "_file": "old.json", "created_utc": "20261205T090000Z", "config": {"minutes": 45}}
+    rows = report.receipt_rows([old, full, steady])
+    assert len(rows) == 2  # the full mix's newest (the old receipt, of the same mix, superseded) and the steady one
+    assert any("steady mix: trainers, RL and endpoint, no loop" in r and "steady.json" in r for r in rows)
+    assert any("trainers, RL, endpoint, loop and rollback" in r and "full.json" in r for r in rows)
