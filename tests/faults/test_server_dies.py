@@ -39,8 +39,9 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def _long_batch(n: int = 32, length: int = 500) -> list:
-    """A forward_backward that keeps the CPU engine busy for seconds (~8 s on 2 cores once compiled)."""
+def _long_batch(n: int = 16, length: int = 500) -> list:
+    """A forward_backward that keeps the CPU engine busy for seconds, several times the test's 2 s timeout: 16 rows of
+    500 tokens took 16.9 s on the loaded 2-core machine (load ~6.7) once compiled, where 32 rows took 23.1 s."""
     import tinker
 
     tokens = [[(7 * i + j) % 200 + 5 for j in range(length + 1)] for i in range(n)]
