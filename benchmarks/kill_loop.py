@@ -28,10 +28,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.kill_points import HOOK_S, KillPoint, Watched, draw
+from benchmarks.kill_points import HOOK_S, KillPoint, Watched, draw, fresh
 from benchmarks.loop_invariants import after_resume, at_kill
 from rlcli.loop import batches, data, settings
 from rlcli.loop.ledger import Champion, opened
@@ -83,11 +84,12 @@ class Server:
 
 
 class Harness:
-    """One loop folder driven through rounds, with the kill points of one seed landing on its commands."""
+    """One loop folder driven through rounds, with the kill points of one seed landing on its commands, each
+    started by `spawn` (kill_points.fresh: a process of its own)."""
 
     def __init__(self, root: Path, server: Server, seed: int, server_share: float = 0.15,
-                 overrides: dict[str, Any] | None = None):
-        self.root, self.server, self.rng = root, server, random.Random(seed)
+                 overrides: dict[str, Any] | None = None, spawn: Callable[[list[str], dict[str, str]], Any] = fresh):
+        self.root, self.server, self.rng, self.spawn = root, server, random.Random(seed), spawn
         self.seed, self.server_share = seed, server_share
         self.folder, self.inbox, self.hook_log = root / "loop", root / "inbox", root / "hook.log"
         self.delivered: list[Path] = []
@@ -109,12 +111,15 @@ class Harness:
         s = settings.read(self.folder)
         settings.write(self.folder, type(s)(**{**s.__dict__, **self.settings}))
 
-    def _rlcli(self, *args: str) -> str:
-        proc = subprocess.run([*private.RLCLI, *args], env=self.server.env, capture_output=True, text=True,
-                              timeout=COMMAND_TIMEOUT_S, cwd=private.PACKAGE_PARENT)
+    def _rlcli(self, *args: str) -> None:
+        proc = self.spawn(list(args), self.server.env)
+        try:
+            _, err = proc.communicate(timeout=COMMAND_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
         if proc.returncode:
-            raise RuntimeError(f"rlcli {' '.join(args[:2])} exited {proc.returncode}: {proc.stderr[-2000:]}")
-        return proc.stdout
+            raise RuntimeError(f"rlcli {' '.join(args[:2])} exited {proc.returncode}: {err[-2000:]}")
 
     def draw_points(self, count: int) -> None:
         for _ in range(max(count, 0)):
@@ -176,7 +181,7 @@ class Harness:
         while True:
             point = next((p for p in self.pending if RUN_COMMANDS[name](p.stage)), None)
             started = time.monotonic()
-            w = self.current = Watched([*private.RLCLI, *args], self.server.env, name, point, self._kill)
+            w = self.current = Watched(args, self.server.env, name, point, self._kill, self.spawn)
             rc = w.wait(COMMAND_TIMEOUT_S)
             took = round(time.monotonic() - started, 1)
             if point is None or point.landed is None:

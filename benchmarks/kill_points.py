@@ -17,8 +17,11 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from rlcli.server import private
 
 # (the line that opens a stage, the stage): `rlcli loop run` prints these, in this order, as it goes
 OPENERS = [(re.compile(r"iteration \d+: (\d+ new trace file|resuming after)"), "ingest"),
@@ -79,16 +82,24 @@ def stage_of(line: str, current: str, command: str) -> str:
     return current
 
 
-class Watched:
-    """An `rlcli loop` command in its own process group whose stderr is read line by line; with a kill point,
-    `kill` runs when the point's event has come and its delay passed."""
+def fresh(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """`rlcli ARGS` in a fresh process in a session of its own, its stderr piped as text, its stdout dropped: how
+    the harness starts each command (the test suite forks them from its zygote instead, tests/faults)."""
+    return subprocess.Popen([*private.RLCLI, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, cwd=private.PACKAGE_PARENT)
 
-    def __init__(self, args: list[str], env: dict[str, str], command: str, point: KillPoint | None, kill):
+
+class Watched:
+    """An `rlcli loop` command (its arguments after `rlcli`, started by `spawn`) in its own process group whose
+    stderr is read line by line; with a kill point, `kill` runs when the point's event has come and its delay
+    passed."""
+
+    def __init__(self, args: list[str], env: dict[str, str], command: str, point: KillPoint | None, kill,
+                 spawn: Callable[[list[str], dict[str, str]], Any] = fresh):
         self.command, self.point, self.kill = command, point, kill
         self.lines: list[str] = []
         self.stage, self.seen = "start", 0
-        self.proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+        self.proc = spawn(args, env)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -117,6 +128,8 @@ class Watched:
         self.kill(self, p)
 
     def signal_group(self, name: str) -> None:
+        if self.proc.pid <= 0:  # a forked command that died before it said its pid: never killpg(0), our own group
+            return
         try:
             os.killpg(self.proc.pid, getattr(signal, name))
         except ProcessLookupError:

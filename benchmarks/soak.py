@@ -39,7 +39,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import fire
 
@@ -96,6 +96,12 @@ EXPECTED = {
 }
 
 
+def start_job(args: list[str], env: dict[str, str], log: IO[str]) -> subprocess.Popen:
+    """`rlcli ARGS` as a fresh process, both its outputs into `log` (tests/integration/test_soak_smoke.py forks them
+    from the suite's zygote instead)."""
+    return subprocess.Popen([*RLCLI, *args], env=env, cwd=PACKAGE_PARENT, stdout=log, stderr=subprocess.STDOUT)
+
+
 class Jobs:
     """Commands run to their end (or stopped), each run recorded: job, start, seconds, exit code, output's tail."""
 
@@ -110,8 +116,7 @@ class Jobs:
         log = self.root / "logs" / f"{job}-{k:04d}.log"
         log.parent.mkdir(exist_ok=True)
         with log.open("w") as out:
-            proc = subprocess.Popen([*RLCLI, *args], env=self.env, cwd=PACKAGE_PARENT, stdout=out,
-                                    stderr=subprocess.STDOUT)
+            proc = start_job(list(args), self.env, out)
             while proc.poll() is None and not self.stop.wait(0.5):
                 pass
             stopped = proc.poll() is None

@@ -295,7 +295,8 @@ class Child:
 
         self.args, self.returncode = argv, None
         self._encoding = locale.getpreferredencoding(False)
-        ends = [self._end(stdout, 1, subprocess), self._end(stderr, 2, subprocess)]
+        out = self._end(stdout, 1, subprocess)
+        ends = [out, self._end(stderr, 2, subprocess, stdout_fd=out[1])]
         try:
             conn = zygote.submit(argv, env, cwd, [os.dup(0), ends[0][1], ends[1][1]], **options)
         except OSError:
@@ -312,15 +313,20 @@ class Child:
         threading.Thread(target=self._await_status, args=(None if self.pid else first,), daemon=True).start()
 
     @staticmethod
-    def _end(spec: int | None, default_fd: int, subprocess) -> tuple[int | None, int]:
-        """(the end this process reads or None, the descriptor the child gets)."""
+    def _end(spec: int | None, default_fd: int, subprocess, stdout_fd: int | None = None) -> tuple[int | None, int]:
+        """(the end this process reads or None, the descriptor the child gets). stdout_fd: the child's stdout, which
+        stderr=STDOUT shares."""
         if spec == subprocess.PIPE:
             return os.pipe()
         if spec == subprocess.DEVNULL:
             return None, os.open(os.devnull, os.O_WRONLY)
         if spec is None:
             return None, os.dup(default_fd)
-        raise ValueError(f"stdout/stderr {spec!r}: PIPE, DEVNULL or None")
+        if spec == subprocess.STDOUT and stdout_fd is not None:
+            return None, os.dup(stdout_fd)
+        if spec >= 0:  # a descriptor of this process (an open log file's fileno())
+            return None, os.dup(spec)
+        raise ValueError(f"stdout/stderr {spec!r}: PIPE, DEVNULL, STDOUT (stderr), a descriptor or None")
 
     def _await_status(self, line: bytes | None) -> None:
         import signal as signals

@@ -259,8 +259,9 @@ def xdist_worker() -> bool:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """`make test`'s --dist loadfile, except that the files using a session server other than the main one
-    (the stock server) go to one worker together: each worker that ran such a file started its own (73 and 75 s
-    of setup on the two workers of one 2-core run), while the main server is needed by every worker anyway."""
+    (the stock server, the fault tests' fault server) go to one worker together: each worker that ran such a file
+    started its own (73 and 75 s of setup on the two workers of one 2-core run), while the main server is needed by
+    every worker anyway."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -272,10 +273,15 @@ def pytest_xdist_make_scheduler(config, log):
     return OneWorkerPerSessionServer(config, log)
 
 
+# The session-scoped servers a worker starts on first use, for a few files: those files share a worker (above).
+# fault_server: tests/faults/conftest.py's, which its tests kill and start again.
+ONE_WORKER_SERVERS = (*(name for name in SESSION_SERVERS if name != "server"), "fault_server")
+
+
 @functools.cache
 def session_server_scope(test_file: str) -> str:
     """The scheduling unit of a test file: the file itself, or "uses <fixture>" for a file with a function that
-    takes one of the SESSION_SERVERS other than the main one (the first in that table's order) as a parameter."""
+    takes one of the ONE_WORKER_SERVERS as a parameter (the first of them in that order)."""
     import ast
 
     try:
@@ -283,7 +289,7 @@ def session_server_scope(test_file: str) -> str:
     except (OSError, SyntaxError):
         return test_file
     taken = {a.arg for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) for a in node.args.args}
-    return next((f"uses {name}" for name in SESSION_SERVERS if name != "server" and name in taken), test_file)
+    return next((f"uses {name}" for name in ONE_WORKER_SERVERS if name in taken), test_file)
 
 
 def pytest_collection_finish(session) -> None:

@@ -1,9 +1,11 @@
 """What the fault tests share: a throwaway server they may kill, a trainer they may kill, a small filesystem.
 
-A test that kills its server gets its own (`fault_server`, module-scoped, restartable: the same home and
-port as rlcli.server.private's servers, started again after a kill); the others use the session's server
-from tests/conftest.py. Faults are real: kill -9 by pid, SIGSTOP, a tmpfs filled to the
-last byte. What this machine does not permit (mount as non-root, say) is skipped with the reason.
+A test that kills its server gets the fault server (`fault_server`: one per session, shared by the files that kill
+it, restartable: the same home and port as rlcli.server.private's servers, started again after a kill, and at the
+start of a module that finds it dead); the others use the session's server from tests/conftest.py. `make test` runs
+the files that take it on one worker (tests/conftest.py session_server_scope), so it starts once. Faults are real:
+kill -9 by pid, SIGSTOP, a tmpfs filled to the last byte. What this machine does not permit (mount as non-root, say)
+is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from rlcli import watchdog
 from rlcli.server import private, process
 from tests.conftest import (
     REPO,
@@ -100,8 +103,8 @@ def pytest_sessionfinish(session) -> None:
         _prestarted.pop("fault_server").stop()
 
 
-@pytest.fixture(scope="module")
-def fault_server(tmp_path_factory):
+@pytest.fixture(scope="session")
+def _fault_server_session(tmp_path_factory):
     if "fault_server" not in _prestarted:
         _start_fault_server(tmp_path_factory)
     server = _prestarted.pop("fault_server")
@@ -109,6 +112,17 @@ def fault_server(tmp_path_factory):
         yield server.get()
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def fault_server(_fault_server_session):
+    """The session's fault server, answering: a module after one whose failed test left it dead starts it again
+    (each module leaves it running when its tests pass: they thaw it, or start it again after a kill)."""
+    srv = _fault_server_session
+    if not watchdog.healthy(srv.url, 10):
+        srv.stop()
+        srv.start()
+    return srv
 
 
 def trainer(*args: str, env: dict):

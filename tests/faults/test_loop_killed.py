@@ -7,6 +7,9 @@ invariant must hold (benchmarks/loop_invariants.py). A failure replays: same see
 And the kill the harness found: `loop run` SIGKILLed while its distill teacher was being created (filed, the client
 not yet built, so no run folder names the model) held a LoRA slot until SkyRL's session timeout; the resumed loop
 must free it itself (rlcli/loop/sessions.py).
+
+The harness's commands are forked from the suite's zygote (tests/conftest.py popen_rlcli), not started fresh as
+`make kill-test` starts them: each would spend seconds importing the training stack, and these two tests run ~15.
 """
 
 from __future__ import annotations
@@ -22,14 +25,19 @@ import pytest
 from benchmarks.kill_loop import Harness
 from benchmarks.loop_invariants import after_resume
 from rlcli.loop import sessions
-from rlcli.server import private
+from tests.conftest import popen_rlcli, run_rlcli
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.faults]
 SEED = 8  # its first 4 points: server at train:sft, loop at gate, rollback and split (server_share 0.5)
 
 
+def forked(args: list[str], env: dict[str, str]):
+    """The harness's way to start a command (benchmarks/kill_points.py fresh), from the zygote."""
+    return popen_rlcli(*args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, new_session=True)
+
+
 def test_the_loop_survives_a_seeded_handful_of_kills(fault_server, tmp_path):
-    h = Harness(tmp_path, fault_server, SEED, server_share=0.5, overrides={"train": "sft"})
+    h = Harness(tmp_path, fault_server, SEED, server_share=0.5, overrides={"train": "sft"}, spawn=forked)
     h.init()
     h.draw_points(4)
     assert [p.target for p in h.points].count("server") == 1
@@ -50,9 +58,7 @@ def _named_models(folder: Path) -> set[str]:
 def _run_until_a_model_is_filed_after(h: Harness, line: str) -> tuple[str, list[str]]:
     """`loop run --once` SIGKILLed (its process group) the moment the server holds a model of its sessions, once
     `line` was printed: the model is filed, its creation not finished. Returns the command's tag and those models."""
-    proc = subprocess.Popen([*private.RLCLI, "loop", "run", str(h.folder), "--once"], env=h.server.env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            cwd=private.PACKAGE_PARENT)
+    proc = h.spawn(["loop", "run", str(h.folder), "--once"], h.server.env)
     assert proc.stderr is not None
     said = []
     for said_line in proc.stderr:
@@ -76,15 +82,14 @@ def test_a_loop_killed_while_its_distill_teacher_is_created_frees_the_slot_when_
     """Round 1 trains sft and is promoted by hand (the champion: a trained state); round 2's distill re-creates
     that state as its teacher, first of its models: SIGKILL while the server creates it. The model holds a slot
     no run folder names; the next `loop run` frees it (said in one line) and the loop completes, sound."""
-    h = Harness(tmp_path, fault_server, 0, overrides={"train": "sft,distill"})
+    h = Harness(tmp_path, fault_server, 0, overrides={"train": "sft,distill"}, spawn=forked)
     h.init()
     h.round(1, kills=0)
     h.deliver(2)
     tag, teacher = _run_until_a_model_is_filed_after(h, "distill from the previous stage")
     assert not set(teacher) & _named_models(h.folder)  # the leak: only the session's tag can find it
     assert sessions.live_models(h.server.url, tag) == teacher  # still holding its slot after the kill
-    resumed = subprocess.run([*private.RLCLI, "loop", "run", str(h.folder), "--once"], env=h.server.env,
-                             capture_output=True, text=True, timeout=600, cwd=private.PACKAGE_PARENT)
+    resumed = run_rlcli("loop", "run", str(h.folder), "--once", env=h.server.env, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"freed 1 server LoRA slot a killed command left ({teacher[0]})" in resumed.stderr, resumed.stderr[-3000:]
     assert sessions.live_models(h.server.url, tag) == []  # the slot is back

@@ -17,7 +17,7 @@ import pytest
 
 from rlcli.client import parse_tinker_path
 from rlcli.train.retention import canonical
-from tests.conftest import REPO, RLCLI, run_rlcli
+from tests.conftest import REPO, popen_rlcli, run_rlcli
 
 pytestmark = pytest.mark.server
 
@@ -78,15 +78,15 @@ def test_keep_zero_keeps_every_checkpoint_and_a_resume_after_pruning_works(serve
 def _stopped_after_saves(args: list[str], run: Path, env: dict, saves: int) -> list[dict]:
     """`rlcli ARGS` stopped (SIGTERM, as Ctrl-C's kin) once its folder has recorded `saves` checkpoints: the rows
     it kept then. An interrupted run never ended, so the end's pruning leaves its intermediate ones."""
-    proc = subprocess.Popen([*RLCLI, *args], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = popen_rlcli(*args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, new_session=True)
     deadline, seen = time.monotonic() + 240, 0
     while proc.poll() is None and time.monotonic() < deadline and seen < saves:
         time.sleep(0.1)
         rows = [r for r in _rows_if_any(run) if r.get("name") != "final"]
         seen = max(seen, int(rows[-1]["name"]) if rows else 0)
     with contextlib.suppress(ProcessLookupError):  # it ended first: the assertion after says so
-        os.killpg(proc.pid, signal.SIGTERM)
+        if proc.pid > 0:  # 0: a zygote child that died before it could say its pid (killpg(0) is our own group)
+            os.killpg(proc.pid, signal.SIGTERM)
     proc.communicate(timeout=120)
     return _rows(run)
 

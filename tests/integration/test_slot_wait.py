@@ -6,15 +6,15 @@ from __future__ import annotations
 import re
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 
 import pytest
 
 from rlcli.client import NO_FREE_SLOT, unload_model
 from rlcli.slot_wait import NoFreeSlot, load_state
 from tests.conftest import run_rlcli
+from tests.faults.conftest import wait_for
 
 pytestmark = pytest.mark.server
 STALE = "likely stale request"
@@ -91,8 +91,9 @@ def test_the_loops_evaluation_waits_for_a_slot_to_free(server):
     with _full(server.url, server.model) as taken:
         smp = sample.open_sampler(path, None, server.url, None, 4, 0.0, 0, slot_wait_s=300)
         asker = threading.Thread(target=lambda: answered.append(_answer(sample, smp)))
+        refused_before = _refused(server)
         asker.start()
-        time.sleep(12)  # at least two refusals
+        wait_for(lambda: _refused(server) >= refused_before + 2, 120, what="two refusals (POLL_S apart)")
         assert asker.is_alive() and not answered  # waiting, not failed
         unload_model(server.url, taken.pop())  # a trainer ends
         asker.join(240)
@@ -101,6 +102,12 @@ def test_the_loops_evaluation_waits_for_a_slot_to_free(server):
         assert smp.reloaded_model_id  # served from its training state, in the freed slot
     finally:
         sample.close(smp)
+
+
+def _refused(server) -> int:
+    """The models the server marked unloaded: while every slot stays taken, only refused creations add to them."""
+    with closing(sqlite3.connect(server.home / "servers" / "default" / "tinker.db")) as db:
+        return db.execute("SELECT count(*) FROM models WHERE status = 'unloaded'").fetchone()[0]
 
 
 def _answer(sample, smp) -> object:

@@ -139,6 +139,23 @@ def test_a_killed_background_child_reports_the_signal(zygote, stdin_held_open):
 
 
 @pytest.mark.slow
+def test_a_background_child_writes_both_outputs_into_a_file_it_is_given(zygote, tmp_path):
+    """Popen(stdout=a file's descriptor, stderr=STDOUT), as the soak's jobs log: one file, as a fresh process's."""
+    args, env = [*RLCLI, "import", str(TRACES), "-f", "openai"], dict(os.environ, RLCLI_HOME=str(tmp_path / "home"))
+    logs = {}
+    for name in ("child", "fresh"):
+        with open(tmp_path / f"{name}.log", "w") as log:
+            if name == "child":
+                proc = zygote.popen(args, env, str(REPO), log.fileno(), subprocess.STDOUT)
+            else:
+                proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            assert proc.wait(300) == 0
+        logs[name] = (tmp_path / f"{name}.log").read_text()
+    assert proc.stdout is None and logs["child"] == logs["fresh"]
+    assert '"messages"' in logs["child"] and "import: read " in logs["child"], logs["child"][-500:]  # both outputs
+
+
+@pytest.mark.slow
 def test_run_rlcli_forks_only_training_commands_with_a_matching_environment(monkeypatch):
     monkeypatch.delenv("RLCLI_TEST_FRESH_PROCESSES", raising=False)
     conftest._zygote_for(("train", "sl"), dict(os.environ))  # starts this worker's zygote if none runs yet

@@ -42,9 +42,10 @@ def _files_requesting(fixture: str) -> set[str]:
     return found
 
 
-def test_the_files_using_the_stock_server_go_to_one_worker():
+def test_the_files_using_the_stock_server_or_the_fault_server_go_to_one_worker_each():
     """tests/conftest.py's scheduler: every file whose tests take the stock server is one unit (one worker, one
-    stock server start); any other file is its own unit, as --dist loadfile makes it."""
+    stock server start), and so is every file whose tests take the fault server (tests/faults); any other file is
+    its own unit, as --dist loadfile makes it."""
     from tests.conftest import pytest_xdist_make_scheduler
 
     class Config:
@@ -52,12 +53,13 @@ def test_the_files_using_the_stock_server_go_to_one_worker():
             return {"dist": "loadfile", "tx": ["2*popen"]}[name]
 
     scheduler = pytest_xdist_make_scheduler(Config(), None)
-    stock = _files_requesting("stock_server")
-    assert len(stock) >= 2, stock  # otherwise there is nothing to group
+    stock, fault = _files_requesting("stock_server"), _files_requesting("fault_server")
+    assert len(stock) >= 2 and len(fault) >= 2, (stock, fault)  # otherwise there is nothing to group
     units = {f: scheduler._split_scope(f"{f}::test_x") for f in
              sorted(p.relative_to(REPO).as_posix() for p in (REPO / "tests").glob("*/test_*.py"))}
     assert {units[f] for f in stock} == {"uses stock_server"}
-    assert all(unit == f for f, unit in units.items() if f not in stock)
+    assert {units[f] for f in fault} == {"uses fault_server"}
+    assert all(unit == f for f, unit in units.items() if f not in stock | fault)
     # Naming the fixture in text (as this file does) is not using it.
     assert units["tests/integration/test_fused_gspo.py"] == "uses stock_server"
     assert units["tests/unit/test_make_test.py"] == "tests/unit/test_make_test.py"
