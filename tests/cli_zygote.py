@@ -139,8 +139,10 @@ HEAVY_COMMANDS = frozenset({"train", "loop", "eval", "sample", "chat", "export",
 
 # Read by a command at run time, not while a module is imported: these may differ from the zygote's environment.
 # TMPDIR: tempfile's choice is reset in the child. TORCHINDUCTOR_CACHE_DIR: torch reads it (and sets its default
-# into os.environ) when inductor first runs, which an in-process test may do after the zygote started.
-CALL_TIME_VARS = ("TINKER_API_KEY", "TINKER_BASE_URL", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR")
+# into os.environ) when inductor first runs, which an in-process test may do after the zygote started. DOCKER_HOST:
+# rlcli.harbor.daemon reads it when a harbor command talks to Docker (the fault tests' private daemon), and no module
+# of PRELOAD imports a Docker client.
+CALL_TIME_VARS = ("TINKER_API_KEY", "TINKER_BASE_URL", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR", "DOCKER_HOST")
 IMPORT_TIME_RLCLI_VARS: tuple[str, ...] = ()  # RLCLI_ variables an import reads: none since RLCLI_STOCK_IMPORTS went
 
 

@@ -24,6 +24,7 @@ def test_only_variables_read_while_a_command_runs_may_differ():
     base = {"PATH": "/bin", "HF_HUB_OFFLINE": "1", "RLCLI_HOME": "/a"}
     assert forkable(dict(base), base)
     assert forkable(dict(base, RLCLI_HOME="/b", RLCLI_BASE_URL="http://x", TINKER_API_KEY="k"), base)
+    assert forkable(dict(base, DOCKER_HOST="unix:///tmp/d.sock"), base)  # read when harbor talks to Docker
     assert not forkable(dict(base, HF_HUB_OFFLINE="0"), base)  # transformers reads it at import
     assert not forkable(dict(base, TRANSFORMERS_OFFLINE="0"), base)  # read at import too
     assert not forkable({k: v for k, v in base.items() if k != "PATH"}, base)
@@ -175,6 +176,15 @@ def test_the_zygote_module_imports_nothing_heavy():
             "print([m for m in ('torch', 'tinker', 'transformers', 'datasets') if m in sys.modules])")
     proc = subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip() == "[]", proc.stderr
+
+
+@pytest.mark.slow
+def test_no_preloaded_module_reads_docker_host_at_import():
+    """DOCKER_HOST may differ from the zygote's (CALL_TIME_VARS) while no preloaded module is a Docker client."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from tests import cli_zygote; cli_zygote.preload(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'docker' or m.startswith('rlcli.harbor')))")
+    proc = subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True, text=True, timeout=300)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
