@@ -48,6 +48,7 @@ from benchmarks.common import stop_servers_on_sigterm, versions, write_receipt
 from benchmarks.models import server_versions
 from rlcli.loop import batches, settings
 from rlcli.model import ensure_embedded_model
+from rlcli.server.commands import MAX_LOG_BYTES
 from rlcli.server.private import PACKAGE_PARENT, RLCLI, PrivateServer, free_port, private_server
 from rlcli.train import retention
 
@@ -81,7 +82,8 @@ EXPECTED = {
                                  "unloaded",
     "futures_rows": f"bounded: --futures-retention {FUTURES_MINUTES}: no finished row older than it (and the "
                     f"pruner's {probe.PRUNE_SLACK_MINUTES:.0f} minutes) at any reading, whatever the request rate",
-    "disk_mb_database": "bounded: SQLite reuses the pages of deleted futures rows",
+    "disk_mb_database": "bounded: its file keeps the high-water mark of the futures rows within their retention "
+                        "(SQLite reuses freed pages, never shrinks), judged as those rows: none past the retention",
     "disk_mb_checkpoints_intermediate": f"bounded: the runs in flight's, --keep-checkpoints {KEEP_CHECKPOINTS} each "
                                         "(and the one just saved); a run's all deleted when it ends with its final",
     "disk_mb_checkpoints_final": f"bounded: `train prune --keep-runs {KEEP_RUNS}` every {PRUNE_EVERY_S} s keeps the "
@@ -91,7 +93,8 @@ EXPECTED = {
     "disk_mb_checkpoints_training": "grows by design: by kind, the states of the three rows above (the loop's grow)",
     "disk_mb_sampler_named": "grows by design: by kind, the named sampler weights of the three rows above",
     "disk_mb_capture": f"bounded: --capture-max-hours {CAPTURE_MAX_HOURS} (no loop drains this store)",
-    "disk_mb_server_log": "bounded: rotated at 20 MB (two parts: 40 MB)",
+    "disk_mb_server_log": f"bounded: rotated at {MAX_LOG_BYTES // 2**20} MB, two parts: at most "
+                          f"{2 * MAX_LOG_BYTES // 2**20} MB at any reading",
     "latency_p50_ms": "flat", "latency_p99_ms": "flat",
 }
 
@@ -311,9 +314,13 @@ def verdict_of(key: str, series: list[dict[str, Any]], warmup_share: float) -> d
     slope = probe.trend(times, values, warmup_share, probe.FLOOR_MINUTES if key.endswith("_fds") else None)
     if not EXPECTED[key].startswith("bounded"):
         return slope
-    if key == "futures_rows":
+    if key in ("futures_rows", "disk_mb_database"):  # the retention's own test, whatever the request rate did
         past = max((r.get("futures_past_retention", 0) for r in series), default=0)
         return {**slope, "most_past_retention": past, "verdict": "bounded" if past == 0 else "growing"}
+    if key == "disk_mb_server_log":  # a cap, not a retention: every reading within it
+        most = max((v for v in values if v is not None), default=0.0)
+        cap = 2 * MAX_LOG_BYTES / 2**20
+        return {**slope, "most": most, "cap": cap, "verdict": "bounded" if most <= cap else "growing"}
     return {**probe.peaks(times, values, warmup_share), "trend_per_hour": slope.get("per_hour")}
 
 
@@ -349,10 +356,13 @@ def judge(series: list[dict[str, Any]], requests: list[dict[str, Any]], jobs: li
 
 def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_every: float = 300, label: str = "",
          out: str | None = None, plot: bool = True, workdir: str | None = None,
-         warmup_minutes: float = WARMUP_MINUTES) -> None:
+         warmup_minutes: float = WARMUP_MINUTES, rejudge: str | None = None) -> None:
     """minutes: the whole run, warm-up included (its first warmup_minutes are recorded, not judged; a third of a
     run too short for them). workdir: keep the jobs' logs, run folders and loop folder there (a new folder;
-    default: a temporary one)."""
+    default: a temporary one). rejudge: a receipt's raw series judged again by today's rules (the receipt
+    rewritten with the new verdict and the date of the rejudging, its plot redrawn); nothing is run."""
+    if rejudge:
+        return rejudge_receipt(Path(rejudge), plot)
     stop_servers_on_sigterm()
     model = str(ensure_embedded_model())
     with (private_server(model, "--futures-retention", str(FUTURES_MINUTES), "--slots", str(SLOTS)) as server,
@@ -389,6 +399,21 @@ def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_ever
     print(f"soak {minutes} min: {verdict['requests']} requests, {verdict['failed_requests']} failed; growing where "
           f"flat is expected: {verdict['growing_where_flat_expected'] or 'none'}; growing without retention: "
           f"{verdict['unbounded_by_design']}; receipt {receipt}")
+
+
+def rejudge_receipt(path: Path, plot: bool) -> None:
+    data = json.loads(path.read_text())
+    data["verdict"] = judge(data["series"], data["requests"], data["jobs"], data["config"]["warmup_share"])
+    data["config"]["flat_rule"] = probe.__doc__.split("Trend: ")[1].split("Peaks: ")[0].strip()
+    data["config"]["peak_rule"] = probe.__doc__.split("Peaks: ")[1].strip()
+    data["rejudged_utc"] = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    if plot:
+        from benchmarks.soak_plot import plot as draw
+
+        draw(path, path.with_suffix(".png"))
+    print(f"{path.name}: growing where flat or bounded is expected: "
+          f"{data['verdict']['growing_where_flat_expected'] or 'none'}")
 
 
 if __name__ == "__main__":

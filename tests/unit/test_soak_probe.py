@@ -108,3 +108,29 @@ def test_the_engines_memory_line_is_read_from_the_log_tail(tmp_path):
                    "(malloc_trim): RSS 1400 -> 1300 MB; jax arrays alive 320 (99.0 MB); again every 60 s\n")
     assert probe.engine_memory(log) == {"engine_trimmed_rss_mb": 1300, "engine_arrays": 320,
                                         "engine_arrays_mb": 99.0}
+
+
+def test_the_soak_judges_each_series_by_what_bounds_it(tmp_path):
+    import json
+
+    from benchmarks import soak
+
+    rows = [{"t_s": i * 10.0, "futures_rows": 100 + 5 * i, "futures_past_retention": 0,
+             "disk_mb_database": 1 + 0.1 * i, "disk_mb_server_log": 5 + (i % 30), "server_rss_mb": 1000 + 3 * i}
+            for i in range(120)]  # rising rows and file (the rate rose), a log within its cap, RSS climbing
+    got = {k: soak.verdict_of(k, rows, 1 / 4)["verdict"] for k in ("futures_rows", "disk_mb_database",
+                                                                   "disk_mb_server_log", "server_rss_mb")}
+    assert got == {"futures_rows": "bounded", "disk_mb_database": "bounded", "disk_mb_server_log": "bounded",
+                   "server_rss_mb": "growing"}
+    rows[-1] |= {"futures_past_retention": 3, "disk_mb_server_log": 41}  # the retention or the rotation failed
+    assert soak.verdict_of("futures_rows", rows, 1 / 4)["verdict"] == "growing"
+    assert soak.verdict_of("disk_mb_database", rows, 1 / 4)["verdict"] == "growing"
+    assert soak.verdict_of("disk_mb_server_log", rows, 1 / 4)["verdict"] == "growing"
+    receipt = tmp_path / "soak.json"
+    zeros = dict.fromkeys((*soak.EXPECTED, "sampler_snapshots_most_per_model"), 0)
+    receipt.write_text(json.dumps({"series": [zeros | r for r in rows],
+                                   "requests": [], "jobs": [], "config": {"warmup_share": 0.25}, "verdict": {}}))
+    soak.rejudge_receipt(receipt, plot=False)
+    data = json.loads(receipt.read_text())
+    assert data["verdict"]["trends"]["disk_mb_server_log"]["verdict"] == "growing" and data["rejudged_utc"]
+    assert "Peaks" not in data["config"]["flat_rule"] and data["config"]["peak_rule"]
