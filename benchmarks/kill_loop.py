@@ -38,8 +38,9 @@ from rlcli.loop import batches, data, settings
 from rlcli.loop.ledger import Champion, opened
 from rlcli.server import private, process
 
+# server_timeout: a killed server ends the command in 20 s, not a trainer's default 60 (the server restarts at once)
 SETTINGS = dict(train="sft,rl,distill,dpo", match="number", steps=2, distill_steps=1, lr=1e-2, save_every=1,
-                max_tokens=4, eval_limit=4, regression_margin=1.0, batch_size=4, group_size=2)
+                max_tokens=4, eval_limit=4, regression_margin=1.0, batch_size=4, group_size=2, server_timeout=20.0)
 CHATS = 16  # a batch: 12 to train, a few held out
 COMMAND_TIMEOUT_S = 600
 ARMED_TRIES = 4  # commands a kill point waits through for its stage before it is dropped (not reached)

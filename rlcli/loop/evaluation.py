@@ -24,7 +24,6 @@ from rlcli.problems.traces import Problem, first_problems
 from rlcli.slot_wait import NoFreeSlot
 
 EVAL_FILE = "eval.jsonl"
-SERVER_TIMEOUT_S = 60.0  # silence from the server that ends the evaluation (rlcli.watchdog's default, a trainer's)
 SETS = ("heldout", "regression")
 
 
@@ -186,7 +185,7 @@ def evaluate(folder: Path, ledger: Ledger, n: int, s: LoopSettings, champion: Ch
     from rlcli import watchdog
 
     try:
-        with watchdog.watch(url, SERVER_TIMEOUT_S, _gone(folder, n, url)):  # a dead server: one line, not a hang
+        with watchdog.watch(url, s.server_timeout, _gone(folder, n, url)):  # a dead server: one line, not a hang
             graded = answers_of({"champion": champion, "candidate": candidate}, problems, s, url)
     except NoFreeSlot as e:  # nothing of this stage is recorded yet: the next run starts it again
         raise NoFreeSlot(f"{e}; then `rlcli loop run {folder}` resumes iteration {n} at its evaluation") from None

@@ -16,7 +16,18 @@ from typing import Any, Literal
 from rlcli.data.import_cmd import DEDUPE, FORMAT, REDACT, Format
 from rlcli.errors import UsageError
 from rlcli.export import Format as ExportFormat
-from rlcli.options import BASE_URL, MAX_TOKENS, SAMPLES, SEED, TEMPERATURE, Record, option, sampled, specs
+from rlcli.options import (
+    BASE_URL,
+    MAX_TOKENS,
+    SAMPLES,
+    SEED,
+    SERVER_TIMEOUT,
+    TEMPERATURE,
+    Record,
+    option,
+    sampled,
+    specs,
+)
 from rlcli.problems.rewards import check_match
 from rlcli.problems.traces import MATCH, REWARD, Reward
 from rlcli.train.options import BATCH, BETA, GROUP, LORA, SAVE, group_of_two
@@ -80,6 +91,7 @@ class LoopSettings(Record):
     shuffle_answers: bool = option(False, "a deliberately bad candidate: SFT replies shuffled across chats (tests, "
                                           "demos)")
     base_url: str | None = BASE_URL(None)
+    server_timeout: float = SERVER_TIMEOUT(60.0)
 
     def problems(self) -> Iterator[str]:
         if not self.traces:

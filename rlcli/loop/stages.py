@@ -48,7 +48,8 @@ def stage(kind: str, folder: Path, dataset: Path, start: str | None, teacher: Ch
     from rlcli.train.options import RL_LR
 
     common = dict(base_url=url, log_path=str(folder), resume=resume, seed=s.seed, save_every=s.save_every,
-                  max_steps=s.steps, lora_rank=s.lora_rank, eval_every=0, load_checkpoint=start)
+                  max_steps=s.steps, lora_rank=s.lora_rank, eval_every=0, load_checkpoint=start,
+                  server_timeout=s.server_timeout)
     if kind == "sft":
         from rlcli.train.sl import SlOptions, train_sl
 

@@ -201,12 +201,13 @@ def test_an_evaluation_whose_server_is_killed_ends_in_one_line_instead_of_waitin
         time.sleep(120)
 
     folder, _ = loop
-    monkeypatch.setattr(evaluation, "SERVER_TIMEOUT_S", 2.0)
     monkeypatch.setattr(evaluation, "plan", lambda *args: evaluation.Plan([], frozenset()))
     monkeypatch.setattr(evaluation, "answers_of", answering_then_killed)
     started = time.monotonic()
     with opened(folder) as ledger, pytest.raises(ServerGone) as gone:
-        evaluation.evaluate(folder, ledger, 2, settings.read(folder), Champion(1), Champion(2), health_server)
+        s = settings.read(folder)
+        evaluation.evaluate(folder, ledger, 2, type(s)(**{**s.__dict__, "server_timeout": 2.0}), Champion(1),
+                            Champion(2), health_server)
     assert time.monotonic() - started < 30
     assert gone.value.exit_code == 75
     assert f"iteration 2's evaluation: restart it (`rlcli serve restart`), then `rlcli loop run {folder}` resumes " \

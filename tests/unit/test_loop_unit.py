@@ -282,3 +282,19 @@ def test_a_pairs_file_with_a_bad_line_stops_the_dpo_stage_with_one_line_naming_i
     path.write_text("\n")  # an empty file is no pair, not an error
     with opened(folder) as ledger:
         assert stages.pairs(folder, ledger, n, settings.read(folder)) == []
+
+
+def test_every_stage_and_the_evaluation_take_the_loops_server_timeout(tmp_path):
+    """`loop init --server-timeout S` (loop.toml's server_timeout): each stage's trainer is given it, so a server
+    that stops answering ends the stage in S seconds, as it ends the evaluation."""
+    from rlcli.loop import settings, stages
+    from rlcli.loop.ledger import Champion
+
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text(json.dumps({"messages": [{"role": "user", "content": "1+1?"},
+                                                {"role": "assistant", "content": "2"}]}) + "\n")
+    s = settings.LoopSettings(traces=str(tmp_path / "*.jsonl"), server_timeout=7.5)
+    for kind in settings.STAGES:
+        _, options = stages.stage(kind, tmp_path / kind, dataset, None, Champion(0), s, "http://127.0.0.1:1", False)
+        assert options.server_timeout == 7.5, kind
+    assert settings.LoopSettings(traces="x").server_timeout == 60.0  # a trainer's own default
