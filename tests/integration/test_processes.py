@@ -9,6 +9,7 @@ behind.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -192,12 +193,14 @@ def test_a_stopped_worker_is_named_by_requests_and_status(embedded_model, tmp_pa
         os.kill(worker, signal.SIGSTOP)
         try:
             wait_for(lambda: time.time() - beat.stat().st_mtime > 11, 60, None, "the worker's heartbeat to age")
-            sample = run_rlcli("sample", "--prompt", "hi", "--max-tokens", "2", "--server-timeout", str(timeout_s),
-                               env=pair.env, timeout=120)
+            with concurrent.futures.ThreadPoolExecutor(2) as both:  # at once: the stop stays short of jax's 30 s
+                asked = both.submit(run_rlcli, "sample", "--prompt", "hi", "--max-tokens", "2", "--server-timeout",
+                                    str(timeout_s), env=pair.env, timeout=120)
+                status = both.submit(run_rlcli, "serve", "status", env=pair.env).result()
+                sample = asked.result()
             lines = sample.stderr.strip().splitlines()
             assert sample.returncode == EXIT_SERVER_GONE and len(lines) == 1, sample.stderr
             assert f"has a frozen engine (jax worker process 1 (pid {worker}) gave no heartbeat for" in lines[0], lines
-            status = run_rlcli("serve", "status", env=pair.env)
             assert status.returncode == 3 and status.stdout.startswith("frozen:"), status.stdout
             assert f"jax worker process 1 (pid {worker})" in status.stdout, status.stdout
         finally:
