@@ -149,12 +149,17 @@ ENGINE_MEMORY = re.compile(r"\[rlcli memory\] trimmed the heap .*?RSS (\d+) -> (
                            r"\(([\d.]+) MB\)")
 
 
+# A minute of the server log under the soak's mix: its requests' access lines came to more than 256 KB (the steady
+# soak's last third read no memory line at 256 KB)
+LOG_TAIL_BYTES = 4 * 2**20
+
+
 def engine_memory(log: Path) -> dict[str, float]:
     """The engine's newest memory line in the server log (runtime/rlcli_memory.py, once a minute): its RSS after
     the heap trim and the jax arrays it holds alive (count, MB); nothing before its first trim."""
     try:
         with log.open("rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 256 * 1024))
+            f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
             tail = f.read().decode(errors="replace")
     except OSError:
         return {}

@@ -104,8 +104,9 @@ def test_the_engines_memory_line_is_read_from_the_log_tail(tmp_path):
     log = tmp_path / "server.log"
     assert probe.engine_memory(log) == {}
     log.write_text("noise\n[rlcli memory] trimmed the heap (malloc_trim): RSS 1500 -> 1210 MB; jax arrays alive 310 "
-                   "(96.5 MB); again every 60 s\n" + "x" * 300_000 + "\n[rlcli memory] trimmed the heap "
-                   "(malloc_trim): RSS 1400 -> 1300 MB; jax arrays alive 320 (99.0 MB); again every 60 s\n")
+                   "(96.5 MB); again every 60 s\n" + "x" * (probe.LOG_TAIL_BYTES + 10)
+                   + "\n[rlcli memory] trimmed the heap (malloc_trim): RSS 1400 -> 1300 MB; jax arrays alive 320 "
+                   "(99.0 MB); again every 60 s\n")
     assert probe.engine_memory(log) == {"engine_trimmed_rss_mb": 1300, "engine_arrays": 320,
                                         "engine_arrays_mb": 99.0}
 
