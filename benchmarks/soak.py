@@ -378,8 +378,7 @@ def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_ever
             "config": {"minutes": minutes, "size": "full" if loop_every > 0 else "steady", "interval_s": interval,
                        "rate_per_s": rate, "loop_every_s": loop_every,
                        "warmup_share": warmup_share,
-                       "flat_rule": probe.__doc__.split("Trend: ")[1].split("Peaks: ")[0].strip(),
-                       "peak_rule": probe.__doc__.split("Peaks: ")[1].strip(),
+                       **rules(),
                        "model": "rlcli-tiny-qwen3-v1",
                        "server": f"`rlcli serve start --futures-retention {FUTURES_MINUTES} --slots {SLOTS}`, else "
                                  "its defaults",
@@ -401,11 +400,16 @@ def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_ever
           f"{verdict['unbounded_by_design']}; receipt {receipt}")
 
 
+def rules() -> dict[str, str]:
+    """The two rules a receipt is judged by, in soak_probe's own words."""
+    return {"flat_rule": probe.__doc__.split("Trend: ")[1].split("Peaks: ")[0].strip(),
+            "peak_rule": probe.__doc__.split("Peaks: ")[1].strip()}
+
+
 def rejudge_receipt(path: Path, plot: bool) -> None:
     data = json.loads(path.read_text())
     data["verdict"] = judge(data["series"], data["requests"], data["jobs"], data["config"]["warmup_share"])
-    data["config"]["flat_rule"] = probe.__doc__.split("Trend: ")[1].split("Peaks: ")[0].strip()
-    data["config"]["peak_rule"] = probe.__doc__.split("Peaks: ")[1].strip()
+    data["config"] |= rules()
     data["rejudged_utc"] = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path.write_text(json.dumps(data, indent=2) + "\n")
     if plot:
