@@ -69,12 +69,15 @@ CAPTURE_MAX_HOURS = 0.1  # endpoint start --capture-max-hours: no loop drains th
 # The mix holds up to 5 models at once (two SFT runs, the RL run, the loop's stage, its candidate's reload): a trainer
 # refuses at its start when no slot is free (by design, one line), which on the default 4 failed 7 runs in 30 minutes.
 SLOTS = 6
+PROGRAM_MB = 512  # serve start --program-memory (default 2048): the mix's compiled programs pass it within minutes
 KEEP_RUNS = 6  # train prune --keep-runs, every PRUNE_EVERY_S: the finished runs' retention (opt-in, off by default)
 PRUNE_EVERY_S = 60
 # What each series is judged against: "flat" (a leak if its line rises: soak_probe's trend rule), "bounded" (a
 # sawtooth a retention bounds: soak_probe's peak rule), or "grows by design" (reported, not judged).
 EXPECTED = {
-    "server_rss_mb": "flat", "server_fds": "flat", "endpoint_rss_mb": "flat", "endpoint_fds": "flat",
+    "server_rss_mb": f"flat: the engine drops its compiled programs past --program-memory {PROGRAM_MB} (at most "
+                     "every ten minutes) and loads those in use again",
+    "server_fds": "flat", "endpoint_rss_mb": "flat", "endpoint_fds": "flat",
     "engine_arrays_mb": "flat: the jax arrays the engine holds (weights, LoRA slots, optimizer states, snapshots)",
     "compiled_programs": "bounded: one per new batch shape or sequence length the mix brings (a fixed set, met "
                          "in the warm-up)",
@@ -87,7 +90,9 @@ EXPECTED = {
     "disk_mb_checkpoints_intermediate": f"bounded: the runs in flight's, --keep-checkpoints {KEEP_CHECKPOINTS} each "
                                         "(and the one just saved); a run's all deleted when it ends with its final",
     "disk_mb_checkpoints_final": f"bounded: `train prune --keep-runs {KEEP_RUNS}` every {PRUNE_EVERY_S} s keeps the "
-                                 "newest finished runs' finals (opt-in: finals are user data, kept by default)",
+                                 "newest finished runs' finals (opt-in: finals are user data, kept by default): at "
+                                 f"no reading more finals than {KEEP_RUNS} and the runs ended since the last prune "
+                                 "began",
     "disk_mb_checkpoints_loop": "grows by design: the loop's stage runs and champions its ledger names (its history, "
                                 "what a rollback needs), one iteration per two loop cycles",
     "disk_mb_checkpoints_training": "grows by design: by kind, the states of the three rows above (the loop's grow)",
@@ -307,9 +312,31 @@ def soak(server: PrivateServer, root: Path, minutes: float, interval: float, rat
     return {"series": series, "jobs": jobs.runs, "requests": load.rows}
 
 
-def verdict_of(key: str, series: list[dict[str, Any]], warmup_share: float) -> dict[str, Any]:
+TRAINERS = ("sl-a", "sl-b", "rl")  # the jobs whose runs end with a final checkpoint `train prune` may delete
+
+
+def finals_allowed(t_s: float, jobs: list[dict[str, Any]]) -> int:
+    """The finals `train prune --keep-runs` leaves at time t_s: KEEP_RUNS, and every run that ended after the start of
+    the newest prune finished by then (that prune listed the runs before they ended)."""
+    def end(j):
+        return j["start_s"] + (j["seconds"] or 0.0)
+
+    pruned = [j["start_s"] for j in jobs if j["job"] == "prune" and j["rc"] == 0 and end(j) <= t_s]
+    since = max(pruned, default=-1.0)
+    return KEEP_RUNS + sum(1 for j in jobs if j["job"] in TRAINERS and since < end(j) <= t_s)
+
+
+def finals_past_retention(series: list[dict[str, Any]], jobs: list[dict[str, Any]]) -> int | None:
+    """The most finals any reading held beyond finals_allowed; None when the series has no count of finals."""
+    past = [r["final_checkpoints"] - finals_allowed(r["t_s"], jobs) for r in series if "final_checkpoints" in r]
+    return max(0, *past) if past else None
+
+
+def verdict_of(key: str, series: list[dict[str, Any]], warmup_share: float,
+               jobs: list[dict[str, Any]] = ()) -> dict[str, Any]:
     """A series' verdict by what it is expected to do (EXPECTED): flat by the trend rule (descriptors by their
-    floor), bounded by the peak rule (futures rows by none kept past their retention), else its trend, reported."""
+    floor), bounded by the peak rule (futures rows by none kept past their retention, finals by none past
+    `train prune`'s), else its trend, reported."""
     times, values = [r["t_s"] / 60 for r in series], [r.get(key) for r in series]
     slope = probe.trend(times, values, warmup_share, probe.FLOOR_MINUTES if key.endswith("_fds") else None)
     if not EXPECTED[key].startswith("bounded"):
@@ -317,6 +344,9 @@ def verdict_of(key: str, series: list[dict[str, Any]], warmup_share: float) -> d
     if key in ("futures_rows", "disk_mb_database"):  # the retention's own test, whatever the request rate did
         past = max((r.get("futures_past_retention", 0) for r in series), default=0)
         return {**slope, "most_past_retention": past, "verdict": "bounded" if past == 0 else "growing"}
+    if key == "disk_mb_checkpoints_final" and (past := finals_past_retention(series, list(jobs))) is not None:
+        return {**slope, "most_finals": max(r.get("final_checkpoints", 0) for r in series),
+                "most_past_retention": past, "verdict": "bounded" if past == 0 else "growing"}
     if key == "disk_mb_server_log":  # a cap, not a retention: every reading within it
         most = max((v for v in values if v is not None), default=0.0)
         cap = 2 * MAX_LOG_BYTES / 2**20
@@ -327,7 +357,7 @@ def verdict_of(key: str, series: list[dict[str, Any]], warmup_share: float) -> d
 def judge(series: list[dict[str, Any]], requests: list[dict[str, Any]], jobs: list[dict[str, Any]],
           warmup_share: float = 1 / 3) -> dict:
     """Per resource its trend and expectation; the targets: leaks none, failed requests none, snapshots bounded."""
-    trends = {key: {**verdict_of(key, series, warmup_share), "expected": expected}
+    trends = {key: {**verdict_of(key, series, warmup_share, jobs), "expected": expected}
               for key, expected in EXPECTED.items()}
     leaks = [k for k, t in trends.items() if not t["expected"].startswith("grows by design")
              and t["verdict"] == "growing"]
@@ -365,7 +395,8 @@ def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_ever
         return rejudge_receipt(Path(rejudge), plot)
     stop_servers_on_sigterm()
     model = str(ensure_embedded_model())
-    with (private_server(model, "--futures-retention", str(FUTURES_MINUTES), "--slots", str(SLOTS)) as server,
+    with (private_server(model, "--futures-retention", str(FUTURES_MINUTES), "--slots", str(SLOTS),
+                        "--program-memory", str(PROGRAM_MB)) as server,
           tempfile.TemporaryDirectory(prefix="rlcli-soak-") as tmp):
         root = Path(workdir) if workdir else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
@@ -380,11 +411,11 @@ def main(minutes: float = 30, interval: float = 10, rate: float = 2.0, loop_ever
                        "warmup_share": warmup_share,
                        **rules(),
                        "model": "rlcli-tiny-qwen3-v1",
-                       "server": f"`rlcli serve start --futures-retention {FUTURES_MINUTES} --slots {SLOTS}`, else "
-                                 "its defaults",
+                       "server": f"`rlcli serve start --futures-retention {FUTURES_MINUTES} --slots {SLOTS} "
+                                 f"--program-memory {PROGRAM_MB}`, else its defaults",
                        "retention": {"futures_minutes": FUTURES_MINUTES, "keep_checkpoints": KEEP_CHECKPOINTS,
                                      "capture_max_hours": CAPTURE_MAX_HOURS, "keep_runs": KEEP_RUNS,
-                                     "prune_every_s": PRUNE_EVERY_S},
+                                     "prune_every_s": PRUNE_EVERY_S, "program_memory_mb": PROGRAM_MB},
                        "sl": " ".join(SL_ARGS) + " on tests/fixtures/sl_small.jsonl, twice at once, repeated",
                        "rl": " ".join(RL_ARGS) + ", repeated", "loop": LOOP, "endpoint_max_tokens": MAX_TOKENS,
                        "nice": os.nice(0), "machine": "shared 2-core machine (other engineers' tests and benchmarks "

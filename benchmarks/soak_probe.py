@@ -147,6 +147,7 @@ def futures_rows(db: Path, retention_minutes: float | None = None) -> dict[str, 
 PRUNE_SLACK_MINUTES = 2.0
 ENGINE_MEMORY = re.compile(r"\[rlcli memory\] trimmed the heap .*?RSS (\d+) -> (\d+) MB; jax arrays alive (\d+) "
                            r"\(([\d.]+) MB\)")
+PROGRAM_DROP = re.compile(r"\[rlcli memory\] dropped the compiled programs .*; drop (\d+)")
 
 
 # A minute of the server log under the soak's mix: its requests' access lines came to more than 256 KB (the steady
@@ -156,7 +157,8 @@ LOG_TAIL_BYTES = 4 * 2**20
 
 def engine_memory(log: Path) -> dict[str, float]:
     """The engine's newest memory line in the server log (runtime/rlcli_memory.py, once a minute): its RSS after
-    the heap trim and the jax arrays it holds alive (count, MB); nothing before its first trim."""
+    the heap trim and the jax arrays it holds alive (count, MB), and how many times it has dropped its compiled
+    programs (--program-memory) when the log's tail shows one; nothing before its first trim."""
     try:
         with log.open("rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
@@ -164,10 +166,11 @@ def engine_memory(log: Path) -> dict[str, float]:
     except OSError:
         return {}
     found = ENGINE_MEMORY.findall(tail)
+    drops = {"program_drops": int(d[-1])} if (d := PROGRAM_DROP.findall(tail)) else {}
     if not found:
-        return {}
+        return drops
     _, after, count, mb = found[-1]
-    return {"engine_trimmed_rss_mb": int(after), "engine_arrays": int(count), "engine_arrays_mb": float(mb)}
+    return {"engine_trimmed_rss_mb": int(after), "engine_arrays": int(count), "engine_arrays_mb": float(mb), **drops}
 
 
 def tree_bytes(folder: Path) -> int:
@@ -184,12 +187,13 @@ def tree_bytes(folder: Path) -> int:
 def checkpoint_bytes(base: Path, loop_models: frozenset[str] = frozenset()) -> dict[str, int]:
     """Training checkpoints, named sampler weights, unnamed sampler snapshots under checkpoints/MODEL/KIND/NAME; of
     those, the bytes of final checkpoints and of the models a loop's ledger names (`loop_models`: its stages' runs,
-    kept as its history whatever the retention)."""
+    kept as its history whatever the retention); `finals`: how many models outside the loop's have a final."""
     out = {"training": 0, "sampler_named": 0, "sampler_snapshots": 0, "snapshot_files": 0, "most_of_a_model": 0,
-           "final": 0, "most_states_of_a_model": 0, "loop": 0}
+           "final": 0, "most_states_of_a_model": 0, "loop": 0, "finals": 0}
     for model in _entries(base):
         files = states = 0
         looped = model.name in loop_models
+        out["finals"] += not looped and any(k.name.startswith(f"{FINAL}.") for k in _entries(model))
         for kind in _entries(model):
             if kind.name != "sampler_weights":
                 size = tree_bytes(kind) if kind.is_dir() else _size(kind)
@@ -243,7 +247,7 @@ def disk_readings(server_dir: Path, capture: Path, checkpoints: Path, ledger: Pa
             "disk_mb_sampler_named": round(ck["sampler_named"] / mb, 3),
             "disk_mb_sampler_snapshots": round(ck["sampler_snapshots"] / mb, 3),
             "sampler_snapshot_files": ck["snapshot_files"], "sampler_snapshots_most_per_model": ck["most_of_a_model"],
-            "disk_mb_checkpoints_final": round(ck["final"] / mb, 3),
+            "disk_mb_checkpoints_final": round(ck["final"] / mb, 3), "final_checkpoints": ck["finals"],
             "disk_mb_checkpoints_loop": round(ck["loop"] / mb, 3),
             "disk_mb_checkpoints_intermediate": round((ck["training"] + ck["sampler_named"] - ck["final"] - ck["loop"])
                                                       / mb, 3),

@@ -31,6 +31,7 @@ FROZEN_AFTER_S = 10.0  # `serve status`: ten missed heartbeats (the engine beats
 SERVER_EXTENSIONS = shared.RLCLI  # every change rlcli makes to SkyRL (runtime/manifest.py lists them)
 SNAPSHOTS_ENV, SAMPLER_CACHE_ENV = shared.SNAPSHOTS_ENV, shared.SAMPLER_CACHE_ENV
 FUTURES_ENV = shared.FUTURES_RETENTION_ENV
+PROGRAM_MEMORY_ENV = shared.PROGRAM_MEMORY_ENV
 
 
 def _is_loopback(host: str) -> bool:
@@ -134,6 +135,10 @@ class StartOptions(Record):
                                                  "database (a tinker client reads its result within seconds); older "
                                                  "rows are deleted once a minute, 0 keeps every row (default: "
                                                  "RLCLI_FUTURES_RETENTION, else 60)", low=0)
+    program_memory: int | None = option(None, "MB the jax engine's compiled programs may add to its memory (one per "
+                                              "batch shape, kept in memory); past it they are dropped and each in "
+                                              "use is loaded again from the disk cache, at most every ten minutes; 0 "
+                                              "keeps them all (default: RLCLI_PROGRAM_MEMORY, else 2048)", low=0)
 
     def problems(self) -> Iterator[str]:
         if self.processes > 1 and (self.local_processes or 1) > self.processes:
@@ -191,7 +196,8 @@ def start(o: StartOptions) -> int:
     backend_cfg = hw.map_hardware(o.backend, o.gpus, o.nodes, o.tp)
     backend_cfg.update(hw.parse_backend_config(o.backend_config))
     slots = hw.slot_config(o.backend, o.slots, backend_cfg)
-    snapshots_env = _snapshots_env(o.sampler_snapshots) | _futures_env(o.futures_retention)
+    snapshots_env = (_snapshots_env(o.sampler_snapshots) | _futures_env(o.futures_retention)
+                     | _program_memory_env(o.program_memory))
     local_workers = scaling.processes_config(o.backend, o.processes, o.local_processes, o.coordinator, o.gpus, o.tp,
                                              o.insecure, backend_cfg, o.ray_address or os.environ.get("RAY_ADDRESS"),
                                              o.extensions)
@@ -268,6 +274,15 @@ def _futures_env(minutes: int | None) -> dict[str, str]:
         raise UsageError(f"--futures-retention {value} (or {FUTURES_ENV}): give a whole number of minutes "
                          "(0 keeps every row)")
     return {FUTURES_ENV: str(int(value))} if value else {}
+
+
+def _program_memory_env(mb: int | None) -> dict[str, str]:
+    """runtime/rlcli_memory.py reads the cap from RLCLI_PROGRAM_MEMORY: refused here, before a start."""
+    value = str(os.environ.get(PROGRAM_MEMORY_ENV, "") if mb is None else mb).strip()
+    if value and not value.isdigit():
+        raise UsageError(f"--program-memory {value} (or {PROGRAM_MEMORY_ENV}): give a whole number of MB (0 keeps "
+                         "every compiled program)")
+    return {PROGRAM_MEMORY_ENV: str(int(value))} if value else {}
 
 
 def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: str, host: str, port: int,

@@ -46,9 +46,10 @@ def test_checkpoints_split_into_training_named_sampler_and_snapshots(tmp_path):
         (model / "sampler_weights" / f"ss1_seq{n}.tar.gz").write_bytes(b"x" * 7)
     got = probe.checkpoint_bytes(tmp_path)
     assert got == {"training": 140, "sampler_named": 10, "sampler_snapshots": 21, "snapshot_files": 3,
-                   "most_of_a_model": 3, "final": 50, "most_states_of_a_model": 1, "loop": 0}
+                   "most_of_a_model": 3, "final": 50, "most_states_of_a_model": 1, "loop": 0, "finals": 1}
     looped = probe.checkpoint_bytes(tmp_path, frozenset({"m1"}))  # a model a loop's ledger names: its history
-    assert looped | {"loop": 0, "final": 50} == got and looped["loop"] == 150 and looped["final"] == 0
+    assert looped | {"loop": 0, "final": 50, "finals": 1} == got and looped["loop"] == 150 and looped["final"] == 0
+    assert looped["finals"] == 0
 
 
 def test_server_processes_are_told_apart_by_their_launcher_role():
@@ -135,3 +136,25 @@ def test_the_soak_judges_each_series_by_what_bounds_it(tmp_path):
     data = json.loads(receipt.read_text())
     assert data["verdict"]["trends"]["disk_mb_server_log"]["verdict"] == "growing" and data["rejudged_utc"]
     assert "Peaks" not in data["config"]["flat_rule"] and data["config"]["peak_rule"]
+
+
+def test_finals_are_judged_by_count_against_keep_runs_and_the_runs_ended_since_the_last_prune():
+    from benchmarks import soak
+
+    def job(name, start, seconds):
+        return {"job": name, "start_s": start, "seconds": seconds, "rc": 0}
+
+    jobs = [job("sl-a", 0, 50), job("sl-b", 0, 55), job("rl", 10, 45),  # three runs end by 55 s
+            job("prune", 60, 2),  # lists the runs at 60 s: those three are among its kept
+            job("sl-a", 50, 58), job("sl-b", 55, 60)]  # two more end at 108 and 115 s, before the next prune
+    assert soak.finals_allowed(30, jobs) == soak.KEEP_RUNS  # nothing ended yet
+    assert soak.finals_allowed(56, jobs) == soak.KEEP_RUNS + 3  # no prune finished: every run ended counts
+    assert soak.finals_allowed(70, jobs) == soak.KEEP_RUNS  # the prune began after they ended
+    assert soak.finals_allowed(120, jobs) == soak.KEEP_RUNS + 2
+    rows = [{"t_s": t, "final_checkpoints": n} for t, n in ((30, 2), (56, soak.KEEP_RUNS + 3), (120, 8))]
+    assert soak.finals_past_retention(rows, jobs) == 0
+    assert soak.verdict_of("disk_mb_checkpoints_final", rows, 1 / 4, jobs)["verdict"] == "bounded"
+    rows.append({"t_s": 70, "final_checkpoints": soak.KEEP_RUNS + 1})  # a final the prune should have deleted
+    assert soak.finals_past_retention(rows, jobs) == 1
+    assert soak.verdict_of("disk_mb_checkpoints_final", rows, 1 / 4, jobs)["verdict"] == "growing"
+    assert soak.finals_past_retention([{"t_s": 5}], jobs) is None  # an older receipt: the peak rule judges bytes
