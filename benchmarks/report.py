@@ -224,6 +224,14 @@ def max_tokens_row(r: dict) -> tuple[str, str]:
             f"in all (median build {s['build_s_median']:.1f} s)")
 
 
+def program_memory_row(r: dict) -> tuple[str, str]:
+    s = r["summary"]
+    return (f"{s['shapes']} new sampling shapes twice, embedded model: `--program-memory 0` vs {s['cap_mb']}",
+            f"~**{s['keep_mb_per_program']:.0f} MB** a program kept; engine peak {s['keep_engine_rss_mb_max']} MB "
+            f"kept vs **{s['capped_engine_rss_mb_max']} MB** capped ({s['capped_drops']} drops); a dropped program "
+            f"loads in {s['load_from_disk_s_median']:.2f} s vs {s['compile_s_median']:.2f} s compiling (medians)")
+
+
 def fuzz_row(r: dict) -> tuple[str, str]:
     parts = []
     for surface in r["surfaces"]:
@@ -296,6 +304,7 @@ ROWS: dict[str, tuple[Callable[[dict], bool], Callable[[dict], tuple[str, str]]]
     "sampling-breakdown": (lambda r: bool(r.get("breakdown")) and r.get("hf") is not None, sampling_breakdown_row),
     "eval-batching": (lambda r: "capped" in r.get("results", {}), eval_batching_row),
     "max-tokens-programs": (lambda r: "summary" in r, max_tokens_row),
+    "program-memory": (lambda r: "summary" in r, program_memory_row),
     "fuzz": (lambda r: "surfaces" in r, fuzz_row),
     "soak": (lambda r: "verdict" in r, soak_row),
     "kill-loop": (lambda r: "summary" in r, kill_loop_row),

@@ -50,7 +50,8 @@ ENTRIES = _entries(OVERRIDE, ENGINE, (  # rlcli_engine.RlcliEngine, FairEngine
      "calls", "get_backend_classes"),
     (TE + "run", "warmup: the recorded batch shapes replayed before serving", OWN),
     (TE + "process_pending_requests", "wake: wait for the API's ring, not 100 ms; futures: the pruner after a look; "
-     "memory: the heap trimmed after the first look and then once a minute, each with a line of RSS and jax arrays",
+     "memory: the heap trimmed after the first look and then once a minute, each with a line of RSS and jax arrays; "
+     "past --program-memory, jax's in-memory program caches cleared (jax.clear_caches, a public API)",
      UP + "polling-sleeps.md"),
     (TE + "_complete_futures", "wake: small results ride the ring before the commit", UP + "polling-sleeps.md"),
     (TE + "process_pending_requests_once", "look: pending types first; tenants: a pass's deferrals", LOOK,
