@@ -227,8 +227,8 @@ def max_tokens_row(r: dict) -> tuple[str, str]:
 def program_memory_row(r: dict) -> tuple[str, str]:
     s = r["summary"]
     return (f"{s['shapes']} new sampling shapes twice, embedded model: `--program-memory 0` vs {s['cap_mb']}",
-            f"~**{s['keep_mb_per_program']:.0f} MB** a program kept; engine peak {s['keep_engine_rss_mb_max']} MB "
-            f"kept vs **{s['capped_engine_rss_mb_max']} MB** capped ({s['capped_drops']} drops); a dropped program "
+            f"~**{s['keep_mb_per_program']:.0f} MB** a program kept; engine peak {s['keep_engine_rss_mb_max']:,} MB "
+            f"kept vs **{s['capped_engine_rss_mb_max']:,} MB** capped ({s['capped_drops']} drops); a dropped program "
             f"loads in {s['load_from_disk_s_median']:.2f} s vs {s['compile_s_median']:.2f} s compiling (medians)")
 
 

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 PANELS = (
-    ("RSS (MB); the engine's jax arrays", ("server_rss_mb", "server_rss_mb_engine", "server_rss_mb_api",
-                                           "endpoint_rss_mb", "engine_arrays_mb")),
+    ("RSS (MB); the engine's jax arrays; program drops", ("server_rss_mb", "server_rss_mb_engine",
+                                                          "engine_trimmed_rss_mb", "server_rss_mb_api",
+                                                          "endpoint_rss_mb", "engine_arrays_mb")),
     ("open fds; jax programs compiled", ("server_fds", "endpoint_fds", "compiled_programs")),
     ("futures rows", ("futures_rows",)),
     ("disk (MB)", ("disk_mb_sampler_snapshots", "disk_mb_checkpoints_intermediate", "disk_mb_checkpoints_final",
@@ -19,6 +20,16 @@ PANELS = (
     ("latency per window (ms)", ("latency_p50_ms", "latency_p99_ms")),
     ("requests per window", ("requests", "failed")),
 )
+
+
+def drops(series: list[dict]) -> list[float]:
+    """The minutes of the first reading after each new drop of the engine's compiled programs."""
+    out, seen = [], 0
+    for r in series:
+        if (n := r.get("program_drops") or 0) > seen:
+            out.append(r["t_s"] / 60)
+            seen = n
+    return out
 
 
 def plot(receipt: Path, png: Path) -> Path:
@@ -39,6 +50,9 @@ def plot(receipt: Path, png: Path) -> Path:
                 verdict = data["verdict"]["trends"].get(key, {}).get("verdict")
                 ax.plot(minutes, values, label=f"{key} ({verdict})" if verdict else key, lw=1)
         ax.axvspan(minutes[0] if minutes else 0, warm, color="0.9")
+        if title.startswith("RSS"):  # where the engine dropped its compiled programs (--program-memory)
+            for m in drops(series):
+                ax.axvline(m, color="0.5", lw=0.6, ls=":")
         ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6)

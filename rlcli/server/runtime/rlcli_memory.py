@@ -10,13 +10,13 @@ Each trim logs one line: RSS before and after, and what jax holds alive (arrays 
 slots, optimizer states, sampler snapshots). RSS that rises while the arrays stay flat is memory outside them
 (compiled programs, the allocator's arenas); arrays that rise are state a model or a request left behind.
 
-Every batch shape the engine meets compiles a program that jax keeps in memory for the process's life (~25 MB each
+Every batch shape the engine meets compiles a program that jax keeps in memory for the process's life (~30 MB each
 for the tiny model on CPU), and a long-lived server meets new shapes as its traffic changes. When the memory outside
 the arrays has grown by more than the cap since the first trim, jax's in-memory caches are cleared: the server's
 persistent compilation cache holds every program on disk, so each one still in use is loaded again at its next call
-(~1 s on CPU, not the ~8 s of compiling it). At most once every DROP_EVERY_TRIMS trims, so a working set larger than
-the cap costs a reload now and then, never a loop of them (docs/decisions.md, "The engine drops its compiled
-programs past --program-memory").
+(0.8 s on CPU, not the 4.4 s of compiling it: benchmarks/program_memory.py). At most once every DROP_EVERY_TRIMS
+trims, so a working set larger than the cap costs a reload now and then, never a loop of them (docs/decisions.md,
+"The engine drops its compiled programs past --program-memory").
 """
 
 from __future__ import annotations
