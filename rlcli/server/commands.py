@@ -267,22 +267,23 @@ def _snapshots_env(sampler_snapshots: int | None) -> dict[str, str]:
     return {SNAPSHOTS_ENV: str(int(value))} if value else {}
 
 
-def _futures_env(minutes: int | None) -> dict[str, str]:
-    """runtime/rlcli_futures.py reads the retention from RLCLI_FUTURES_RETENTION: refused here, before a start."""
-    value = str(os.environ.get(FUTURES_ENV, "") if minutes is None else minutes).strip()
+def _whole_env(name: str, given: int | None, flag: str, unit: str) -> dict[str, str]:
+    """A whole number the runtime reads from the environment variable `name` (`--flag` wins over an inherited one):
+    refused here, before a start, in one line; {} when neither is set (the runtime's default)."""
+    value = str(os.environ.get(name, "") if given is None else given).strip()
     if value and not value.isdigit():
-        raise UsageError(f"--futures-retention {value} (or {FUTURES_ENV}): give a whole number of minutes "
-                         "(0 keeps every row)")
-    return {FUTURES_ENV: str(int(value))} if value else {}
+        raise UsageError(f"{flag} {value} (or {name}): give a whole number of {unit}")
+    return {name: str(int(value))} if value else {}
+
+
+def _futures_env(minutes: int | None) -> dict[str, str]:
+    """runtime/rlcli_futures.py reads the retention from RLCLI_FUTURES_RETENTION."""
+    return _whole_env(FUTURES_ENV, minutes, "--futures-retention", "minutes (0 keeps every row)")
 
 
 def _program_memory_env(mb: int | None) -> dict[str, str]:
-    """runtime/rlcli_memory.py reads the cap from RLCLI_PROGRAM_MEMORY: refused here, before a start."""
-    value = str(os.environ.get(PROGRAM_MEMORY_ENV, "") if mb is None else mb).strip()
-    if value and not value.isdigit():
-        raise UsageError(f"--program-memory {value} (or {PROGRAM_MEMORY_ENV}): give a whole number of MB (0 keeps "
-                         "every compiled program)")
-    return {PROGRAM_MEMORY_ENV: str(int(value))} if value else {}
+    """runtime/rlcli_memory.py reads the cap from RLCLI_PROGRAM_MEMORY."""
+    return _whole_env(PROGRAM_MEMORY_ENV, mb, "--program-memory", "MB (0 keeps every compiled program)")
 
 
 def _spawn(venv_dir: Path, state_dir: Path, lock_fd: int, model: str, backend: str, host: str, port: int,
