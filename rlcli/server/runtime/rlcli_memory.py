@@ -77,11 +77,6 @@ def _number(name: str, default: float) -> float:
     return value
 
 
-def program_cap_mb() -> float:
-    """--program-memory (RLCLI_PROGRAM_MEMORY): MB; 0 keeps every compiled program."""
-    return _number(PROGRAM_MEMORY_ENV, DEFAULT_PROGRAM_MB)
-
-
 def drop_programs() -> str | None:
     """Clear jax's in-memory caches of compiled and traced programs; None when done, else why it was not: only
     where every program is also on disk (the persistent cache, which the server sets to keep every one) and in a
@@ -106,7 +101,7 @@ class Trimmer:
     def __init__(self, every_s: float | None = None, trim=None, cap_mb: float | None = None, drop=drop_programs):
         self.trim = trim or malloc_trim()
         self.every_s = _number(MEMORY_EVERY_ENV, EVERY_S) if every_s is None else every_s
-        self.cap_mb = program_cap_mb() if cap_mb is None else cap_mb
+        self.cap_mb = _number(PROGRAM_MEMORY_ENV, DEFAULT_PROGRAM_MB) if cap_mb is None else cap_mb  # 0: keep all
         self.drop = drop
         self.last = -math.inf  # the first look trims: start-up's loading and compiling freed much, and its line says
         # what the engine holds once serving
